@@ -1,0 +1,1 @@
+"""One-time set-up: the embedded model and the demo adapters."""

@@ -1,0 +1,1 @@
+"""The inference engine behind a narrow interface, and our vLLM plugin."""

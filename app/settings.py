@@ -1,0 +1,72 @@
+"""The gateway's one settings object.
+
+Every field can be set from the environment with the ``LORA_GATEWAY_`` prefix
+(``LORA_GATEWAY_PORT=9000``) or from a ``.env`` file in the working directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+EMBEDDED_MODEL_DIR = Path("models/SmolLM2-135M-Instruct")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="LORA_GATEWAY_", env_file=".env", extra="ignore", frozen=True
+    )
+
+    # Base model and engine
+    model: str = Field(
+        str(EMBEDDED_MODEL_DIR),
+        description="Base model: a local directory or a Hugging Face model id.",
+    )
+    served_model_name: str | None = Field(
+        None, description="Id of the base model in the API (default: the model's directory name)."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weight and activation dtype of the engine."
+    )
+    max_model_len: int = Field(2048, ge=16, description="Longest prompt plus completion, in tokens.")
+    max_num_seqs: int = Field(64, ge=1, description="Most sequences the engine batches at once.")
+    max_loras: int = Field(4, ge=1, description="Adapters resident in device slots at once.")
+    max_cpu_loras: int = Field(8, ge=1, description="Adapters cached in host memory (>= max_loras).")
+    max_lora_rank: int = Field(32, ge=1, description="Largest adapter rank the engine accepts.")
+    kv_cache_gib: float = Field(
+        2.0, gt=0, description="KV cache size in GiB on CPU (VLLM_CPU_KVCACHE_SPACE)."
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Share of GPU memory the engine may use (GPU only)."
+    )
+    enforce_eager: bool = Field(True, description="Skip graph capture and compilation.")
+    seed: int = Field(0, description="Engine seed.")
+
+    # Tenancy
+    adapter_root: Path = Field(Path("var/adapters"), description="Directory holding adapters.")
+    tenants_dir: Path = Field(Path("tenants"), description="Directory of tenant manifests (*.yaml).")
+    api_keys_file: Path = Field(
+        Path("var/api-keys.yaml"), description="Hashed API keys issued outside the manifests."
+    )
+
+    # HTTP server
+    host: str = Field("127.0.0.1", description="Address to bind.")
+    port: int = Field(8000, ge=0, le=65535, description="Port to bind.")
+    ssl_certfile: Path | None = Field(None, description="TLS certificate (PEM): serve HTTPS.")
+    ssl_keyfile: Path | None = Field(None, description="TLS private key (PEM).")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError("max_cpu_loras must be >= max_loras")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("ssl_certfile and ssl_keyfile must be given together")
+        return self
+
+    @property
+    def base_model_id(self) -> str:
+        return self.served_model_name or Path(self.model.rstrip("/")).name
