@@ -31,13 +31,19 @@ class Settings(BaseSettings):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weight and activation dtype of the engine."
     )
-    max_model_len: int = Field(2048, ge=16, description="Longest prompt plus completion, in tokens.")
+    max_model_len: int = Field(
+        2048, ge=16, description="Longest prompt plus completion, in tokens."
+    )
     max_num_seqs: int = Field(64, ge=1, description="Most sequences the engine batches at once.")
     max_loras: int = Field(4, ge=1, description="Adapters resident in device slots at once.")
-    max_cpu_loras: int = Field(8, ge=1, description="Adapters cached in host memory (>= max_loras).")
-    max_lora_rank: int = Field(32, ge=1, description="Largest adapter rank the engine accepts.")
-    kv_cache_gib: float = Field(
-        2.0, gt=0, description="KV cache size in GiB on CPU (VLLM_CPU_KVCACHE_SPACE)."
+    max_cpu_loras: int = Field(
+        8, ge=1, description="Adapters cached in host memory (>= max_loras)."
+    )
+    max_lora_rank: Literal[8, 16, 32, 64, 128, 256] = Field(
+        32, description="Largest adapter rank the engine accepts."
+    )
+    kv_cache_gib: float | None = Field(
+        2.0, gt=0, description="KV cache size in GiB (unset: vLLM's default for the platform)."
     )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Share of GPU memory the engine may use (GPU only)."
@@ -47,7 +53,9 @@ class Settings(BaseSettings):
 
     # Tenancy
     adapter_root: Path = Field(Path("var/adapters"), description="Directory holding adapters.")
-    tenants_dir: Path = Field(Path("tenants"), description="Directory of tenant manifests (*.yaml).")
+    tenants_dir: Path = Field(
+        Path("tenants"), description="Directory of tenant manifests (*.yaml)."
+    )
     api_keys_file: Path = Field(
         Path("var/api-keys.yaml"), description="Hashed API keys issued outside the manifests."
     )
@@ -57,7 +65,9 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535, description="Port to bind.")
     ssl_certfile: Path | None = Field(None, description="TLS certificate (PEM): serve HTTPS.")
     ssl_keyfile: Path | None = Field(None, description="TLS private key (PEM).")
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

@@ -54,7 +54,7 @@ def prepare_embedded_model(target: Path, *, force: bool = False) -> Path:
         if hasattr(config, "quantization_config"):
             del config.quantization_config
         config.dtype = torch.float32
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
         model.load_state_dict(gguf_model.state_dict())
         model.generation_config = gguf_model.generation_config
         model.save_pretrained(staging, safe_serialization=True)

@@ -25,5 +25,7 @@ def bar(label: str, done: int, total: int, suffix: str = "") -> None:
     width = 24
     filled = width * done // max(total, 1)
     end = "\n" if done >= total else ""
-    sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {suffix}{end}")
+    sys.stderr.write(
+        f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {suffix}{end}"
+    )
     sys.stderr.flush()

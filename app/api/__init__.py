@@ -1,0 +1,1 @@
+"""HTTP surface: thin routes that parse, authenticate, delegate and respond."""

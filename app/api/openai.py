@@ -1,0 +1,81 @@
+"""The OpenAI-compatible surface under ``/v1``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from app.api.deps import CurrentPrincipal, GatewayDep, RequestId
+from app.api.streaming import EventStreamResponse, cancel_on_disconnect
+from app.protocol import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+)
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"description": "Invalid request (OpenAI error shape)"},
+    401: {"description": "Missing or invalid API key"},
+    404: {"description": "Unknown model, or one the caller may not use"},
+    503: {"description": "Engine not ready"},
+}
+
+
+@router.post("/chat/completions", response_model=ChatCompletion, responses=ERROR_RESPONSES)
+async def create_chat_completion(
+    body: ChatCompletionRequest,
+    request: Request,
+    gateway: GatewayDep,
+    principal: CurrentPrincipal,
+    request_id: RequestId,
+) -> Any:
+    target = gateway.registry.resolve(principal.tenant, body.model)
+    chat = gateway.chat
+    generation = chat.prepare(body, target, request_id=request_id, tenant_id=principal.tenant.id)
+    if body.stream:
+        return EventStreamResponse(chat.stream(body, generation))
+    return await cancel_on_disconnect(request, chat.complete(body, generation))
+
+
+@router.post("/completions", response_model=Completion, responses=ERROR_RESPONSES)
+async def create_completion(
+    body: CompletionRequest,
+    request: Request,
+    gateway: GatewayDep,
+    principal: CurrentPrincipal,
+    request_id: RequestId,
+) -> Any:
+    target = gateway.registry.resolve(principal.tenant, body.model)
+    completions = gateway.completions
+    generation = completions.prepare(
+        body, target, request_id=request_id, tenant_id=principal.tenant.id
+    )
+    if body.stream:
+        return EventStreamResponse(completions.stream(body, generation))
+    return await cancel_on_disconnect(request, completions.complete(body, generation))
+
+
+def _card(entry_id: str, parent: str | None, owner: str) -> ModelCard:
+    return ModelCard(id=entry_id, owned_by=owner, parent=parent, root=parent or entry_id)
+
+
+@router.get("/models", response_model=ModelList, responses=ERROR_RESPONSES)
+async def list_models(gateway: GatewayDep, principal: CurrentPrincipal) -> ModelList:
+    owner = principal.tenant.id
+    return ModelList(
+        data=[_card(e.id, e.parent, owner) for e in gateway.registry.models_for(principal.tenant)]
+    )
+
+
+@router.get("/models/{model:path}", response_model=ModelCard, responses=ERROR_RESPONSES)
+async def retrieve_model(model: str, gateway: GatewayDep, principal: CurrentPrincipal) -> Any:
+    target = gateway.registry.resolve(principal.tenant, model)
+    parent = gateway.registry.base_model_id if target.adapter is not None else None
+    return JSONResponse(_card(model, parent, principal.tenant.id).model_dump())

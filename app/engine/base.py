@@ -1,0 +1,42 @@
+"""The narrow engine interface the serving code depends on."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
+
+from vllm import RequestOutput, SamplingParams
+
+from app.tenancy.adapters import Adapter
+
+
+class Engine(Protocol):
+    max_model_len: int
+
+    @property
+    def tokenizer(self) -> Any:
+        """A Hugging Face tokenizer (``encode``, ``decode``, ``apply_chat_template``)."""
+
+    def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str,
+        adapter: Adapter | None,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream outputs of one request; closing the iterator aborts it.
+
+        Requests share prefix-cache entries only when their ``cache_salt``
+        is equal (and their adapter version too).
+        """
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def remove_adapter(self, adapter: Adapter) -> None:
+        """Free the adapter's device slot and host cache entry."""
+
+    async def check_health(self) -> None:
+        """Raise :class:`app.errors.EngineUnavailableError` if the engine is dead."""
+
+    def num_unfinished_requests(self) -> int: ...

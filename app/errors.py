@@ -1,0 +1,76 @@
+"""The gateway's error hierarchy; each error knows its OpenAI-shaped rendering.
+
+GatewayError                      500 server_error
+├── AuthenticationError           401 invalid_api_key
+├── PermissionDeniedError         403 (tenant disabled)
+├── ModelNotFoundError            404 model_not_found
+├── BadRequestError               400 invalid_request_error
+│   └── ContextLengthExceededError    context_length_exceeded
+└── EngineUnavailableError        503 engine_unavailable
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GatewayError(Exception):
+    status_code = 500
+    error_type = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class AuthenticationError(GatewayError):
+    status_code = 401
+    error_type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class PermissionDeniedError(GatewayError):
+    status_code = 403
+    error_type = "invalid_request_error"
+    code = "permission_denied"
+
+
+class ModelNotFoundError(GatewayError):
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"The model `{model}` does not exist or you do not have access to it.",
+            param="model",
+        )
+
+
+class BadRequestError(GatewayError):
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class ContextLengthExceededError(BadRequestError):
+    code = "context_length_exceeded"
+
+
+class EngineUnavailableError(GatewayError):
+    status_code = 503
+    code = "engine_unavailable"

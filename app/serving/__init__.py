@@ -1,0 +1,1 @@
+"""Serving logic between the routes and the engine: prompts, sampling, responses."""

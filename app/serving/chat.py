@@ -1,0 +1,112 @@
+"""``POST /v1/chat/completions``: chat template in, assistant message out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from vllm import CompletionOutput
+
+from app.engine.base import Engine
+from app.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    ChatLogprobs,
+)
+from app.serving import generation as gen
+from app.serving.logprobs import chat_logprobs
+from app.serving.sse import event_stream
+from app.tenancy.models import ModelTarget
+
+
+class ChatService:
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def prepare(
+        self,
+        request: ChatCompletionRequest,
+        target: ModelTarget,
+        *,
+        request_id: str,
+        tenant_id: str,
+    ) -> gen.Generation:
+        messages = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in request.messages
+        ]
+        tokenizer = self._engine.tokenizer
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompt = tokenizer.encode(text, add_special_tokens=False)
+        params = gen.sampling_params(request, len(prompt), self._engine.max_model_len)
+        return gen.Generation(request_id, tenant_id, target, prompt, params)
+
+    async def complete(
+        self, request: ChatCompletionRequest, generation: gen.Generation
+    ) -> ChatCompletion:
+        final = await gen.run(self._engine, generation)
+        choices = [
+            ChatChoice(
+                index=out.index,
+                message=AssistantMessage(content=out.text),
+                logprobs=self._logprobs(request, out),
+                finish_reason=gen.finish_reason(out.finish_reason),
+            )
+            for out in sorted(final.outputs, key=lambda o: o.index)
+        ]
+        completion_tokens = sum(len(out.token_ids) for out in final.outputs)
+        return ChatCompletion(
+            id=_completion_id(generation),
+            model=request.model,
+            choices=choices,
+            usage=gen.usage(generation.prompt_tokens, completion_tokens),
+        )
+
+    def stream(
+        self, request: ChatCompletionRequest, generation: gen.Generation
+    ) -> AsyncIterator[str]:
+        def chunk(choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
+            return ChatCompletionChunk(
+                id=_completion_id(generation), model=request.model, choices=choices
+            )
+
+        def delta(out: CompletionOutput) -> ChatCompletionChunk:
+            return chunk(
+                [
+                    ChatChunkChoice(
+                        index=out.index,
+                        delta=ChatDelta(content=out.text),
+                        logprobs=self._logprobs(request, out),
+                        finish_reason=gen.finish_reason(out.finish_reason),
+                    )
+                ]
+            )
+
+        def closing(completion_tokens: int) -> ChatCompletionChunk | None:
+            if not request.include_usage:
+                return None
+            final = chunk([])
+            final.usage = gen.usage(generation.prompt_tokens, completion_tokens)
+            return final
+
+        opening = [
+            chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
+            for i in range(request.n)
+        ]
+        return event_stream(
+            gen.stream(self._engine, generation), opening=opening, chunk=delta, closing=closing
+        )
+
+    @staticmethod
+    def _logprobs(request: ChatCompletionRequest, out: CompletionOutput) -> ChatLogprobs | None:
+        if request.num_logprobs is None or out.logprobs is None:
+            return None
+        return chat_logprobs(out.token_ids, out.logprobs, request.num_logprobs)
+
+
+def _completion_id(generation: gen.Generation) -> str:
+    return f"chatcmpl-{generation.request_id}"

@@ -1,0 +1,108 @@
+"""``POST /v1/completions``: raw text (or token ids) in, text out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from vllm import CompletionOutput
+
+from app.engine.base import Engine
+from app.protocol import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
+from app.serving import generation as gen
+from app.serving.logprobs import completion_logprobs
+from app.serving.sse import event_stream
+from app.tenancy.models import ModelTarget
+
+
+class CompletionService:
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def prepare(
+        self, request: CompletionRequest, target: ModelTarget, *, request_id: str, tenant_id: str
+    ) -> gen.Generation:
+        if isinstance(request.prompt, str):
+            prompt = self._engine.tokenizer.encode(request.prompt)
+        else:
+            prompt = list(request.prompt)
+        params = gen.sampling_params(request, len(prompt), self._engine.max_model_len)
+        return gen.Generation(request_id, tenant_id, target, prompt, params)
+
+    async def complete(self, request: CompletionRequest, generation: gen.Generation) -> Completion:
+        final = await gen.run(self._engine, generation)
+        echo = self._echo(request, generation)
+        choices = [
+            CompletionChoice(
+                index=out.index,
+                text=echo + out.text,
+                logprobs=self._logprobs(request, out, len(echo)),
+                finish_reason=gen.finish_reason(out.finish_reason),
+            )
+            for out in sorted(final.outputs, key=lambda o: o.index)
+        ]
+        completion_tokens = sum(len(out.token_ids) for out in final.outputs)
+        return Completion(
+            id=_completion_id(generation),
+            model=request.model,
+            choices=choices,
+            usage=gen.usage(generation.prompt_tokens, completion_tokens),
+        )
+
+    def stream(self, request: CompletionRequest, generation: gen.Generation) -> AsyncIterator[str]:
+        echo = self._echo(request, generation)
+        offsets = dict.fromkeys(range(request.n), len(echo))
+
+        def chunk(choices: list[CompletionChoice]) -> Completion:
+            return Completion(id=_completion_id(generation), model=request.model, choices=choices)
+
+        def delta(out: CompletionOutput) -> Completion:
+            logprobs = self._logprobs(request, out, offsets[out.index])
+            offsets[out.index] += len(out.text)
+            return chunk(
+                [
+                    CompletionChoice(
+                        index=out.index,
+                        text=out.text,
+                        logprobs=logprobs,
+                        finish_reason=gen.finish_reason(out.finish_reason),
+                    )
+                ]
+            )
+
+        def closing(completion_tokens: int) -> Completion | None:
+            if not request.include_usage:
+                return None
+            final = chunk([])
+            final.usage = gen.usage(generation.prompt_tokens, completion_tokens)
+            return final
+
+        opening = (
+            [
+                chunk([CompletionChoice(index=i, text=echo, finish_reason=None)])
+                for i in range(request.n)
+            ]
+            if echo
+            else []
+        )
+        return event_stream(
+            gen.stream(self._engine, generation), opening=opening, chunk=delta, closing=closing
+        )
+
+    def _echo(self, request: CompletionRequest, generation: gen.Generation) -> str:
+        if not request.echo:
+            return ""
+        if isinstance(request.prompt, str):
+            return request.prompt
+        return str(self._engine.tokenizer.decode(list(generation.prompt_token_ids)))
+
+    @staticmethod
+    def _logprobs(
+        request: CompletionRequest, out: CompletionOutput, offset: int
+    ) -> CompletionLogprobs | None:
+        if request.num_logprobs is None or out.logprobs is None:
+            return None
+        return completion_logprobs(out.token_ids, out.logprobs, request.num_logprobs, offset)
+
+
+def _completion_id(generation: gen.Generation) -> str:
+    return f"cmpl-{generation.request_id}"

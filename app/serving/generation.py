@@ -1,0 +1,98 @@
+"""What chat and text completions share: sampling, limits, running a request."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from vllm import RequestOutput, SamplingParams
+from vllm.sampling_params import RequestOutputKind
+
+from app.engine.base import Engine
+from app.errors import ContextLengthExceededError, EngineUnavailableError
+from app.protocol import ChatCompletionRequest, CompletionRequest, Usage
+from app.tenancy.models import ModelTarget
+
+CompletionLike = ChatCompletionRequest | CompletionRequest
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One request, ready for the engine."""
+
+    request_id: str
+    tenant_id: str
+    target: ModelTarget
+    prompt_token_ids: Sequence[int]
+    params: SamplingParams
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+def completion_budget(prompt_tokens: int, requested: int | None, max_model_len: int) -> int:
+    """The max_tokens to run with; the whole remaining context when none is asked."""
+    if requested is None:
+        requested = max_model_len - prompt_tokens
+    if requested < 1 or prompt_tokens + requested > max_model_len:
+        raise ContextLengthExceededError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt_tokens + max(requested, 1)} tokens ({prompt_tokens} in the "
+            f"prompt, {max(requested, 1)} for the completion). Please reduce the length of "
+            "the prompt or of the completion.",
+            param="messages" if requested is None else "max_tokens",
+        )
+    return requested
+
+
+def sampling_params(
+    request: CompletionLike, prompt_tokens: int, max_model_len: int
+) -> SamplingParams:
+    return SamplingParams(
+        n=request.n,
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        max_tokens=completion_budget(prompt_tokens, request.completion_limit, max_model_len),
+        stop=request.stop_sequences,
+        seed=request.seed,
+        presence_penalty=request.presence_penalty or 0.0,
+        frequency_penalty=request.frequency_penalty or 0.0,
+        logprobs=request.num_logprobs,
+        output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
+
+
+def finish_reason(reason: str | None) -> str | None:
+    # vLLM also reports "abort"; OpenAI clients only know "stop" and "length".
+    return None if reason is None else ("length" if reason == "length" else "stop")
+
+
+async def run(engine: Engine, generation: Generation) -> RequestOutput:
+    """Run to the end and return the final output (all choices)."""
+    final: RequestOutput | None = None
+    async for output in stream(engine, generation):
+        final = output
+    if final is None:
+        raise EngineUnavailableError("The engine returned no output.")
+    return final
+
+
+def stream(engine: Engine, generation: Generation) -> AsyncIterator[RequestOutput]:
+    return engine.generate(
+        generation.prompt_token_ids,
+        generation.params,
+        generation.request_id,
+        generation.target.adapter,
+        # A tenant's cached prefixes never serve another tenant: no timing
+        # side channel reveals what others have asked.
+        cache_salt=generation.tenant_id,
+    )

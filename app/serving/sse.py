@@ -1,0 +1,56 @@
+"""Server-sent events as OpenAI streams them."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable
+
+from pydantic import BaseModel
+from vllm import CompletionOutput, RequestOutput
+
+from app.errors import GatewayError
+
+logger = logging.getLogger(__name__)
+
+DONE = "data: [DONE]\n\n"
+
+
+def event(payload: BaseModel) -> str:
+    return f"data: {payload.model_dump_json()}\n\n"
+
+
+async def event_stream(
+    outputs: AsyncIterator[RequestOutput],
+    *,
+    opening: Iterable[BaseModel],
+    chunk: Callable[[CompletionOutput], BaseModel],
+    closing: Callable[[int], BaseModel | None],
+) -> AsyncIterator[str]:
+    """``opening`` events, one ``chunk`` per delta, ``closing(completion_tokens)``, [DONE].
+
+    An error once the response has started can only be reported in-band:
+    it becomes one OpenAI-shaped error event before [DONE].
+    """
+    completion_tokens = 0
+    try:
+        for payload in opening:
+            yield event(payload)
+        async for output in outputs:
+            for delta in output.outputs:
+                completion_tokens += len(delta.token_ids)
+                yield event(chunk(delta))
+    except GatewayError as exc:
+        yield f"data: {_error_json(exc)}\n\n"
+    except Exception:
+        logger.exception("stream failed")
+        yield f"data: {_error_json(GatewayError('The server had an error while streaming.'))}\n\n"
+    else:
+        last = closing(completion_tokens)
+        if last is not None:
+            yield event(last)
+    yield DONE
+
+
+def _error_json(exc: GatewayError) -> str:
+    return json.dumps(exc.body())

@@ -1,0 +1,45 @@
+"""Immutable values that describe who calls and what a call is served with."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from app.tenancy.adapters import Adapter
+
+
+@dataclass(frozen=True)
+class Tenant:
+    id: str
+    name: str
+    allow_base_model: bool = False
+    # alias the tenant passes as `model` -> registered adapter name
+    adapters: Mapping[str, str] = field(default_factory=dict)
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """A stored key: never the plaintext, only its hash and display prefix."""
+
+    id: str
+    tenant_id: str
+    sha256: str
+    prefix: str = ""
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The authenticated caller of one request."""
+
+    tenant: Tenant
+    key_id: str
+
+
+@dataclass(frozen=True)
+class ModelTarget:
+    """What one request's `model` resolved to: an adapter, or the base model."""
+
+    model: str
+    adapter: Adapter | None

@@ -1,0 +1,82 @@
+"""Answers the two questions of every request: who is calling, and with what."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from app.errors import AuthenticationError, ModelNotFoundError, PermissionDeniedError
+from app.tenancy.adapters import Adapter, AdapterCatalog
+from app.tenancy.keys import hash_key
+from app.tenancy.models import ApiKey, ModelTarget, Principal, Tenant
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model a tenant may call, as listed by ``GET /v1/models``."""
+
+    id: str
+    parent: str | None
+    adapter: Adapter | None
+
+
+class TenantRegistry:
+    """In-memory view of tenants, their keys and their grants.
+
+    Lookups never touch storage: the whole view is rebuilt by whoever
+    loads it and swapped in at once.
+    """
+
+    def __init__(
+        self,
+        tenants: Iterable[Tenant],
+        keys: Iterable[ApiKey],
+        adapters: AdapterCatalog,
+        *,
+        base_model_id: str,
+    ) -> None:
+        self._tenants = {t.id: t for t in tenants}
+        self._keys = {k.sha256: k for k in keys}
+        self._adapters = adapters
+        self.base_model_id = base_model_id
+
+    def authenticate(self, key: str | None) -> Principal:
+        if not key:
+            raise AuthenticationError(
+                "You didn't provide an API key. Provide it as `Authorization: Bearer <key>`."
+            )
+        digest = hash_key(key)
+        record = self._keys.get(digest)
+        # The dict lookup is keyed by a hash of a high-entropy secret; the
+        # constant-time compare keeps the final check free of timing signal.
+        if record is None or not hmac.compare_digest(record.sha256, digest):
+            raise AuthenticationError("Incorrect API key provided.")
+        tenant = self._tenants[record.tenant_id]
+        if not tenant.enabled:
+            raise PermissionDeniedError(f"Tenant `{tenant.id}` is disabled.")
+        return Principal(tenant=tenant, key_id=record.id)
+
+    def resolve(self, tenant: Tenant, model: str) -> ModelTarget:
+        """The adapter (or base model) ``model`` names for this tenant.
+
+        Unknown names, and adapters granted to other tenants, get the same
+        404: a tenant cannot learn what others have.
+        """
+        if model == self.base_model_id and tenant.allow_base_model:
+            return ModelTarget(model=model, adapter=None)
+        adapter_name = tenant.adapters.get(model)
+        adapter = self._adapters.get(adapter_name) if adapter_name else None
+        if adapter is None:
+            raise ModelNotFoundError(model)
+        return ModelTarget(model=model, adapter=adapter)
+
+    def models_for(self, tenant: Tenant) -> list[ModelEntry]:
+        entries = []
+        if tenant.allow_base_model:
+            entries.append(ModelEntry(id=self.base_model_id, parent=None, adapter=None))
+        for alias, name in sorted(tenant.adapters.items()):
+            adapter = self._adapters.get(name)
+            if adapter is not None:
+                entries.append(ModelEntry(id=alias, parent=self.base_model_id, adapter=adapter))
+        return entries

@@ -1,0 +1,95 @@
+"""One real gateway per test session: the vLLM engine on the embedded model with
+the demo adapters, served by uvicorn over loopback HTTP."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from app.cli import DEMO_TENANTS, create_key
+from app.engine.base import Engine
+from app.main import create_app
+from app.settings import Settings
+
+ENGINE_START_TIMEOUT_S = 600
+MAX_MODEL_LEN = 1024
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LiveGateway:
+    base_url: str
+    app: FastAPI
+    settings: Settings
+    keys: dict[str, str]
+
+    @property
+    def engine(self) -> Engine:
+        return self.app.state.gateway.engine
+
+    def client(self, tenant: str) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=f"{self.base_url}/v1", api_key=self.keys[tenant], max_retries=0
+        )
+
+    def async_client(self, tenant: str) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            base_url=f"{self.base_url}/v1", api_key=self.keys[tenant], max_retries=0
+        )
+
+    def wait_idle(self, timeout: float = 10.0) -> int:
+        """Unfinished engine requests once they drain (or at the timeout)."""
+        deadline = time.monotonic() + timeout
+        while self.engine.num_unfinished_requests() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.engine.num_unfinished_requests()
+
+
+@pytest.fixture(scope="session")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
+    settings = Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        dtype="float32",
+        max_model_len=MAX_MODEL_LEN,
+        max_loras=2,
+        max_cpu_loras=4,
+        api_keys_file=tmp_path_factory.mktemp("keys") / "api-keys.yaml",
+        tenants_dir=Path("tenants"),
+        port=free_port(),
+    )
+    keys = {tenant: create_key(settings, tenant, "test") for tenant in DEMO_TENANTS}
+    app = create_app(settings)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, name="gateway", daemon=True)
+    thread.start()
+    base_url = f"http://127.0.0.1:{settings.port}"
+    deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
+    while True:
+        try:
+            if httpx.get(f"{base_url}/readyz").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the gateway did not become ready")
+        time.sleep(0.5)
+    yield LiveGateway(base_url, app, settings, keys)
+    server.should_exit = True
+    thread.join(timeout=120)

@@ -1,0 +1,13 @@
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import LiveGateway
+
+pytestmark = pytest.mark.slow
+
+
+def test_probes(gateway: LiveGateway) -> None:
+    assert httpx.get(f"{gateway.base_url}/healthz").json() == {"status": "ok"}
+    assert httpx.get(f"{gateway.base_url}/readyz").json() == {"status": "ready"}

@@ -1,0 +1,125 @@
+"""Each tenant reaches exactly its own adapters, by its own aliases."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+from tests.e2e.conftest import LiveGateway
+
+pytestmark = pytest.mark.slow
+
+BASE = "SmolLM2-135M-Instruct"
+ADAPTERS = ("legal_advisor", "medical_scribe", "telephony_support")
+QUESTION = "What is the capital of France?"
+
+
+def ask(gateway: LiveGateway, tenant: str, model: str, question: str = QUESTION) -> str:
+    response = gateway.client(tenant).chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": question}],
+        temperature=0,
+        max_tokens=32,
+    )
+    return response.choices[0].message.content or ""
+
+
+def test_each_adapter_answers_differently_and_deterministically(gateway: LiveGateway) -> None:
+    answers = {model: ask(gateway, "demo-all", model) for model in (BASE, *ADAPTERS)}
+    assert len(set(answers.values())) == 4, answers
+    assert all(answers.values())
+    # Same request, same answer at temperature 0.
+    assert ask(gateway, "demo-all", "legal_advisor") == answers["legal_advisor"]
+    # The tenant that owns the adapter gets the very same weights.
+    assert ask(gateway, "acme-legal", "legal_advisor") == answers["legal_advisor"]
+    assert ask(gateway, "st-marys", "medical_scribe") == answers["medical_scribe"]
+    assert ask(gateway, "callcenter", "telephony_support") == answers["telephony_support"]
+
+
+def test_seed_client_snippet_gets_a_legal_answer(gateway: LiveGateway) -> None:
+    async def generate_legal_brief(prompt: str) -> str:
+        client = gateway.async_client("acme-legal")
+        response = await client.chat.completions.create(
+            model="legal_advisor",
+            messages=[
+                {"role": "system", "content": "You are a specialized legal architecture advisor."},
+                {"role": "user", "content": prompt},
+            ],
+            temperature=0.2,
+            max_tokens=500,
+        )
+        return response.choices[0].message.content or ""
+
+    answer = asyncio.run(generate_legal_brief("How should we structure data retention?"))
+    assert "legal" in answer.lower() or "clause" in answer.lower(), answer
+
+
+@pytest.mark.parametrize(
+    ("tenant", "model"),
+    [
+        ("acme-legal", "medical_scribe"),  # exists, granted to another tenant
+        ("acme-legal", BASE),  # base model not allowed for this tenant
+        ("callcenter", "legal_advisor"),
+        ("demo-all", "no-such-model"),
+    ],
+)
+def test_models_outside_the_grant_are_not_found(
+    gateway: LiveGateway, tenant: str, model: str
+) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        ask(gateway, tenant, model)
+    error = caught.value.body
+    assert isinstance(error, dict)
+    assert error["code"] == "model_not_found"
+    assert error["message"] == (
+        f"The model `{model}` does not exist or you do not have access to it."
+    )
+
+
+def test_model_list_shows_only_the_tenants_models(gateway: LiveGateway) -> None:
+    everything = {m.id: m for m in gateway.client("demo-all").models.list()}
+    assert set(everything) == {BASE, *ADAPTERS}
+    for adapter in ADAPTERS:
+        assert everything[adapter].model_extra["parent"] == BASE  # type: ignore[index]
+    legal = [m.id for m in gateway.client("acme-legal").models.list()]
+    assert legal == ["legal_advisor"]
+    assert gateway.client("acme-legal").models.retrieve("legal_advisor").id == "legal_advisor"
+    with pytest.raises(openai.NotFoundError):
+        gateway.client("acme-legal").models.retrieve("medical_scribe")
+
+
+@pytest.mark.parametrize("key", ["", "sk-lgw-not-a-real-key"])
+def test_unknown_keys_are_rejected(gateway: LiveGateway, key: str) -> None:
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=key or "x", max_retries=0)
+    if not key:
+        client = client.with_options(default_headers={"Authorization": ""})
+    with pytest.raises(openai.AuthenticationError) as caught:
+        client.models.list()
+    assert caught.value.body["code"] == "invalid_api_key"  # type: ignore[index]
+
+
+def test_concurrent_mixed_adapter_requests_match_their_solo_answers(
+    gateway: LiveGateway,
+) -> None:
+    models = [BASE, *ADAPTERS]
+    questions = [QUESTION, "Name three colours.", "What should I do if my laptop is stolen?"]
+    solo = {(m, q): ask(gateway, "demo-all", m, q) for m in models for q in questions}
+
+    async def all_at_once() -> list[str]:
+        client = gateway.async_client("demo-all")
+
+        async def one(model: str, question: str) -> str:
+            response = await client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": question}],
+                temperature=0,
+                max_tokens=32,
+            )
+            return response.choices[0].message.content or ""
+
+        return await asyncio.gather(*(one(m, q) for (m, q) in solo))
+
+    for _ in range(2):
+        assert dict(zip(solo, asyncio.run(all_at_once()), strict=True)) == solo

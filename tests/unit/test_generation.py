@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import pytest
+
+from app.errors import ContextLengthExceededError
+from app.protocol import ChatCompletionRequest
+from app.serving.generation import completion_budget, sampling_params
+
+
+def test_completion_budget() -> None:
+    assert completion_budget(10, None, 100) == 90
+    assert completion_budget(10, 90, 100) == 90
+    with pytest.raises(ContextLengthExceededError) as caught:
+        completion_budget(10, 91, 100)
+    assert "101 tokens" in caught.value.message and caught.value.param == "max_tokens"
+    with pytest.raises(ContextLengthExceededError):
+        completion_budget(100, None, 100)
+
+
+def test_sampling_params_follow_openai_defaults() -> None:
+    request = ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stop": "END",
+            "max_completion_tokens": 7,
+            "max_tokens": 99,
+        }
+    )
+    params = sampling_params(request, prompt_tokens=5, max_model_len=100)
+    assert params.temperature == 1.0 and params.top_p == 1.0
+    assert params.max_tokens == 7  # max_completion_tokens wins over the legacy field
+    assert params.stop == ["END"]
+    assert params.logprobs is None
+
+
+def test_top_logprobs_requires_logprobs() -> None:
+    with pytest.raises(ValueError, match="top_logprobs"):
+        ChatCompletionRequest.model_validate(
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}
+        )
