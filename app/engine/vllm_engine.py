@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -13,6 +14,7 @@ from vllm.inputs.engine import tokens_input
 from vllm.lora.request import LoRARequest
 from vllm.v1.engine.exceptions import EngineDeadError
 
+from app.engine.vllm_plugin import ENV_VAR as ISOLATION_FIX_ENV
 from app.errors import EngineUnavailableError
 from app.settings import Settings
 from app.tenancy.adapters import Adapter
@@ -95,6 +97,9 @@ class VLLMEngine:
 @asynccontextmanager
 async def start_vllm_engine(settings: Settings) -> AsyncIterator[VLLMEngine]:
     """The running engine; shut down (child processes included) on exit."""
+    # Our vLLM plugin runs inside the engine's child processes, which inherit
+    # the environment at spawn: that is how this setting reaches it.
+    os.environ[ISOLATION_FIX_ENV] = "1" if settings.isolation_fix else "0"
     # Building the engine blocks for as long as the model loads: keep the
     # event loop free meanwhile, so /healthz answers while /readyz says 503.
     llm = await asyncio.to_thread(AsyncLLMEngine.from_engine_args, engine_args(settings))

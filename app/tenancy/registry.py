@@ -41,6 +41,10 @@ class TenantRegistry:
         self._adapters = adapters
         self.base_model_id = base_model_id
 
+    @property
+    def adapters(self) -> AdapterCatalog:
+        return self._adapters
+
     def authenticate(self, key: str | None) -> Principal:
         if not key:
             raise AuthenticationError(

