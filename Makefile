@@ -17,11 +17,12 @@ MODEL_DIR := models/SmolLM2-135M-Instruct
 ADAPTER_ROOT ?= $(or $(LORA_GATEWAY_ADAPTER_ROOT),var/adapters)
 DEMO_ADAPTERS := legal_advisor medical_scribe telephony_support
 
-.PHONY: install model adapters keys serve test test-fast lint clean help
+
+.PHONY: install model adapters demo serve test test-fast lint clean help
 
 help:
 	@sed -n 's/^# \{0,1\}//p' Makefile | head -8
-	@echo "targets: install model adapters keys serve test test-fast lint clean"
+	@echo "targets: install model adapters demo serve test test-fast lint clean"
 
 install: $(VENV)/.installed
 
@@ -50,10 +51,15 @@ adapters: $(ADAPTER_FILES)
 $(ADAPTER_FILES) &: | $(MODEL_DIR)/model.safetensors
 	$(BIN)/lora-gateway build-demo-adapters
 
-keys: | $(VENV)/.installed
+# The demo tenants: adapters registered in the store, manifests applied, keys
+# issued once (var/demo-keys.json), an admin token (var/admin-token) if none is set.
+demo: adapters
+	@for adapter in $(DEMO_ADAPTERS); do $(BIN)/lora-gateway adapters register $$adapter || exit 1; done
+	$(BIN)/lora-gateway tenants apply tenants/
 	$(BIN)/lora-gateway demo-keys
+	$(BIN)/lora-gateway admin-token
 
-serve: install model adapters keys
+serve: install model demo
 	$(BIN)/lora-gateway serve
 
 test: install model adapters

@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
+import secrets
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.settings import EMBEDDED_MODEL_DIR, Settings
 
+if TYPE_CHECKING:
+    from app.admin.service import AdminService
+
 DEMO_KEYS_FILE = Path("var/demo-keys.json")
+CLI_ACTOR = "cli"
 DEMO_TENANTS = ("acme-legal", "st-marys", "callcenter", "demo-all")
 
 
@@ -58,29 +67,47 @@ def build_adapters(settings: Settings, seed: int, force: bool) -> None:
     build_demo_adapters(Path(settings.model), settings.adapter_root, seed=seed, force=force)
 
 
-def create_key(settings: Settings, tenant_id: str, name: str) -> str:
-    """Issue a key for a tenant of the manifests; return the plaintext (shown once)."""
-    from app.tenancy import keys
-    from app.tenancy.manifests import (
-        IssuedKey,
-        ManifestError,
-        load_issued_keys,
-        load_manifests,
-        save_issued_keys,
-    )
+@asynccontextmanager
+async def admin_service(settings: Settings) -> AsyncIterator[AdminService]:
+    """The admin service on the configured store, for commands run beside (or
+    without) a gateway; running gateways pick the changes up by themselves."""
+    from app.admin.service import AdapterStorage, AdminService
+    from app.store.db import open_database
+    from app.tenancy.validation import BaseModelInfo
 
-    if tenant_id not in {m.id for m in load_manifests(settings.tenants_dir)}:
-        raise ManifestError(f"no tenant {tenant_id!r} in {settings.tenants_dir}")
-    key = keys.generate_key()
-    record = IssuedKey(
-        id=keys.new_key_id(),
-        tenant_id=tenant_id,
-        sha256=keys.hash_key(key),
-        prefix=keys.display_prefix(key),
-        name=name,
-    )
-    save_issued_keys(settings.api_keys_file, [*load_issued_keys(settings.api_keys_file), record])
+    async def nothing() -> None:
+        return None
+
+    async with open_database(settings.database_url) as sessions:
+        storage = AdapterStorage(
+            settings.adapter_root,
+            BaseModelInfo.from_model_dir(settings.model_dir()),
+            max_rank=settings.max_lora_rank,
+            max_bytes=settings.max_adapter_bytes,
+        )
+        yield AdminService(sessions, storage, on_change=nothing)
+
+
+async def create_key(settings: Settings, tenant_id: str, name: str) -> str:
+    """Issue a key; return the plaintext (shown once)."""
+    from app.admin.schemas import KeyCreate
+
+    async with admin_service(settings) as admin:
+        _, key = await admin.create_key(CLI_ACTOR, tenant_id, KeyCreate(name=name))
     return key
+
+
+async def register_adapter(settings: Settings, name: str, path: str) -> str:
+    async with admin_service(settings) as admin:
+        row = await admin.register_adapter(CLI_ACTOR, name, partial(admin.storage.from_path, path))
+    return f"adapter {row.name} v{row.version} sha256={row.sha256[:12]} rank={row.rank}"
+
+
+async def apply_tenants(settings: Settings, directory: Path, prune: bool) -> list[str]:
+    from app.tenancy.manifests import load_manifests
+
+    async with admin_service(settings) as admin:
+        return await admin.apply_manifests(CLI_ACTOR, load_manifests(directory), prune=prune)
 
 
 def demo_keys(settings: Settings) -> None:
@@ -88,14 +115,28 @@ def demo_keys(settings: Settings) -> None:
     if DEMO_KEYS_FILE.is_file():
         print(f"demo keys: see {DEMO_KEYS_FILE}")
         return
-    issued = {tenant: create_key(settings, tenant, "demo") for tenant in DEMO_TENANTS}
-    DEMO_KEYS_FILE.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(DEMO_KEYS_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(issued, out, indent=2)
+    issued = {tenant: asyncio.run(create_key(settings, tenant, "demo")) for tenant in DEMO_TENANTS}
+    _write_secret(DEMO_KEYS_FILE, json.dumps(issued, indent=2))
     print(f"demo keys (shown once; also in {DEMO_KEYS_FILE}, mode 0600):")
     for tenant, key in issued.items():
         print(f"  {tenant:<12} {key}")
+
+
+def admin_token(settings: Settings) -> None:
+    """Make sure an admin token exists: the setting, or a generated token file."""
+    if settings.admin_tokens():
+        where = "LORA_GATEWAY_ADMIN_TOKEN" if settings.admin_token else settings.admin_token_file
+        print(f"admin token: see {where}")
+        return
+    _write_secret(settings.admin_token_file, "lgw-admin-" + secrets.token_urlsafe(32))
+    print(f"admin token: generated into {settings.admin_token_file} (mode 0600)")
+
+
+def _write_secret(path: Path, content: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(content)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,30 +155,69 @@ def build_parser() -> argparse.ArgumentParser:
     )
     adapters.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
     adapters.add_argument("--force", action="store_true", help="train again even if present")
-    keys = commands.add_parser("create-key", help="issue an API key for a tenant (printed once)")
-    keys.add_argument("tenant", help="tenant id from the manifests")
-    keys.add_argument("--name", default="", help="a label for the key")
+    adapters_cmd = commands.add_parser("adapters", help="adapter versions in the store")
+    adapter_actions = adapters_cmd.add_subparsers(dest="action", required=True, metavar="ACTION")
+    register = adapter_actions.add_parser(
+        "register", help="register a directory under the adapter root as a new version"
+    )
+    register.add_argument("name", help="adapter name")
+    register.add_argument("path", nargs="?", help="directory relative to the adapter root")
+    tenants_cmd = commands.add_parser("tenants", help="tenants in the store")
+    tenant_actions = tenants_cmd.add_subparsers(dest="action", required=True, metavar="ACTION")
+    apply = tenant_actions.add_parser(
+        "apply", help="apply tenant manifests (tenants, flags, grants) idempotently"
+    )
+    apply.add_argument("directory", nargs="?", type=Path, help="default: the tenants_dir setting")
+    apply.add_argument("--prune", action="store_true", help="delete tenants not in the manifests")
+    keys_cmd = commands.add_parser("keys", help="tenant API keys")
+    key_actions = keys_cmd.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = key_actions.add_parser("create", help="issue an API key (printed once)")
+    create.add_argument("tenant", help="tenant id")
+    create.add_argument("--name", default="", help="a label for the key")
     commands.add_parser("demo-keys", help=f"issue the demo tenants' keys into {DEMO_KEYS_FILE}")
+    commands.add_parser("admin-token", help="generate the admin token file if no token is set")
     commands.add_parser("settings", help="print the effective settings as JSON")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from app.errors import GatewayError
+    from app.tenancy.adapters import AdapterError
+    from app.tenancy.manifests import ManifestError
+
     args = build_parser().parse_args(argv)
-    settings = Settings()
+    try:
+        run(args, Settings())
+    except GatewayError as exc:
+        print(f"lora-gateway: {exc.message}", file=sys.stderr)
+        return 1
+    except (AdapterError, ManifestError) as exc:
+        print(f"lora-gateway: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run(args: argparse.Namespace, settings: Settings) -> None:
     if args.command == "serve":
         serve(settings)
     elif args.command == "prepare-model":
         prepare_model(settings, args.force)
     elif args.command == "build-demo-adapters":
         build_adapters(settings, args.seed, args.force)
-    elif args.command == "create-key":
-        print(create_key(settings, args.tenant, args.name))
+    elif args.command == "adapters":
+        print(asyncio.run(register_adapter(settings, args.name, args.path or args.name)))
+    elif args.command == "tenants":
+        directory = args.directory or settings.tenants_dir
+        for change in asyncio.run(apply_tenants(settings, directory, args.prune)) or ["no change"]:
+            print(f"{directory}: {change}")
+    elif args.command == "keys":
+        print(asyncio.run(create_key(settings, args.tenant, args.name)))
     elif args.command == "demo-keys":
         demo_keys(settings)
+    elif args.command == "admin-token":
+        admin_token(settings)
     elif args.command == "settings":
         print(settings.model_dump_json(indent=2))
-    return 0
 
 
 if __name__ == "__main__":

@@ -74,3 +74,15 @@ class ContextLengthExceededError(BadRequestError):
 class EngineUnavailableError(GatewayError):
     status_code = 503
     code = "engine_unavailable"
+
+
+class NotFoundError(GatewayError):
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "not_found"
+
+
+class ConflictError(GatewayError):
+    status_code = 409
+    error_type = "invalid_request_error"
+    code = "conflict"

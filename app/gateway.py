@@ -2,27 +2,104 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Coroutine, Iterable
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.admin.service import AdapterStorage, AdminService
 from app.engine.base import Engine
 from app.errors import EngineUnavailableError
 from app.serving.chat import ChatService
 from app.serving.completions import CompletionService
+from app.serving.inflight import InFlight
 from app.settings import Settings
+from app.store.snapshot import load_registry, revision
+from app.tenancy.adapters import Adapter
+from app.tenancy.models import Principal
 from app.tenancy.registry import TenantRegistry
+from app.tenancy.validation import BaseModelInfo
+
+logger = logging.getLogger(__name__)
 
 
 class Gateway:
-    def __init__(self, settings: Settings, registry: TenantRegistry) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        sessions: async_sessionmaker[AsyncSession],
+        base_model: BaseModelInfo,
+    ) -> None:
         self.settings = settings
-        self.registry = registry
-        self._engine: Engine | None = None
+        self.sessions = sessions
+        self.registry = TenantRegistry([], [], base_model_id=settings.base_model_id)
+        self.admin = AdminService(
+            sessions,
+            AdapterStorage(
+                settings.adapter_root,
+                base_model,
+                max_rank=settings.max_lora_rank,
+                max_bytes=settings.max_adapter_bytes,
+            ),
+            on_change=self.reload,
+        )
+        self.admin_tokens = settings.admin_tokens()
+        self.in_flight = InFlight()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.startup_error: str | None = None
+        self._engine: Engine | None = None
+        self._revision = -1
+        self._used_keys: set[str] = set()
+
+    # -- the in-memory view of the store --------------------------------------
+
+    async def reload(self) -> None:
+        self._revision, self.registry = await load_registry(
+            self.sessions, base_model_id=self.settings.base_model_id
+        )
+
+    async def watch_store(self) -> None:
+        """Follow changes made by other replicas; record key use off the hot path."""
+        while True:
+            await asyncio.sleep(self.settings.registry_poll_seconds)
+            try:
+                if await revision(self.sessions) != self._revision:
+                    await self.reload()
+                used, self._used_keys = self._used_keys, set()
+                await self.admin.touch_keys(used, datetime.now(timezone.utc))
+            except Exception:
+                logger.exception("could not refresh from the store")
+
+    def authenticate(self, key: str | None) -> Principal:
+        principal = self.registry.authenticate(key)
+        self._used_keys.add(principal.key_id)
+        return principal
+
+    def background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` after the response; failures are logged."""
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("background task failed", exc_info=task.exception())
+
+    async def retire(self, adapters: Iterable[Adapter]) -> None:
+        """Free removed versions' engine slots once their last request is done."""
+        for adapter in adapters:
+            await self.in_flight.wait_idle(adapter)
+            if self._engine is not None:
+                await self._engine.remove_adapter(adapter)
+
+    # -- the engine -------------------------------------------------------------
 
     def attach_engine(self, engine: Engine | None) -> None:
         self._engine = engine
-
-    @property
-    def ready(self) -> bool:
-        return self._engine is not None
 
     @property
     def engine(self) -> Engine:
@@ -36,8 +113,8 @@ class Gateway:
 
     @property
     def chat(self) -> ChatService:
-        return ChatService(self.engine)
+        return ChatService(self.engine, self.in_flight)
 
     @property
     def completions(self) -> CompletionService:
-        return CompletionService(self.engine)
+        return CompletionService(self.engine, self.in_flight)

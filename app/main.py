@@ -11,25 +11,18 @@ from fastapi import FastAPI
 
 from app import __version__
 from app.api import health, openai
+from app.api.admin import router as admin_router
 from app.api.errors import install_error_handlers
 from app.api.middleware import RequestIdMiddleware
 from app.engine.base import Engine
 from app.gateway import Gateway
 from app.settings import Settings
-from app.tenancy.adapters import AdapterCatalog
-from app.tenancy.manifests import load_tenants
-from app.tenancy.registry import TenantRegistry
+from app.store.db import open_database
+from app.tenancy.validation import BaseModelInfo
 
 logger = logging.getLogger(__name__)
 
 EngineFactory = Callable[[Settings], AbstractAsyncContextManager[Engine]]
-
-
-def load_registry(settings: Settings) -> TenantRegistry:
-    adapters = AdapterCatalog(settings.adapter_root, max_rank=settings.max_lora_rank)
-    adapters.scan()
-    tenants, keys = load_tenants(settings.tenants_dir, settings.api_keys_file)
-    return TenantRegistry(tenants, keys, adapters, base_model_id=settings.base_model_id)
 
 
 def default_engine_factory(settings: Settings) -> AbstractAsyncContextManager[Engine]:
@@ -54,9 +47,14 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        gateway = Gateway(settings, load_registry(settings))
-        app.state.gateway = gateway
         async with AsyncExitStack() as stack:
+            sessions = await stack.enter_async_context(open_database(settings.database_url))
+            base_model = await asyncio.to_thread(BaseModelInfo.from_model_dir, settings.model_dir())
+            gateway = Gateway(settings, sessions, base_model)
+            await gateway.reload()
+            app.state.gateway = gateway
+            watcher = asyncio.create_task(gateway.watch_store())
+            stack.callback(watcher.cancel)
             # The engine loads in the background: the server answers /healthz
             # (and 503 elsewhere) while the model loads.
             starting = asyncio.create_task(_start_engine(stack, engine_factory, gateway))
@@ -77,4 +75,5 @@ def create_app(
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(openai.router)
+    app.include_router(admin_router)
     return app

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 EMBEDDED_MODEL_DIR = Path("models/SmolLM2-135M-Instruct")
@@ -56,13 +56,26 @@ class Settings(BaseSettings):
         "(turn off only to demonstrate the bug).",
     )
 
-    # Tenancy
-    adapter_root: Path = Field(Path("var/adapters"), description="Directory holding adapters.")
-    tenants_dir: Path = Field(
-        Path("tenants"), description="Directory of tenant manifests (*.yaml)."
+    # Store and administration
+    database_url: str = Field(
+        "sqlite+aiosqlite:///var/gateway.db",
+        description="SQLAlchemy URL of the store (SQLite, or postgresql+asyncpg://...).",
     )
-    api_keys_file: Path = Field(
-        Path("var/api-keys.yaml"), description="Hashed API keys issued outside the manifests."
+    adapter_root: Path = Field(
+        Path("var/adapters"), description="Adapter directory; accepted versions go to .store/."
+    )
+    max_adapter_bytes: int = Field(
+        1 << 30, ge=1, description="Largest adapter accepted (unpacked), in bytes."
+    )
+    tenants_dir: Path = Field(Path("tenants"), description="Tenant manifests (*.yaml) to apply.")
+    admin_token: SecretStr | None = Field(
+        None, description="Admin bearer token(s), comma-separated (default: admin_token_file)."
+    )
+    admin_token_file: Path = Field(
+        Path("var/admin-token"), description="File holding the admin token when none is set."
+    )
+    registry_poll_seconds: float = Field(
+        0.5, gt=0, description="How often to look for changes made by other replicas."
     )
 
     # HTTP server
@@ -81,6 +94,24 @@ class Settings(BaseSettings):
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise ValueError("ssl_certfile and ssl_keyfile must be given together")
         return self
+
+    def admin_tokens(self) -> list[str]:
+        """The accepted admin tokens: the setting, else the token file's content."""
+        if self.admin_token is not None:
+            raw = self.admin_token.get_secret_value()
+        elif self.admin_token_file.is_file():
+            raw = self.admin_token_file.read_text()
+        else:
+            raw = ""
+        return [token.strip() for token in raw.split(",") if token.strip()]
+
+    def model_dir(self) -> Path:
+        """The base model's local directory (a hub id is fetched, as vLLM would)."""
+        if Path(self.model).is_dir():
+            return Path(self.model)
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(self.model))
 
     @property
     def base_model_id(self) -> str:

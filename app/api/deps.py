@@ -24,7 +24,7 @@ def bearer_token(request: Request) -> str | None:
 
 
 def authenticate(request: Request, gateway: GatewayDep) -> Principal:
-    return gateway.registry.authenticate(bearer_token(request))
+    return gateway.authenticate(bearer_token(request))
 
 
 CurrentPrincipal = Annotated[Principal, Depends(authenticate)]

@@ -18,14 +18,16 @@ from app.protocol import (
     ChatLogprobs,
 )
 from app.serving import generation as gen
+from app.serving.inflight import InFlight
 from app.serving.logprobs import chat_logprobs
 from app.serving.sse import event_stream
 from app.tenancy.models import ModelTarget
 
 
 class ChatService:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, in_flight: InFlight) -> None:
         self._engine = engine
+        self._in_flight = in_flight
 
     def prepare(
         self,
@@ -48,7 +50,7 @@ class ChatService:
     async def complete(
         self, request: ChatCompletionRequest, generation: gen.Generation
     ) -> ChatCompletion:
-        final = await gen.run(self._engine, generation)
+        final = await gen.run(self._engine, generation, self._in_flight)
         choices = [
             ChatChoice(
                 index=out.index,
@@ -98,7 +100,10 @@ class ChatService:
             for i in range(request.n)
         ]
         return event_stream(
-            gen.stream(self._engine, generation), opening=opening, chunk=delta, closing=closing
+            gen.stream(self._engine, generation, self._in_flight),
+            opening=opening,
+            chunk=delta,
+            closing=closing,
         )
 
     @staticmethod

@@ -9,14 +9,16 @@ from vllm import CompletionOutput
 from app.engine.base import Engine
 from app.protocol import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from app.serving import generation as gen
+from app.serving.inflight import InFlight
 from app.serving.logprobs import completion_logprobs
 from app.serving.sse import event_stream
 from app.tenancy.models import ModelTarget
 
 
 class CompletionService:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, in_flight: InFlight) -> None:
         self._engine = engine
+        self._in_flight = in_flight
 
     def prepare(
         self, request: CompletionRequest, target: ModelTarget, *, request_id: str, tenant_id: str
@@ -29,7 +31,7 @@ class CompletionService:
         return gen.Generation(request_id, tenant_id, target, prompt, params)
 
     async def complete(self, request: CompletionRequest, generation: gen.Generation) -> Completion:
-        final = await gen.run(self._engine, generation)
+        final = await gen.run(self._engine, generation, self._in_flight)
         echo = self._echo(request, generation)
         choices = [
             CompletionChoice(
@@ -85,7 +87,10 @@ class CompletionService:
             else []
         )
         return event_stream(
-            gen.stream(self._engine, generation), opening=opening, chunk=delta, closing=closing
+            gen.stream(self._engine, generation, self._in_flight),
+            opening=opening,
+            chunk=delta,
+            closing=closing,
         )
 
     def _echo(self, request: CompletionRequest, generation: gen.Generation) -> str:

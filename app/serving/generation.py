@@ -11,6 +11,7 @@ from vllm.sampling_params import RequestOutputKind
 from app.engine.base import Engine
 from app.errors import ContextLengthExceededError, EngineUnavailableError
 from app.protocol import ChatCompletionRequest, CompletionRequest, Usage
+from app.serving.inflight import InFlight
 from app.tenancy.models import ModelTarget
 
 CompletionLike = ChatCompletionRequest | CompletionRequest
@@ -76,23 +77,27 @@ def finish_reason(reason: str | None) -> str | None:
     return None if reason is None else ("length" if reason == "length" else "stop")
 
 
-async def run(engine: Engine, generation: Generation) -> RequestOutput:
+async def run(engine: Engine, generation: Generation, in_flight: InFlight) -> RequestOutput:
     """Run to the end and return the final output (all choices)."""
     final: RequestOutput | None = None
-    async for output in stream(engine, generation):
+    async for output in stream(engine, generation, in_flight):
         final = output
     if final is None:
         raise EngineUnavailableError("The engine returned no output.")
     return final
 
 
-def stream(engine: Engine, generation: Generation) -> AsyncIterator[RequestOutput]:
-    return engine.generate(
-        generation.prompt_token_ids,
-        generation.params,
-        generation.request_id,
-        generation.target.adapter,
-        # A tenant's cached prefixes never serve another tenant: no timing
-        # side channel reveals what others have asked.
-        cache_salt=generation.tenant_id,
-    )
+async def stream(
+    engine: Engine, generation: Generation, in_flight: InFlight
+) -> AsyncIterator[RequestOutput]:
+    with in_flight.hold(generation.target.adapter):
+        async for output in engine.generate(
+            generation.prompt_token_ids,
+            generation.params,
+            generation.request_id,
+            generation.target.adapter,
+            # A tenant's cached prefixes never serve another tenant: no timing
+            # side channel reveals what others have asked.
+            cache_salt=generation.tenant_id,
+        ):
+            yield output

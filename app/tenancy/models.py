@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from app.tenancy.adapters import Adapter
 
@@ -13,8 +14,8 @@ class Tenant:
     id: str
     name: str
     allow_base_model: bool = False
-    # alias the tenant passes as `model` -> registered adapter name
-    adapters: Mapping[str, str] = field(default_factory=dict)
+    # alias the tenant passes as `model` -> the adapter version it resolves to
+    adapters: Mapping[str, Adapter] = field(default_factory=dict)
     enabled: bool = True
 
 
@@ -27,6 +28,7 @@ class ApiKey:
     sha256: str
     prefix: str = ""
     name: str = ""
+    expires_at: datetime | None = None
 
 
 @dataclass(frozen=True)

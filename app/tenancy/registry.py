@@ -5,9 +5,10 @@ from __future__ import annotations
 import hmac
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from app.errors import AuthenticationError, ModelNotFoundError, PermissionDeniedError
-from app.tenancy.adapters import Adapter, AdapterCatalog
+from app.tenancy.adapters import Adapter
 from app.tenancy.keys import hash_key
 from app.tenancy.models import ApiKey, ModelTarget, Principal, Tenant
 
@@ -22,30 +23,20 @@ class ModelEntry:
 
 
 class TenantRegistry:
-    """In-memory view of tenants, their keys and their grants.
+    """An immutable view of tenants, their keys and their grants.
 
-    Lookups never touch storage: the whole view is rebuilt by whoever
-    loads it and swapped in at once.
+    Lookups never touch storage: whoever loads the store builds a new
+    registry and swaps it in at once.
     """
 
     def __init__(
-        self,
-        tenants: Iterable[Tenant],
-        keys: Iterable[ApiKey],
-        adapters: AdapterCatalog,
-        *,
-        base_model_id: str,
+        self, tenants: Iterable[Tenant], keys: Iterable[ApiKey], *, base_model_id: str
     ) -> None:
         self._tenants = {t.id: t for t in tenants}
-        self._keys = {k.sha256: k for k in keys}
-        self._adapters = adapters
+        self._keys = {k.sha256: k for k in keys if k.tenant_id in self._tenants}
         self.base_model_id = base_model_id
 
-    @property
-    def adapters(self) -> AdapterCatalog:
-        return self._adapters
-
-    def authenticate(self, key: str | None) -> Principal:
+    def authenticate(self, key: str | None, *, now: datetime | None = None) -> Principal:
         if not key:
             raise AuthenticationError(
                 "You didn't provide an API key. Provide it as `Authorization: Bearer <key>`."
@@ -56,10 +47,15 @@ class TenantRegistry:
         # constant-time compare keeps the final check free of timing signal.
         if record is None or not hmac.compare_digest(record.sha256, digest):
             raise AuthenticationError("Incorrect API key provided.")
+        if record.expires_at is not None and record.expires_at <= (now or _utcnow()):
+            raise AuthenticationError("The API key provided has expired.")
         tenant = self._tenants[record.tenant_id]
         if not tenant.enabled:
             raise PermissionDeniedError(f"Tenant `{tenant.id}` is disabled.")
         return Principal(tenant=tenant, key_id=record.id)
+
+    def tenant(self, tenant_id: str) -> Tenant | None:
+        return self._tenants.get(tenant_id)
 
     def resolve(self, tenant: Tenant, model: str) -> ModelTarget:
         """The adapter (or base model) ``model`` names for this tenant.
@@ -69,8 +65,7 @@ class TenantRegistry:
         """
         if model == self.base_model_id and tenant.allow_base_model:
             return ModelTarget(model=model, adapter=None)
-        adapter_name = tenant.adapters.get(model)
-        adapter = self._adapters.get(adapter_name) if adapter_name else None
+        adapter = tenant.adapters.get(model)
         if adapter is None:
             raise ModelNotFoundError(model)
         return ModelTarget(model=model, adapter=adapter)
@@ -79,8 +74,14 @@ class TenantRegistry:
         entries = []
         if tenant.allow_base_model:
             entries.append(ModelEntry(id=self.base_model_id, parent=None, adapter=None))
-        for alias, name in sorted(tenant.adapters.items()):
-            adapter = self._adapters.get(name)
-            if adapter is not None:
-                entries.append(ModelEntry(id=alias, parent=self.base_model_id, adapter=adapter))
+        for alias, adapter in sorted(tenant.adapters.items()):
+            entries.append(ModelEntry(id=alias, parent=self.base_model_id, adapter=adapter))
         return entries
+
+    def adapters(self) -> set[Adapter]:
+        """Every adapter version some tenant can reach."""
+        return {a for t in self._tenants.values() for a in t.adapters.values()}
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)

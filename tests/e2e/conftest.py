@@ -3,6 +3,7 @@ the demo adapters, served by uvicorn over loopback HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -18,7 +19,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from app.cli import DEMO_TENANTS, create_key
+from app.bootstrap.demo_adapters import DEMO_ADAPTERS
+from app.cli import DEMO_TENANTS, apply_tenants, create_key, register_adapter
 from app.engine.base import Engine
 from app.main import create_app
 from app.settings import Settings
@@ -54,6 +56,12 @@ class LiveGateway:
             base_url=f"{self.base_url}/v1", api_key=self.keys[tenant], max_retries=0
         )
 
+    def admin(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=f"{self.base_url}/admin/v1",
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        )
+
     def wait_idle(self, timeout: float = 10.0) -> int:
         """Unfinished engine requests once they drain (or at the timeout)."""
         deadline = time.monotonic() + timeout
@@ -62,11 +70,24 @@ class LiveGateway:
         return self.engine.num_unfinished_requests()
 
 
+def prepare_store(
+    settings: Settings, adapters: Iterable[str], tenants: Iterable[str]
+) -> dict[str, str]:
+    """Register ``adapters`` (directories under the adapter root), apply the
+    manifests in ``settings.tenants_dir``, and issue one key per tenant."""
+
+    async def prepare() -> dict[str, str]:
+        for name in adapters:
+            await register_adapter(settings, name, name)
+        await apply_tenants(settings, settings.tenants_dir, prune=False)
+        return {tenant: await create_key(settings, tenant, "test") for tenant in tenants}
+
+    return asyncio.run(prepare())
+
+
 @contextmanager
-def running_gateway(settings: Settings, tenants: Iterable[str]) -> Iterator[LiveGateway]:
-    """Serve ``create_app(settings)`` on loopback until the block ends; one
-    fresh API key per tenant."""
-    keys = {tenant: create_key(settings, tenant, "test") for tenant in tenants}
+def running_gateway(settings: Settings, keys: dict[str, str]) -> Iterator[LiveGateway]:
+    """Serve ``create_app(settings)`` on loopback until the block ends."""
     app = create_app(settings)
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning")
@@ -91,13 +112,18 @@ def running_gateway(settings: Settings, tenants: Iterable[str]) -> Iterator[Live
         thread.join(timeout=120)
 
 
-def make_settings(keys_dir: Path, **overrides: Any) -> Settings:
-    """Settings for a test gateway: float32 (exact), small, on a free port."""
+ADMIN_TOKEN = "lgw-admin-test-token"
+
+
+def make_settings(state_dir: Path, **overrides: Any) -> Settings:
+    """Settings for a test gateway: float32 (exact), small, on a free port,
+    with its own store in ``state_dir``."""
     defaults: dict[str, Any] = {
         "dtype": "float32",
         "max_model_len": MAX_MODEL_LEN,
         "kv_cache_gib": 1,
-        "api_keys_file": keys_dir / "api-keys.yaml",
+        "database_url": f"sqlite+aiosqlite:///{state_dir / 'gateway.db'}",
+        "admin_token": ADMIN_TOKEN,
         "port": free_port(),
     }
     return Settings(_env_file=None, **{**defaults, **overrides})  # type: ignore[call-arg]
@@ -106,6 +132,7 @@ def make_settings(keys_dir: Path, **overrides: Any) -> Settings:
 @pytest.fixture(scope="session")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
     """The demo tenants and adapters, as `make serve` sets them up."""
-    settings = make_settings(tmp_path_factory.mktemp("keys"), max_loras=2, max_cpu_loras=4)
-    with running_gateway(settings, DEMO_TENANTS) as live:
+    settings = make_settings(tmp_path_factory.mktemp("demo"), max_loras=2, max_cpu_loras=4)
+    keys = prepare_store(settings, DEMO_ADAPTERS, DEMO_TENANTS)
+    with running_gateway(settings, keys) as live:
         yield live

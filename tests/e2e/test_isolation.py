@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from app.settings import EMBEDDED_MODEL_DIR
-from tests.e2e.conftest import LiveGateway, make_settings, running_gateway
+from tests.e2e.conftest import LiveGateway, make_settings, prepare_store, running_gateway
 from tests.support.lora_factory import make_random_adapter
 from tests.support.reference import ReferenceOutput, reference_greedy
 
@@ -134,8 +134,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
 
 @contextmanager
 def isolation_gateway(setup: Setup, *, isolation_fix: bool) -> Iterator[LiveGateway]:
+    state = setup.root / f"state-{isolation_fix}"
     settings = make_settings(
-        setup.root / f"keys-{isolation_fix}",
+        state,
         adapter_root=setup.root / "adapters",
         tenants_dir=setup.root / "tenants",
         max_loras=2,
@@ -144,7 +145,8 @@ def isolation_gateway(setup: Setup, *, isolation_fix: bool) -> Iterator[LiveGate
         isolation_fix=isolation_fix,
     )
     assert settings.max_cpu_loras < len(ADAPTERS)
-    with running_gateway(settings, [TENANT]) as live:
+    keys = prepare_store(settings, [*ADAPTERS, "versioned"], [TENANT])
+    with running_gateway(settings, keys) as live:
         yield live
 
 
@@ -229,10 +231,11 @@ def test_a_new_adapter_version_is_served_at_once(setup: Setup, fixed_gateway: Li
     (first,) = asyncio.run(serve_all(fixed_gateway, [("versioned", prompt)]))
     assert first.text == decode(v1.token_ids)
 
-    directory = setup.root / "adapters" / "versioned"
-    shutil.rmtree(directory)
-    shutil.copytree(setup.root / "versions" / "v2", directory)
-    fixed_gateway.app.state.gateway.registry.adapters.scan()
+    shutil.copytree(setup.root / "versions" / "v2", setup.root / "adapters" / "versioned-v2")
+    with fixed_gateway.admin() as admin:
+        registered = admin.post("/adapters", json={"name": "versioned", "path": "versioned-v2"})
+    assert registered.status_code == 201, registered.text
+    assert registered.json()["version"] == 2
     # Same alias, same prompt (whose prefix is cached under v1): v2's answer.
     (second,) = asyncio.run(serve_all(fixed_gateway, [("versioned", prompt)]))
     assert second.text == decode(v2.token_ids)

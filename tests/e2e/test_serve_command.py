@@ -7,6 +7,7 @@ import datetime
 import ipaddress
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from app.bootstrap.demo_adapters import DEMO_ADAPTERS
 from tests.e2e.conftest import ENGINE_START_TIMEOUT_S, free_port
 
 pytestmark = pytest.mark.slow
@@ -64,18 +66,25 @@ def test_serve_over_https_with_settings_from_the_environment(tmp_path: Path) -> 
         "LORA_GATEWAY_PORT": str(port),
         "LORA_GATEWAY_SSL_CERTFILE": str(cert),
         "LORA_GATEWAY_SSL_KEYFILE": str(key),
-        "LORA_GATEWAY_API_KEYS_FILE": str(tmp_path / "keys.yaml"),
+        "LORA_GATEWAY_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}",
         "LORA_GATEWAY_MAX_MODEL_LEN": "512",
         "LORA_GATEWAY_KV_CACHE_GIB": "1",
     }
     cli = [sys.executable, "-m", "app.cli"]
-    tenant_key = subprocess.run(
-        [*cli, "create-key", "acme-legal"], env=env, check=True, capture_output=True, text=True
-    ).stdout.strip()
+
+    def run(*args: str) -> str:
+        done = subprocess.run([*cli, *args], env=env, check=True, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    for adapter in DEMO_ADAPTERS:
+        run("adapters", "register", adapter)
+    assert "granted acme-legal:legal_advisor" in run("tenants", "apply", "tenants/")
+    assert run("tenants", "apply", "tenants/").endswith("no change")
+    tenant_key = run("keys", "create", "acme-legal")
     server = subprocess.Popen([*cli, "serve"], env=env, start_new_session=True)
     base_url = f"https://127.0.0.1:{port}"
     try:
-        with httpx.Client(verify=str(cert)) as http:
+        with httpx.Client(verify=ssl.create_default_context(cafile=cert)) as http:
             deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
             while True:
                 assert server.poll() is None, "the gateway exited"

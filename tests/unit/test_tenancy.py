@@ -1,55 +1,43 @@
 from __future__ import annotations
 
-import json
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from app.errors import AuthenticationError, ModelNotFoundError, PermissionDeniedError
 from app.tenancy import keys
-from app.tenancy.adapters import AdapterCatalog, AdapterError, read_lora_config
-from app.tenancy.manifests import ManifestError, load_tenants
+from app.tenancy.adapters import Adapter
+from app.tenancy.manifests import ManifestError, load_manifests
 from app.tenancy.models import ApiKey, Tenant
 from app.tenancy.registry import TenantRegistry
 
-
-def write_adapter(root: Path, name: str, rank: int = 8, weights: bytes = b"w") -> Path:
-    directory = root / name
-    directory.mkdir(parents=True, exist_ok=True)
-    config = {"peft_type": "LORA", "r": rank, "target_modules": ["q_proj", "v_proj"]}
-    (directory / "adapter_config.json").write_text(json.dumps(config))
-    (directory / "adapter_model.safetensors").write_bytes(weights)
-    return directory
+LEGAL = Adapter("legal", 1, "a" * 64, Path("/x/legal"), 8, ("q_proj",), lora_id=1)
+MEDICAL = Adapter("medical", 3, "b" * 64, Path("/x/medical"), 8, ("q_proj",), lora_id=7)
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
-@pytest.fixture
-def catalog(tmp_path: Path) -> AdapterCatalog:
-    write_adapter(tmp_path, "legal")
-    write_adapter(tmp_path, "medical")
-    catalog = AdapterCatalog(tmp_path, max_rank=32)
-    catalog.scan()
-    return catalog
-
-
-def make_registry(catalog: AdapterCatalog, *, enabled: bool = True) -> tuple[TenantRegistry, str]:
+def make_registry(
+    *, enabled: bool = True, expires_at: datetime | None = None
+) -> tuple[TenantRegistry, str]:
     key = keys.generate_key()
     tenants = [
-        Tenant("acme", "ACME", adapters={"my-legal": "legal"}, enabled=enabled),
-        Tenant("clinic", "Clinic", allow_base_model=True, adapters={"scribe": "medical"}),
+        Tenant("acme", "ACME", adapters={"my-legal": LEGAL}, enabled=enabled),
+        Tenant("clinic", "Clinic", allow_base_model=True, adapters={"scribe": MEDICAL}),
     ]
-    records = [ApiKey(id="k1", tenant_id="acme", sha256=keys.hash_key(key))]
-    return TenantRegistry(tenants, records, catalog, base_model_id="base"), key
+    records = [ApiKey(id="k1", tenant_id="acme", sha256=keys.hash_key(key), expires_at=expires_at)]
+    return TenantRegistry(tenants, records, base_model_id="base"), key
 
 
-def test_keys_are_random_and_only_their_hash_is_compared() -> None:
+def test_keys_are_random_and_only_their_hash_is_kept() -> None:
     first, second = keys.generate_key(), keys.generate_key()
     assert first != second and first.startswith(keys.KEY_PREFIX)
     assert len(keys.hash_key(first)) == 64 and keys.hash_key(first) != first
     assert keys.display_prefix(first) == first[: keys.DISPLAY_PREFIX_LEN]
 
 
-def test_authenticate(catalog: AdapterCatalog) -> None:
-    registry, key = make_registry(catalog)
+def test_authenticate() -> None:
+    registry, key = make_registry()
     principal = registry.authenticate(key)
     assert principal.tenant.id == "acme" and principal.key_id == "k1"
     for bad in (None, "", key + "x", keys.generate_key()):
@@ -57,18 +45,21 @@ def test_authenticate(catalog: AdapterCatalog) -> None:
             registry.authenticate(bad)
 
 
-def test_disabled_tenant_is_refused(catalog: AdapterCatalog) -> None:
-    registry, key = make_registry(catalog, enabled=False)
+def test_expired_keys_and_disabled_tenants_are_refused() -> None:
+    registry, key = make_registry(expires_at=NOW)
+    assert registry.authenticate(key, now=NOW - timedelta(seconds=1)).key_id == "k1"
+    with pytest.raises(AuthenticationError, match="expired"):
+        registry.authenticate(key, now=NOW)
+    registry, key = make_registry(enabled=False)
     with pytest.raises(PermissionDeniedError):
         registry.authenticate(key)
 
 
-def test_resolve_only_granted_aliases(catalog: AdapterCatalog) -> None:
-    registry, _ = make_registry(catalog)
-    acme = registry._tenants["acme"]
-    clinic = registry._tenants["clinic"]
-    target = registry.resolve(acme, "my-legal")
-    assert target.adapter is not None and target.adapter.name == "legal"
+def test_resolve_only_granted_aliases() -> None:
+    registry, _ = make_registry()
+    acme, clinic = registry.tenant("acme"), registry.tenant("clinic")
+    assert acme is not None and clinic is not None
+    assert registry.resolve(acme, "my-legal").adapter == LEGAL
     assert registry.resolve(clinic, "base").adapter is None
     # The adapter's own name, another tenant's alias, and the base model
     # without permission all look the same as a name that does not exist.
@@ -81,64 +72,33 @@ def test_resolve_only_granted_aliases(catalog: AdapterCatalog) -> None:
         ("base", None),
         ("scribe", "base"),
     ]
+    assert registry.adapters() == {LEGAL, MEDICAL}
 
 
-def test_changed_adapter_content_is_a_new_version(tmp_path: Path) -> None:
-    write_adapter(tmp_path, "legal", weights=b"v1")
-    catalog = AdapterCatalog(tmp_path, max_rank=32)
-    catalog.scan()
-    first = catalog.get("legal")
-    catalog.scan()
-    assert catalog.get("legal") == first
-    write_adapter(tmp_path, "legal", weights=b"v2")
-    catalog.scan()
-    second = catalog.get("legal")
-    assert first is not None and second is not None
-    assert second.sha256 != first.sha256
-    assert second.lora_id != first.lora_id
-    assert second.engine_name != first.engine_name
+def test_versions_have_distinct_engine_identities() -> None:
+    assert LEGAL.engine_name == "legal@v1"
+    newer = Adapter("legal", 2, "c" * 64, Path("/x/legal2"), 8, ("q_proj",), lora_id=9)
+    assert newer.engine_name != LEGAL.engine_name and newer.lora_id != LEGAL.lora_id
 
 
-def test_unservable_adapters_are_skipped(tmp_path: Path) -> None:
-    write_adapter(tmp_path, "too-big", rank=64)
-    (write_adapter(tmp_path, "pickled") / "adapter_model.safetensors").rename(
-        tmp_path / "pickled" / "adapter_model.bin"
-    )
-    write_adapter(tmp_path, "ok")
-    catalog = AdapterCatalog(tmp_path, max_rank=32)
-    catalog.scan()
-    assert [a.name for a in catalog] == ["ok"]
-    with pytest.raises(AdapterError, match="rank 64"):
-        read_lora_config(tmp_path / "too-big", 32)
-
-
-def test_manifests_and_issued_keys(tmp_path: Path) -> None:
-    tenants_dir = tmp_path / "tenants"
-    tenants_dir.mkdir()
-    (tenants_dir / "a.yaml").write_text(
-        "id: acme\nname: ACME\nadapters: {legal: legal_advisor}\n"
-        f"api_keys: [{{id: k1, sha256: '{'a' * 64}'}}]\n"
-    )
-    keys_file = tmp_path / "keys.yaml"
-    keys_file.write_text(f"- {{id: k2, tenant_id: acme, sha256: '{'b' * 64}'}}\n")
-    tenants, records = load_tenants(tenants_dir, keys_file)
-    assert tenants == [Tenant("acme", "ACME", adapters={"legal": "legal_advisor"})]
-    assert [(k.id, k.tenant_id) for k in records] == [("k1", "acme"), ("k2", "acme")]
-
-    keys_file.write_text(f"- {{id: k3, tenant_id: ghost, sha256: '{'c' * 64}'}}\n")
-    with pytest.raises(ManifestError, match="unknown tenant"):
-        load_tenants(tenants_dir, keys_file)
-    (tenants_dir / "b.yaml").write_text("id: acme\nname: Again\n")
+def test_manifests(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("id: acme\nname: ACME\nadapters: {legal: legal_advisor}\n")
+    (manifest,) = load_manifests(tmp_path)
+    assert manifest.id == "acme" and manifest.adapters == {"legal": "legal_advisor"}
+    assert not manifest.allow_base_model and manifest.enabled
+    (tmp_path / "b.yaml").write_text("id: acme\nname: Again\n")
     with pytest.raises(ManifestError, match="defined twice"):
-        load_tenants(tenants_dir, tmp_path / "none.yaml")
-    (tenants_dir / "b.yaml").write_text("id: Bad Id!\nname: x\n")
+        load_manifests(tmp_path)
+    (tmp_path / "b.yaml").write_text("id: Bad Id!\nname: x\n")
     with pytest.raises(ManifestError):
-        load_tenants(tenants_dir, tmp_path / "none.yaml")
+        load_manifests(tmp_path)
+    (tmp_path / "b.yaml").write_text("id: b\nname: x\napi_keys: [plaintext]\n")
+    with pytest.raises(ManifestError, match="api_keys"):
+        load_manifests(tmp_path)
 
 
 def test_repository_demo_manifests_load() -> None:
-    tenants, _ = load_tenants(Path("tenants"), Path("/nonexistent"))
-    by_id = {t.id: t for t in tenants}
+    by_id = {m.id: m for m in load_manifests(Path("tenants"))}
     assert set(by_id) == {"acme-legal", "st-marys", "callcenter", "demo-all"}
     assert by_id["demo-all"].allow_base_model
     assert not by_id["acme-legal"].allow_base_model

@@ -1,0 +1,125 @@
+"""Admin API wire models (``/admin/v1``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.tenancy.manifests import TENANT_ID_PATTERN
+
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+AdapterName = Annotated[str, Field(pattern=ADAPTER_NAME_PATTERN)]
+Positive = Annotated[int, Field(ge=1)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TenantCreate(Strict):
+    id: Annotated[str, Field(pattern=TENANT_ID_PATTERN, examples=["acme-legal"])]
+    name: Annotated[Name, Field(examples=["ACME Legal LLP"])]
+    allow_base_model: bool = False
+
+
+class TenantUpdate(Strict):
+    name: Name | None = None
+    allow_base_model: bool | None = None
+    enabled: bool | None = Field(None, description="false: every key of the tenant is refused")
+
+
+class Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class TenantOut(Out):
+    id: str
+    name: str
+    allow_base_model: bool
+    enabled: bool
+    created_at: datetime
+
+
+class KeyCreate(Strict):
+    name: Annotated[str, Field(max_length=200)] = ""
+    expires_at: datetime | None = None
+
+
+class KeyOut(Out):
+    id: str
+    prefix: str
+    name: str
+    created_at: datetime
+    expires_at: datetime | None
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+class KeyCreated(KeyOut):
+    key: str = Field(description="The plaintext key: shown in this response only.")
+
+
+class AdapterRegister(Strict):
+    name: AdapterName
+    path: str = Field(description="Directory relative to the adapter root.")
+
+
+class AdapterVersionOut(Out):
+    name: str
+    version: int
+    rank: int
+    target_modules: list[str]
+    sha256: str
+    size_bytes: int
+    created_at: datetime
+
+
+class AdapterOut(BaseModel):
+    name: str
+    latest_version: int
+    versions: list[AdapterVersionOut]
+
+
+class GrantPut(Strict):
+    adapter: AdapterName
+    version: Positive | None = Field(None, description="Pin a version; omit to follow the latest.")
+
+
+class GrantOut(BaseModel):
+    tenant_id: str
+    alias: str
+    adapter: str
+    version: int | None
+    resolved_version: int | None
+
+
+class QuotaPut(Strict):
+    requests_per_minute: Positive | None = None
+    tokens_per_minute: Positive | None = None
+    max_concurrent_requests: Positive | None = None
+    token_budget: Positive | None = None
+    budget_period: Literal["day", "month"] | None = None
+
+
+class QuotaOut(QuotaPut):
+    model_config = ConfigDict(extra="ignore", from_attributes=True)
+
+    tenant_id: str
+
+
+class AuditOut(Out):
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    target: str
+    outcome: str
+    detail: str
+
+
+class AuditPage(BaseModel):
+    data: list[AuditOut]
+    next_offset: int | None = Field(description="Pass as `offset` for the next (older) page.")

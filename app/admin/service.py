@@ -1,0 +1,434 @@
+"""Every admin mutation, audited, behind one class the REST API and the CLI share.
+
+Each mutation runs in one transaction that also bumps the store's revision
+and appends an audit record; a rejected mutation is audited on its own and
+changes nothing. After a commit ``on_change`` runs, so this replica's
+in-memory view is current before the response leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.admin import schemas
+from app.errors import BadRequestError, ConflictError, GatewayError, NotFoundError
+from app.store.tables import (
+    AdapterVersionRow,
+    ApiKeyRow,
+    AuditRow,
+    GrantRow,
+    QuotaRow,
+    RevisionRow,
+    TenantRow,
+    as_utc,
+)
+from app.tenancy import keys
+from app.tenancy.adapters import AdapterError
+from app.tenancy.manifests import TenantManifest
+from app.tenancy.validation import (
+    BaseModelInfo,
+    ValidatedAdapter,
+    extract_archive,
+    validate_adapter_dir,
+)
+
+STORE_DIR = ".store"
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class AdapterStorage:
+    """Accepted adapter versions, stored read-only under ``<root>/.store/<sha256>/``."""
+
+    def __init__(self, root: Path, base: BaseModelInfo, *, max_rank: int, max_bytes: int) -> None:
+        self.root = root
+        self._base = base
+        self._max_rank = max_rank
+        self._max_bytes = max_bytes
+
+    def _staging(self) -> Path:
+        staging = self.root / STORE_DIR / f".incoming-{uuid.uuid4().hex}"
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        return staging
+
+    def _keep(self, staging: Path, adapter: Path, checked: ValidatedAdapter) -> Path:
+        final = self.root / STORE_DIR / checked.sha256
+        if not final.exists():  # identical content is stored once
+            adapter.rename(final)
+        shutil.rmtree(staging, ignore_errors=True)
+        return final
+
+    def _checked(self, directory: Path) -> ValidatedAdapter:
+        return validate_adapter_dir(
+            directory, self._base, max_rank=self._max_rank, max_bytes=self._max_bytes
+        )
+
+    def from_path(self, relative: str) -> tuple[ValidatedAdapter, Path]:
+        """Validate a directory under the root and copy it into the store."""
+        root = self.root.resolve()
+        source = (root / relative).resolve()
+        if Path(relative).is_absolute() or not source.is_relative_to(root):
+            raise AdapterError(f"path {relative!r} must be relative to the adapter root")
+        if source.is_relative_to(root / STORE_DIR):
+            raise AdapterError(f"path {relative!r} points into the adapter store")
+        if not source.is_dir():
+            raise AdapterError(f"no adapter directory at {relative!r}")
+        checked = self._checked(source)
+        staging = self._staging()
+        try:
+            shutil.copytree(source, staging, symlinks=True)
+            if self._checked(staging).sha256 != checked.sha256:
+                raise AdapterError(f"{relative!r} changed while it was being registered")
+            return checked, self._keep(staging, staging, checked)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+    def from_archive(self, archive: Path, filename: str) -> tuple[ValidatedAdapter, Path]:
+        """Unpack and validate an uploaded archive; nothing remains if it is rejected."""
+        staging = self._staging()
+        try:
+            adapter = extract_archive(archive, filename, staging, max_bytes=self._max_bytes)
+            checked = self._checked(adapter)
+            return checked, self._keep(staging, adapter, checked)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+
+class AdminService:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        storage: AdapterStorage,
+        on_change: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._sessions = sessions
+        self.storage = storage
+        self._on_change = on_change
+
+    # -- plumbing ---------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _mutation(self, actor: str, action: str, target: str) -> AsyncIterator[AsyncSession]:
+        try:
+            async with self._sessions.begin() as session:
+                yield session
+                await session.execute(
+                    update(RevisionRow)
+                    .where(RevisionRow.id == 1)
+                    .values(value=RevisionRow.value + 1)
+                )
+                session.add(_audit(actor, action, target, "ok"))
+        except GatewayError as exc:
+            await self.audit(actor, action, target, "rejected", exc.message)
+            raise
+        except AdapterError as exc:
+            await self.audit(actor, action, target, "rejected", str(exc))
+            raise BadRequestError(str(exc)) from exc
+        except IntegrityError as exc:
+            await self.audit(actor, action, target, "rejected", "concurrent change")
+            raise ConflictError(f"`{target}` was changed concurrently; retry.") from exc
+        await self._on_change()
+
+    async def audit(
+        self, actor: str, action: str, target: str, outcome: str, detail: str = ""
+    ) -> None:
+        async with self._sessions.begin() as session:
+            session.add(_audit(actor, action, target, outcome, detail))
+
+    async def _tenant(self, session: AsyncSession, tenant_id: str) -> TenantRow:
+        row = await session.get(TenantRow, tenant_id)
+        if row is None:
+            raise NotFoundError(f"No tenant `{tenant_id}`.")
+        return row
+
+    # -- tenants ----------------------------------------------------------------
+
+    async def create_tenant(self, actor: str, body: schemas.TenantCreate) -> TenantRow:
+        async with self._mutation(actor, "tenant.create", body.id) as session:
+            if await session.get(TenantRow, body.id) is not None:
+                raise ConflictError(f"Tenant `{body.id}` already exists.")
+            row = TenantRow(
+                id=body.id,
+                name=body.name,
+                allow_base_model=body.allow_base_model,
+                enabled=True,
+                created_at=now(),
+            )
+            session.add(row)
+        return row
+
+    async def list_tenants(self) -> list[TenantRow]:
+        async with self._sessions() as session:
+            return list(await session.scalars(select(TenantRow).order_by(TenantRow.id)))
+
+    async def get_tenant(self, tenant_id: str) -> TenantRow:
+        async with self._sessions() as session:
+            return await self._tenant(session, tenant_id)
+
+    async def update_tenant(
+        self, actor: str, tenant_id: str, body: schemas.TenantUpdate
+    ) -> TenantRow:
+        async with self._mutation(actor, "tenant.update", tenant_id) as session:
+            row = await self._tenant(session, tenant_id)
+            for field, value in body.model_dump(exclude_none=True).items():
+                setattr(row, field, value)
+        return row
+
+    async def delete_tenant(self, actor: str, tenant_id: str) -> None:
+        async with self._mutation(actor, "tenant.delete", tenant_id) as session:
+            await session.delete(await self._tenant(session, tenant_id))
+
+    # -- keys -------------------------------------------------------------------
+
+    async def create_key(
+        self, actor: str, tenant_id: str, body: schemas.KeyCreate
+    ) -> tuple[ApiKeyRow, str]:
+        if body.expires_at is not None and as_utc(body.expires_at) <= now():
+            raise BadRequestError("`expires_at` is in the past.", param="expires_at")
+        key = keys.generate_key()
+        async with self._mutation(actor, "key.create", tenant_id) as session:
+            await self._tenant(session, tenant_id)
+            row = ApiKeyRow(
+                id=keys.new_key_id(),
+                tenant_id=tenant_id,
+                sha256=keys.hash_key(key),
+                prefix=keys.display_prefix(key),
+                name=body.name,
+                created_at=now(),
+                expires_at=body.expires_at,
+            )
+            session.add(row)
+        return row, key
+
+    async def list_keys(self, tenant_id: str) -> list[ApiKeyRow]:
+        async with self._sessions() as session:
+            await self._tenant(session, tenant_id)
+            query = select(ApiKeyRow).where(ApiKeyRow.tenant_id == tenant_id)
+            return list(await session.scalars(query.order_by(ApiKeyRow.created_at)))
+
+    async def revoke_key(self, actor: str, tenant_id: str, key_id: str) -> None:
+        async with self._mutation(actor, "key.revoke", f"{tenant_id}/{key_id}") as session:
+            row = await session.get(ApiKeyRow, key_id)
+            if row is None or row.tenant_id != tenant_id:
+                raise NotFoundError(f"No key `{key_id}` for tenant `{tenant_id}`.")
+            row.revoked_at = row.revoked_at or now()
+
+    async def touch_keys(self, key_ids: Iterable[str], at: datetime) -> None:
+        """Record use off the hot path; not an admin mutation, so not audited."""
+        ids = list(key_ids)
+        if ids:
+            async with self._sessions.begin() as session:
+                await session.execute(
+                    update(ApiKeyRow).where(ApiKeyRow.id.in_(ids)).values(last_used_at=at)
+                )
+
+    # -- adapters ---------------------------------------------------------------
+
+    async def register_adapter(
+        self, actor: str, name: str, store: Callable[[], tuple[ValidatedAdapter, Path]]
+    ) -> AdapterVersionRow:
+        """Store (``store`` validates and copies, in a thread), then record a version.
+
+        Registering the content of the latest version again returns it unchanged.
+        """
+        async with self._mutation(actor, "adapter.register", name) as session:
+            checked, path = await asyncio.to_thread(store)
+            latest = await self._latest(session, name)
+            if latest is not None and latest.sha256 == checked.sha256:
+                return latest
+            row = AdapterVersionRow(
+                name=name,
+                version=(latest.version + 1) if latest else 1,
+                sha256=checked.sha256,
+                path=str(path.resolve()),
+                rank=checked.rank,
+                target_modules=list(checked.target_modules),
+                size_bytes=checked.size_bytes,
+                created_at=now(),
+            )
+            session.add(row)
+        return row
+
+    @staticmethod
+    async def _latest(session: AsyncSession, name: str) -> AdapterVersionRow | None:
+        query = select(AdapterVersionRow).where(AdapterVersionRow.name == name)
+        result = await session.scalars(query.order_by(AdapterVersionRow.version.desc()).limit(1))
+        return result.first()
+
+    async def list_adapter_versions(self, name: str | None = None) -> list[AdapterVersionRow]:
+        query = select(AdapterVersionRow).order_by(
+            AdapterVersionRow.name, AdapterVersionRow.version
+        )
+        if name is not None:
+            query = query.where(AdapterVersionRow.name == name)
+        async with self._sessions() as session:
+            rows = list(await session.scalars(query))
+        if name is not None and not rows:
+            raise NotFoundError(f"No adapter `{name}`.")
+        return rows
+
+    async def delete_adapter(self, actor: str, name: str, force: bool) -> list[AdapterVersionRow]:
+        """Remove every version (and, with ``force``, its grants); returns what was removed."""
+        async with self._mutation(actor, "adapter.delete", name) as session:
+            query = select(AdapterVersionRow).where(AdapterVersionRow.name == name)
+            versions = list(await session.scalars(query))
+            if not versions:
+                raise NotFoundError(f"No adapter `{name}`.")
+            grants = list(
+                await session.scalars(select(GrantRow).where(GrantRow.adapter_name == name))
+            )
+            if grants and not force:
+                holders = ", ".join(sorted({f"{g.tenant_id}:{g.alias}" for g in grants}))
+                raise ConflictError(
+                    f"Adapter `{name}` is granted ({holders}); revoke the grants or pass "
+                    "`force=true`."
+                )
+            await session.execute(delete(GrantRow).where(GrantRow.adapter_name == name))
+            await session.execute(delete(AdapterVersionRow).where(AdapterVersionRow.name == name))
+        return versions
+
+    async def forget_files(self, removed: Iterable[AdapterVersionRow]) -> None:
+        """Delete stored content no remaining version refers to."""
+        async with self._sessions() as session:
+            for row in removed:
+                query = select(func.count()).where(AdapterVersionRow.sha256 == row.sha256)
+                if not await session.scalar(query):
+                    await asyncio.to_thread(shutil.rmtree, row.path, True)
+
+    # -- grants -----------------------------------------------------------------
+
+    async def put_grant(
+        self, actor: str, tenant_id: str, alias: str, body: schemas.GrantPut
+    ) -> GrantRow:
+        async with self._mutation(actor, "grant.put", f"{tenant_id}/{alias}") as session:
+            await self._tenant(session, tenant_id)
+            query = select(AdapterVersionRow.version).where(AdapterVersionRow.name == body.adapter)
+            versions = set(await session.scalars(query))
+            if not versions:
+                raise NotFoundError(f"No adapter `{body.adapter}`.", param="adapter")
+            if body.version is not None and body.version not in versions:
+                raise NotFoundError(
+                    f"Adapter `{body.adapter}` has no version {body.version}.", param="version"
+                )
+            row = await session.get(GrantRow, (tenant_id, alias))
+            if row is None:
+                row = GrantRow(tenant_id=tenant_id, alias=alias, created_at=now())
+                session.add(row)
+            row.adapter_name, row.version = body.adapter, body.version
+        return row
+
+    async def delete_grant(self, actor: str, tenant_id: str, alias: str) -> None:
+        async with self._mutation(actor, "grant.delete", f"{tenant_id}/{alias}") as session:
+            row = await session.get(GrantRow, (tenant_id, alias))
+            if row is None:
+                raise NotFoundError(f"Tenant `{tenant_id}` has no model `{alias}`.")
+            await session.delete(row)
+
+    async def list_grants(self, tenant_id: str) -> list[GrantRow]:
+        async with self._sessions() as session:
+            await self._tenant(session, tenant_id)
+            query = select(GrantRow).where(GrantRow.tenant_id == tenant_id)
+            return list(await session.scalars(query.order_by(GrantRow.alias)))
+
+    # -- quotas -----------------------------------------------------------------
+
+    async def put_quota(self, actor: str, tenant_id: str, body: schemas.QuotaPut) -> QuotaRow:
+        if body.token_budget is not None and body.budget_period is None:
+            raise BadRequestError("`token_budget` needs a `budget_period`.", param="budget_period")
+        async with self._mutation(actor, "quota.put", tenant_id) as session:
+            await self._tenant(session, tenant_id)
+            row = await session.get(QuotaRow, tenant_id)
+            if row is None:
+                row = QuotaRow(tenant_id=tenant_id)
+                session.add(row)
+            for field, value in body.model_dump().items():
+                setattr(row, field, value)
+            row.updated_at = now()
+        return row
+
+    async def get_quota(self, tenant_id: str) -> QuotaRow | None:
+        async with self._sessions() as session:
+            await self._tenant(session, tenant_id)
+            return await session.get(QuotaRow, tenant_id)
+
+    # -- audit ------------------------------------------------------------------
+
+    async def list_audit(self, offset: int, limit: int) -> tuple[list[AuditRow], int | None]:
+        query = select(AuditRow).order_by(AuditRow.id.desc()).offset(offset).limit(limit + 1)
+        async with self._sessions() as session:
+            rows = list(await session.scalars(query))
+        more = len(rows) > limit
+        return rows[:limit], (offset + limit if more else None)
+
+    # -- manifests --------------------------------------------------------------
+
+    async def apply_manifests(
+        self, actor: str, manifests: Iterable[TenantManifest], *, prune: bool = False
+    ) -> list[str]:
+        """Make the store match the manifests (tenants, flags, grants); idempotent.
+
+        Keys are issued through the API, never declared, so they are left as
+        they are. With ``prune``, tenants absent from the manifests are deleted.
+        Returns a line per change.
+        """
+        changes: list[str] = []
+        wanted = {m.id: m for m in manifests}
+        for manifest in wanted.values():
+            current = {t.id: t for t in await self.list_tenants()}.get(manifest.id)
+            if current is None:
+                current = await self.create_tenant(
+                    actor,
+                    schemas.TenantCreate(
+                        id=manifest.id,
+                        name=manifest.name,
+                        allow_base_model=manifest.allow_base_model,
+                    ),
+                )
+                changes.append(f"created tenant {manifest.id}")
+            update_ = schemas.TenantUpdate(
+                name=manifest.name,
+                allow_base_model=manifest.allow_base_model,
+                enabled=manifest.enabled,
+            )
+            if any(
+                getattr(current, f) != v for f, v in update_.model_dump(exclude_none=True).items()
+            ):
+                await self.update_tenant(actor, manifest.id, update_)
+                changes.append(f"updated tenant {manifest.id}")
+            grants = {g.alias: g for g in await self.list_grants(manifest.id)}
+            for alias, adapter in manifest.adapters.items():
+                grant = grants.pop(alias, None)
+                if grant is None or grant.adapter_name != adapter or grant.version is not None:
+                    await self.put_grant(
+                        actor, manifest.id, alias, schemas.GrantPut(adapter=adapter)
+                    )
+                    changes.append(f"granted {manifest.id}:{alias} -> {adapter}")
+            for alias in grants:
+                await self.delete_grant(actor, manifest.id, alias)
+                changes.append(f"revoked {manifest.id}:{alias}")
+        if prune:
+            for tenant in await self.list_tenants():
+                if tenant.id not in wanted:
+                    await self.delete_tenant(actor, tenant.id)
+                    changes.append(f"deleted tenant {tenant.id}")
+        return changes
+
+
+def _audit(actor: str, action: str, target: str, outcome: str, detail: str = "") -> AuditRow:
+    return AuditRow(
+        at=now(), actor=actor, action=action, target=target, outcome=outcome, detail=detail
+    )

@@ -1,0 +1,10 @@
+"""The admin REST API, ``/admin/v1``: every route needs an admin token."""
+
+from fastapi import APIRouter, Depends
+
+from app.api.admin import adapters, audit, grants, keys, quotas, tenants
+from app.api.admin.deps import admin_actor
+
+router = APIRouter(prefix="/admin/v1", dependencies=[Depends(admin_actor)])
+for module in (tenants, keys, grants, quotas, adapters, audit):
+    router.include_router(module.router)

@@ -1,0 +1,145 @@
+"""``/admin/v1/adapters``: register (by path or upload), list, delete."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from functools import partial
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response, status
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+
+from app.admin import schemas
+from app.api.admin.deps import Admin, AdminActor
+from app.api.deps import GatewayDep
+from app.errors import BadRequestError
+from app.store.snapshot import adapter_of
+from app.store.tables import AdapterVersionRow
+
+router = APIRouter(prefix="/adapters", tags=["admin: adapters"])
+
+UPLOAD_CHUNK = 1 << 20
+REGISTER_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": schemas.AdapterRegister.model_json_schema(),
+                "example": {"name": "legal_advisor", "path": "legal_advisor"},
+            },
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["name", "file"],
+                    "properties": {
+                        "name": {"type": "string", "pattern": schemas.ADAPTER_NAME_PATTERN},
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": ".zip or .tar.gz of a PEFT LoRA adapter directory",
+                        },
+                    },
+                }
+            },
+        },
+    }
+}
+
+
+def _version(row: AdapterVersionRow) -> schemas.AdapterVersionOut:
+    return schemas.AdapterVersionOut.model_validate(row, from_attributes=True)
+
+
+async def _spool(upload: UploadFile, limit: int) -> Path:
+    """The upload in a temporary file; refused once it exceeds ``limit`` bytes."""
+    handle = tempfile.NamedTemporaryFile(prefix="adapter-upload-", delete=False)  # noqa: SIM115
+    size = 0
+    with handle:
+        while chunk := await upload.read(UPLOAD_CHUNK):
+            size += len(chunk)
+            if size > limit:
+                handle.close()
+                Path(handle.name).unlink()
+                raise BadRequestError(f"The upload is larger than {limit} bytes.", param="file")
+            handle.write(chunk)
+    return Path(handle.name)
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=schemas.AdapterVersionOut,
+    openapi_extra=REGISTER_BODY,
+)
+async def register_adapter(
+    request: Request, admin: Admin, actor: AdminActor, gateway: GatewayDep
+) -> object:
+    """Register a new immutable version from a directory under the adapter root
+    (JSON) or from an uploaded archive (multipart: ``name``, ``file``)."""
+    storage = admin.storage
+    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+        form = await request.form()
+        upload, name = form.get("file"), form.get("name")
+        if not isinstance(upload, UploadFile):
+            raise BadRequestError("Multipart field `file` (the archive) is required.", param="file")
+        try:
+            body = schemas.AdapterRegister(name=str(name or ""), path=".")
+        except ValidationError as exc:
+            message = f"Invalid adapter name: {exc.errors()[0]['msg']}"
+            raise BadRequestError(message, param="name") from exc
+        archive = await _spool(upload, gateway.settings.max_adapter_bytes)
+        try:
+            row = await admin.register_adapter(
+                actor, body.name, partial(storage.from_archive, archive, upload.filename or "")
+            )
+        finally:
+            await asyncio.to_thread(archive.unlink)
+    else:
+        try:
+            body = schemas.AdapterRegister.model_validate_json(await request.body())
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            param = ".".join(str(p) for p in error["loc"]) or None
+            raise BadRequestError(f"Invalid request: {error['msg']}", param=param) from exc
+        row = await admin.register_adapter(actor, body.name, partial(storage.from_path, body.path))
+    return _version(row)
+
+
+@router.get("", response_model=list[schemas.AdapterOut])
+async def list_adapters(admin: Admin) -> object:
+    by_name: dict[str, list[schemas.AdapterVersionOut]] = {}
+    for row in await admin.list_adapter_versions():
+        by_name.setdefault(row.name, []).append(_version(row))
+    return [
+        schemas.AdapterOut(name=name, latest_version=versions[-1].version, versions=versions)
+        for name, versions in by_name.items()
+    ]
+
+
+@router.get("/{name}", response_model=schemas.AdapterOut)
+async def get_adapter(name: str, admin: Admin) -> object:
+    versions = [_version(row) for row in await admin.list_adapter_versions(name)]
+    return schemas.AdapterOut(name=name, latest_version=versions[-1].version, versions=versions)
+
+
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT)
+async def delete_adapter(
+    name: str,
+    admin: Admin,
+    actor: AdminActor,
+    gateway: GatewayDep,
+    force: Annotated[bool, Query(description="Also revoke every grant of it.")] = False,
+) -> Response:
+    """Delete every version; refused (409) while granted unless ``force``. The
+    engine frees its slots once the requests already running with it finish."""
+    removed = await admin.delete_adapter(actor, name, force)
+
+    async def retire() -> None:
+        await gateway.retire(adapter_of(row) for row in removed)
+        await admin.forget_files(removed)
+
+    gateway.background(retire())
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,1 @@
+"""The persistent store: tenants, keys, adapters, grants, quotas and the audit log."""

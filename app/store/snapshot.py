@@ -1,0 +1,83 @@
+"""The store's content as one immutable in-memory view, rebuilt on every change.
+
+Requests read only the view, never the database; a replica learns of changes
+made elsewhere by polling the store's revision counter.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.store.tables import AdapterVersionRow, ApiKeyRow, GrantRow, RevisionRow, TenantRow
+from app.tenancy.adapters import Adapter
+from app.tenancy.models import ApiKey, Tenant
+from app.tenancy.registry import TenantRegistry
+
+
+def adapter_of(row: AdapterVersionRow) -> Adapter:
+    return Adapter(
+        name=row.name,
+        version=row.version,
+        sha256=row.sha256,
+        path=Path(row.path),
+        rank=row.rank,
+        target_modules=tuple(row.target_modules),
+        # The row id is unique per version across the whole store (and so
+        # across replicas): vLLM's cache key for the adapter's weights.
+        lora_id=row.id,
+    )
+
+
+async def revision(sessions: async_sessionmaker[AsyncSession]) -> int:
+    async with sessions() as session:
+        return int(await session.scalar(select(RevisionRow.value).where(RevisionRow.id == 1)) or 0)
+
+
+async def load_registry(
+    sessions: async_sessionmaker[AsyncSession], *, base_model_id: str
+) -> tuple[int, TenantRegistry]:
+    """The current revision and the registry built from it, read in one transaction."""
+    async with sessions() as session, session.begin():
+        current = await session.scalar(select(RevisionRow.value).where(RevisionRow.id == 1))
+        tenant_rows = list(await session.scalars(select(TenantRow)))
+        key_rows = list(
+            await session.scalars(select(ApiKeyRow).where(ApiKeyRow.revoked_at.is_(None)))
+        )
+        version_rows = list(await session.scalars(select(AdapterVersionRow)))
+        grant_rows = list(await session.scalars(select(GrantRow)))
+
+    versions: dict[str, dict[int, Adapter]] = defaultdict(dict)
+    for row in version_rows:
+        versions[row.name][row.version] = adapter_of(row)
+    grants: dict[str, dict[str, Adapter]] = defaultdict(dict)
+    for grant in grant_rows:
+        available = versions.get(grant.adapter_name, {})
+        chosen = grant.version if grant.version is not None else max(available, default=None)
+        if chosen in available:
+            grants[grant.tenant_id][grant.alias] = available[chosen]
+    tenants = [
+        Tenant(
+            id=row.id,
+            name=row.name,
+            allow_base_model=row.allow_base_model,
+            enabled=row.enabled,
+            adapters=grants[row.id],
+        )
+        for row in tenant_rows
+    ]
+    keys = [
+        ApiKey(
+            id=row.id,
+            tenant_id=row.tenant_id,
+            sha256=row.sha256,
+            prefix=row.prefix,
+            name=row.name,
+            expires_at=row.expires_at,
+        )
+        for row in key_rows
+    ]
+    return int(current or 0), TenantRegistry(tenants, keys, base_model_id=base_model_id)

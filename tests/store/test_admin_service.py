@@ -1,0 +1,226 @@
+"""The admin service and the registry snapshot, on every store backend."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from datetime import datetime, timedelta, timezone
+from functools import partial
+from pathlib import Path
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.admin import schemas
+from app.admin.service import STORE_DIR, AdminService
+from app.errors import AuthenticationError, BadRequestError, ConflictError, NotFoundError
+from app.settings import EMBEDDED_MODEL_DIR
+from app.store.snapshot import load_registry, revision
+from app.tenancy.manifests import TenantManifest
+from tests.support.lora_factory import make_random_adapter
+
+ACTOR = "admin:test"
+
+
+def adapter_dir(admin: AdminService, name: str, seed: int = 1, rank: int = 8) -> Path:
+    return make_random_adapter(
+        EMBEDDED_MODEL_DIR,
+        admin.storage.root / name,
+        rank=rank,
+        target_modules=("q_proj", "v_proj"),
+        seed=seed,
+    )
+
+
+async def register(admin: AdminService, name: str, path: str) -> int:
+    row = await admin.register_adapter(ACTOR, name, partial(admin.storage.from_path, path))
+    return row.version
+
+
+async def registry(sessions: async_sessionmaker[AsyncSession]):  # type: ignore[no-untyped-def]
+    _, view = await load_registry(sessions, base_model_id="base")
+    return view
+
+
+async def test_tenants_crud_is_audited(admin: AdminService, changes: list[int]) -> None:
+    created = await admin.create_tenant(ACTOR, schemas.TenantCreate(id="acme", name="ACME"))
+    assert created.enabled and not created.allow_base_model
+    with pytest.raises(ConflictError):
+        await admin.create_tenant(ACTOR, schemas.TenantCreate(id="acme", name="Again"))
+    updated = await admin.update_tenant(ACTOR, "acme", schemas.TenantUpdate(enabled=False))
+    assert not updated.enabled and updated.name == "ACME"
+    assert [t.id for t in await admin.list_tenants()] == ["acme"]
+    await admin.delete_tenant(ACTOR, "acme")
+    with pytest.raises(NotFoundError):
+        await admin.get_tenant("acme")
+    entries, next_offset = await admin.list_audit(0, 10)
+    assert [(e.action, e.outcome) for e in entries] == [
+        ("tenant.delete", "ok"),
+        ("tenant.update", "ok"),
+        ("tenant.create", "rejected"),
+        ("tenant.create", "ok"),
+    ]
+    assert next_offset is None and all(e.actor == ACTOR for e in entries)
+    page, next_offset = await admin.list_audit(0, 3)
+    assert len(page) == 3 and next_offset == 3
+    assert len(changes) == 3  # only successful mutations refresh the view
+
+
+async def test_keys_are_shown_once_and_revocation_is_immediate(
+    admin: AdminService, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    await admin.create_tenant(ACTOR, schemas.TenantCreate(id="acme", name="ACME"))
+    row, key = await admin.create_key(ACTOR, "acme", schemas.KeyCreate(name="ci"))
+    assert key.startswith(row.prefix) and row.sha256 not in key
+    listed = await admin.list_keys("acme")
+    assert [(k.id, k.prefix, k.name) for k in listed] == [(row.id, row.prefix, "ci")]
+    assert key not in repr([vars(k) for k in listed])
+    assert (await registry(sessions)).authenticate(key).key_id == row.id
+
+    await admin.touch_keys([row.id], datetime.now(timezone.utc))
+    assert (await admin.list_keys("acme"))[0].last_used_at is not None
+    await admin.revoke_key(ACTOR, "acme", row.id)
+    with pytest.raises(AuthenticationError):
+        (await registry(sessions)).authenticate(key)
+    with pytest.raises(NotFoundError):
+        await admin.revoke_key(ACTOR, "other", row.id)
+
+    soon = datetime.now(timezone.utc) + timedelta(hours=1)
+    expiring, key2 = await admin.create_key(ACTOR, "acme", schemas.KeyCreate(expires_at=soon))
+    view = await registry(sessions)
+    assert view.authenticate(key2).key_id == expiring.id
+    with pytest.raises(AuthenticationError, match="expired"):
+        view.authenticate(key2, now=soon)
+    with pytest.raises(BadRequestError):
+        past = datetime.now(timezone.utc) - timedelta(seconds=1)
+        await admin.create_key(ACTOR, "acme", schemas.KeyCreate(expires_at=past))
+
+
+async def test_adapter_versions_grants_and_deletion(
+    admin: AdminService, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    adapter_dir(admin, "src-a", seed=1)
+    adapter_dir(admin, "src-b", seed=2, rank=16)
+    assert await register(admin, "legal", "src-a") == 1
+    assert await register(admin, "legal", "src-a") == 1  # same content: same version
+    assert await register(admin, "legal", "src-b") == 2
+    versions = await admin.list_adapter_versions("legal")
+    assert [(v.version, v.rank) for v in versions] == [(1, 8), (2, 16)]
+    assert all(Path(v.path).parent == admin.storage.root / STORE_DIR for v in versions)
+
+    await admin.create_tenant(ACTOR, schemas.TenantCreate(id="acme", name="ACME"))
+    await admin.put_grant(ACTOR, "acme", "latest", schemas.GrantPut(adapter="legal"))
+    await admin.put_grant(ACTOR, "acme", "pinned", schemas.GrantPut(adapter="legal", version=1))
+    with pytest.raises(NotFoundError):
+        await admin.put_grant(ACTOR, "acme", "x", schemas.GrantPut(adapter="legal", version=9))
+    with pytest.raises(NotFoundError):
+        await admin.put_grant(ACTOR, "acme", "x", schemas.GrantPut(adapter="nope"))
+    tenant = (await registry(sessions)).tenant("acme")
+    assert tenant is not None
+    assert tenant.adapters["latest"].version == 2 and tenant.adapters["pinned"].version == 1
+    assert tenant.adapters["latest"].lora_id != tenant.adapters["pinned"].lora_id
+
+    with pytest.raises(ConflictError, match="acme:latest"):
+        await admin.delete_adapter(ACTOR, "legal", force=False)
+    removed = await admin.delete_adapter(ACTOR, "legal", force=True)
+    assert [r.version for r in removed] == [1, 2]
+    assert await admin.list_grants("acme") == []
+    await admin.forget_files(removed)
+    assert not any(Path(r.path).exists() for r in removed)
+    with pytest.raises(NotFoundError):
+        await admin.list_adapter_versions("legal")
+
+
+async def test_rejected_registrations_leave_nothing_behind(admin: AdminService) -> None:
+    source = adapter_dir(admin, "bad", rank=8)
+    (source / "adapter_model.bin").write_bytes(b"pickle")
+    with pytest.raises(BadRequestError, match="pickle"):
+        await register(admin, "bad", "bad")
+    with pytest.raises(BadRequestError, match="relative"):
+        await register(admin, "escape", "../../etc")
+
+    archive = admin.storage.root.parent / "evil.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        info = tarfile.TarInfo("../outside.txt")
+        info.size = 4
+        tar.addfile(info, io.BytesIO(b"evil"))
+    with pytest.raises(BadRequestError):
+        await admin.register_adapter(
+            ACTOR, "evil", partial(admin.storage.from_archive, archive, "evil.tar.gz")
+        )
+    assert list((admin.storage.root / STORE_DIR).iterdir()) == []
+    assert not (admin.storage.root.parent / "outside.txt").exists()
+    entries, _ = await admin.list_audit(0, 10)
+    assert [e.outcome for e in entries] == ["rejected"] * 3
+
+
+async def test_uploaded_archive_becomes_a_version(admin: AdminService, tmp_path: Path) -> None:
+    source = adapter_dir(admin, "upload-src", seed=5)
+    archive = tmp_path / "adapter.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(source, arcname="my-adapter")
+    row = await admin.register_adapter(
+        ACTOR, "uploaded", partial(admin.storage.from_archive, archive, "adapter.tar.gz")
+    )
+    assert (row.name, row.version, row.rank) == ("uploaded", 1, 8)
+    assert sorted(p.name for p in Path(row.path).iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+
+
+async def test_manifests_apply_idempotently_and_prune(
+    admin: AdminService, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    adapter_dir(admin, "legal")
+    await register(admin, "legal", "legal")
+    await admin.create_tenant(ACTOR, schemas.TenantCreate(id="stale", name="Stale"))
+    manifests = [
+        TenantManifest(id="acme", name="ACME", adapters={"lawyer": "legal"}),
+        TenantManifest(id="off", name="Off", enabled=False, allow_base_model=True),
+    ]
+    first = await admin.apply_manifests(ACTOR, manifests)
+    assert "created tenant acme" in first and "granted acme:lawyer -> legal" in first
+    assert await admin.apply_manifests(ACTOR, manifests) == []
+    before = await revision(sessions)
+    assert await admin.apply_manifests(ACTOR, manifests, prune=True) == ["deleted tenant stale"]
+    assert await revision(sessions) > before
+    view = await registry(sessions)
+    off = view.tenant("off")
+    assert off is not None and not off.enabled and off.allow_base_model
+    acme = view.tenant("acme")
+    assert acme is not None and set(acme.adapters) == {"lawyer"}
+
+
+async def test_quota_settings_round_trip(admin: AdminService) -> None:
+    await admin.create_tenant(ACTOR, schemas.TenantCreate(id="acme", name="ACME"))
+    assert await admin.get_quota("acme") is None
+    body = schemas.QuotaPut(requests_per_minute=60, token_budget=1000, budget_period="day")
+    row = await admin.put_quota(ACTOR, "acme", body)
+    assert (row.requests_per_minute, row.token_budget, row.budget_period) == (60, 1000, "day")
+    with pytest.raises(BadRequestError, match="budget_period"):
+        await admin.put_quota(ACTOR, "acme", schemas.QuotaPut(token_budget=5))
+
+
+async def test_version_ids_are_never_reused(admin: AdminService) -> None:
+    # The id keys vLLM's weight cache: a reused id would serve stale weights.
+    adapter_dir(admin, "a", seed=1)
+    adapter_dir(admin, "b", seed=2)
+    first = await admin.register_adapter(ACTOR, "x", partial(admin.storage.from_path, "a"))
+    await admin.delete_adapter(ACTOR, "x", force=False)
+    second = await admin.register_adapter(ACTOR, "x", partial(admin.storage.from_path, "b"))
+    assert second.id > first.id and second.version == 1
+
+
+async def test_migrations_match_the_tables(sessions: async_sessionmaker[AsyncSession]) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from app.store.tables import Base
+
+    def diff(connection):  # type: ignore[no-untyped-def]
+        return compare_metadata(MigrationContext.configure(connection), Base.metadata)
+
+    async with sessions() as session:
+        connection = await session.connection()
+        assert await connection.run_sync(diff) == []
