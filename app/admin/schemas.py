@@ -20,12 +20,21 @@ class Strict(BaseModel):
 
 
 class TenantCreate(Strict):
-    id: Annotated[str, Field(pattern=TENANT_ID_PATTERN, examples=["acme-legal"])]
-    name: Annotated[Name, Field(examples=["ACME Legal LLP"])]
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"id": "acme-legal", "name": "ACME Legal LLP", "allow_base_model": False}]
+        },
+    )
+
+    id: Annotated[str, Field(pattern=TENANT_ID_PATTERN)]
+    name: Name
     allow_base_model: bool = False
 
 
 class TenantUpdate(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"enabled": False}]})
+
     name: Name | None = None
     allow_base_model: bool | None = None
     enabled: bool | None = Field(None, description="false: every key of the tenant is refused")
@@ -44,6 +53,13 @@ class TenantOut(Out):
 
 
 class KeyCreate(Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"name": "production", "expires_at": "2027-01-01T00:00:00Z"}]
+        },
+    )
+
     name: Annotated[str, Field(max_length=200)] = ""
     expires_at: datetime | None = None
 
@@ -63,6 +79,11 @@ class KeyCreated(KeyOut):
 
 
 class AdapterRegister(Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"name": "legal_advisor", "path": "legal_advisor"}]},
+    )
+
     name: AdapterName
     path: str = Field(description="Directory relative to the adapter root.")
 
@@ -84,6 +105,10 @@ class AdapterOut(BaseModel):
 
 
 class GrantPut(Strict):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"adapter": "legal_advisor", "version": 2}]}
+    )
+
     adapter: AdapterName
     version: Positive | None = Field(None, description="Pin a version; omit to follow the latest.")
 
@@ -97,6 +122,21 @@ class GrantOut(BaseModel):
 
 
 class QuotaPut(Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "requests_per_minute": 600,
+                    "tokens_per_minute": 200000,
+                    "max_concurrent_requests": 16,
+                    "token_budget": 50000000,
+                    "budget_period": "month",
+                }
+            ]
+        },
+    )
+
     requests_per_minute: Positive | None = None
     tokens_per_minute: Positive | None = None
     max_concurrent_requests: Positive | None = None
