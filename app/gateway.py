@@ -16,12 +16,14 @@ from app.errors import EngineUnavailableError
 from app.serving.chat import ChatService
 from app.serving.completions import CompletionService
 from app.serving.inflight import InFlight
+from app.serving.tracking import RequestTracker
 from app.settings import Settings
 from app.store.snapshot import load_registry, revision
 from app.tenancy.adapters import Adapter
 from app.tenancy.models import Principal
 from app.tenancy.registry import TenantRegistry
 from app.tenancy.validation import BaseModelInfo
+from app.usage import UsageLedger
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,8 @@ class Gateway:
         )
         self.admin_tokens = settings.admin_tokens()
         self.in_flight = InFlight()
+        self.ledger = UsageLedger(sessions)
+        self.tracker = RequestTracker(self.in_flight, self.ledger)
         self._tasks: set[asyncio.Task[None]] = set()
         self.startup_error: str | None = None
         self._engine: Engine | None = None
@@ -113,8 +117,8 @@ class Gateway:
 
     @property
     def chat(self) -> ChatService:
-        return ChatService(self.engine, self.in_flight)
+        return ChatService(self.engine, self.tracker)
 
     @property
     def completions(self) -> CompletionService:
-        return CompletionService(self.engine, self.in_flight)
+        return CompletionService(self.engine, self.tracker)

@@ -53,8 +53,10 @@ def create_app(
             gateway = Gateway(settings, sessions, base_model)
             await gateway.reload()
             app.state.gateway = gateway
-            watcher = asyncio.create_task(gateway.watch_store())
-            stack.callback(watcher.cancel)
+            for loop in (gateway.watch_store(), gateway.ledger.run()):
+                stack.callback(asyncio.create_task(loop).cancel)
+            # Runs first at exit (LIFO): the last records are written.
+            stack.push_async_callback(gateway.ledger.flush)
             # The engine loads in the background: the server answers /healthz
             # (and 503 elsewhere) while the model loads.
             starting = asyncio.create_task(_start_engine(stack, engine_factory, gateway))

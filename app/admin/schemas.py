@@ -163,3 +163,16 @@ class AuditOut(Out):
 class AuditPage(BaseModel):
     data: list[AuditOut]
     next_offset: int | None = Field(description="Pass as `offset` for the next (older) page.")
+
+
+class UsageTotalOut(Out):
+    group: str | None = Field(description="adapter alias, key id or UTC day; null: no grouping")
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class UsageReport(BaseModel):
+    tenant_id: str
+    group_by: Literal["adapter", "key", "day"] | None
+    data: list[UsageTotalOut]

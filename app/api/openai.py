@@ -38,7 +38,7 @@ async def create_chat_completion(
 ) -> Any:
     target = gateway.registry.resolve(principal.tenant, body.model)
     chat = gateway.chat
-    generation = chat.prepare(body, target, request_id=request_id, tenant_id=principal.tenant.id)
+    generation = chat.prepare(body, principal, target, request_id)
     if body.stream:
         return EventStreamResponse(chat.stream(body, generation))
     return await cancel_on_disconnect(request, chat.complete(body, generation))
@@ -54,9 +54,7 @@ async def create_completion(
 ) -> Any:
     target = gateway.registry.resolve(principal.tenant, body.model)
     completions = gateway.completions
-    generation = completions.prepare(
-        body, target, request_id=request_id, tenant_id=principal.tenant.id
-    )
+    generation = completions.prepare(body, principal, target, request_id)
     if body.stream:
         return EventStreamResponse(completions.stream(body, generation))
     return await cancel_on_disconnect(request, completions.complete(body, generation))

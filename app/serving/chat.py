@@ -18,24 +18,23 @@ from app.protocol import (
     ChatLogprobs,
 )
 from app.serving import generation as gen
-from app.serving.inflight import InFlight
 from app.serving.logprobs import chat_logprobs
 from app.serving.sse import event_stream
-from app.tenancy.models import ModelTarget
+from app.serving.tracking import RequestTracker
+from app.tenancy.models import ModelTarget, Principal
 
 
 class ChatService:
-    def __init__(self, engine: Engine, in_flight: InFlight) -> None:
+    def __init__(self, engine: Engine, tracker: RequestTracker) -> None:
         self._engine = engine
-        self._in_flight = in_flight
+        self._tracker = tracker
 
     def prepare(
         self,
         request: ChatCompletionRequest,
+        principal: Principal,
         target: ModelTarget,
-        *,
         request_id: str,
-        tenant_id: str,
     ) -> gen.Generation:
         messages = [
             {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
@@ -45,12 +44,12 @@ class ChatService:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         prompt = tokenizer.encode(text, add_special_tokens=False)
         params = gen.sampling_params(request, len(prompt), self._engine.max_model_len)
-        return gen.Generation(request_id, tenant_id, target, prompt, params)
+        return gen.Generation(request_id, "chat.completions", principal, target, prompt, params)
 
     async def complete(
         self, request: ChatCompletionRequest, generation: gen.Generation
     ) -> ChatCompletion:
-        final = await gen.run(self._engine, generation, self._in_flight)
+        outputs = await gen.run(self._engine, generation, self._tracker)
         choices = [
             ChatChoice(
                 index=out.index,
@@ -58,9 +57,9 @@ class ChatService:
                 logprobs=self._logprobs(request, out),
                 finish_reason=gen.finish_reason(out.finish_reason),
             )
-            for out in sorted(final.outputs, key=lambda o: o.index)
+            for out in outputs
         ]
-        completion_tokens = sum(len(out.token_ids) for out in final.outputs)
+        completion_tokens = sum(len(out.token_ids) for out in outputs)
         return ChatCompletion(
             id=_completion_id(generation),
             model=request.model,
@@ -100,7 +99,7 @@ class ChatService:
             for i in range(request.n)
         ]
         return event_stream(
-            gen.stream(self._engine, generation, self._in_flight),
+            gen.stream(self._engine, generation, self._tracker),
             opening=opening,
             chunk=delta,
             closing=closing,

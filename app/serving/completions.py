@@ -9,29 +9,33 @@ from vllm import CompletionOutput
 from app.engine.base import Engine
 from app.protocol import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from app.serving import generation as gen
-from app.serving.inflight import InFlight
 from app.serving.logprobs import completion_logprobs
 from app.serving.sse import event_stream
-from app.tenancy.models import ModelTarget
+from app.serving.tracking import RequestTracker
+from app.tenancy.models import ModelTarget, Principal
 
 
 class CompletionService:
-    def __init__(self, engine: Engine, in_flight: InFlight) -> None:
+    def __init__(self, engine: Engine, tracker: RequestTracker) -> None:
         self._engine = engine
-        self._in_flight = in_flight
+        self._tracker = tracker
 
     def prepare(
-        self, request: CompletionRequest, target: ModelTarget, *, request_id: str, tenant_id: str
+        self,
+        request: CompletionRequest,
+        principal: Principal,
+        target: ModelTarget,
+        request_id: str,
     ) -> gen.Generation:
         if isinstance(request.prompt, str):
             prompt = self._engine.tokenizer.encode(request.prompt)
         else:
             prompt = list(request.prompt)
         params = gen.sampling_params(request, len(prompt), self._engine.max_model_len)
-        return gen.Generation(request_id, tenant_id, target, prompt, params)
+        return gen.Generation(request_id, "completions", principal, target, prompt, params)
 
     async def complete(self, request: CompletionRequest, generation: gen.Generation) -> Completion:
-        final = await gen.run(self._engine, generation, self._in_flight)
+        outputs = await gen.run(self._engine, generation, self._tracker)
         echo = self._echo(request, generation)
         choices = [
             CompletionChoice(
@@ -40,9 +44,9 @@ class CompletionService:
                 logprobs=self._logprobs(request, out, len(echo)),
                 finish_reason=gen.finish_reason(out.finish_reason),
             )
-            for out in sorted(final.outputs, key=lambda o: o.index)
+            for out in outputs
         ]
-        completion_tokens = sum(len(out.token_ids) for out in final.outputs)
+        completion_tokens = sum(len(out.token_ids) for out in outputs)
         return Completion(
             id=_completion_id(generation),
             model=request.model,
@@ -87,7 +91,7 @@ class CompletionService:
             else []
         )
         return event_stream(
-            gen.stream(self._engine, generation, self._in_flight),
+            gen.stream(self._engine, generation, self._tracker),
             opening=opening,
             chunk=delta,
             closing=closing,

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from vllm import RequestOutput, SamplingParams
+from vllm import CompletionOutput, RequestOutput, SamplingParams
 from vllm.sampling_params import RequestOutputKind
 
 from app.engine.base import Engine
 from app.errors import ContextLengthExceededError, EngineUnavailableError
 from app.protocol import ChatCompletionRequest, CompletionRequest, Usage
-from app.serving.inflight import InFlight
-from app.tenancy.models import ModelTarget
+from app.serving.tracking import RequestTracker
+from app.tenancy.models import ModelTarget, Principal
 
 CompletionLike = ChatCompletionRequest | CompletionRequest
 
@@ -22,7 +22,8 @@ class Generation:
     """One request, ready for the engine."""
 
     request_id: str
-    tenant_id: str
+    endpoint: str
+    principal: Principal
     target: ModelTarget
     prompt_token_ids: Sequence[int]
     params: SamplingParams
@@ -60,7 +61,9 @@ def sampling_params(
         presence_penalty=request.presence_penalty or 0.0,
         frequency_penalty=request.frequency_penalty or 0.0,
         logprobs=request.num_logprobs,
-        output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
+        # Deltas even when not streaming: what was generated is known (and
+        # charged) however a request ends.
+        output_kind=RequestOutputKind.DELTA,
     )
 
 
@@ -77,20 +80,33 @@ def finish_reason(reason: str | None) -> str | None:
     return None if reason is None else ("length" if reason == "length" else "stop")
 
 
-async def run(engine: Engine, generation: Generation, in_flight: InFlight) -> RequestOutput:
-    """Run to the end and return the final output (all choices)."""
-    final: RequestOutput | None = None
-    async for output in stream(engine, generation, in_flight):
-        final = output
-    if final is None:
-        raise EngineUnavailableError("The engine returned no output.")
-    return final
+async def run(
+    engine: Engine, generation: Generation, tracker: RequestTracker
+) -> list[CompletionOutput]:
+    """Run to the end; every choice's text, tokens and logprobs, by index."""
+    choices: dict[int, CompletionOutput] = {}
+    async for output in stream(engine, generation, tracker):
+        for delta in output.outputs:
+            whole = choices.setdefault(
+                delta.index,
+                CompletionOutput(
+                    index=delta.index, text="", token_ids=[], cumulative_logprob=None, logprobs=None
+                ),
+            )
+            whole.text += delta.text
+            whole.token_ids = [*whole.token_ids, *delta.token_ids]
+            if delta.logprobs is not None:
+                whole.logprobs = [*(whole.logprobs or []), *delta.logprobs]
+            whole.finish_reason = delta.finish_reason
+    if len(choices) != generation.params.n:
+        raise EngineUnavailableError("The engine ended the request early.")
+    return [choices[i] for i in sorted(choices)]
 
 
 async def stream(
-    engine: Engine, generation: Generation, in_flight: InFlight
+    engine: Engine, generation: Generation, tracker: RequestTracker
 ) -> AsyncIterator[RequestOutput]:
-    with in_flight.hold(generation.target.adapter):
+    with tracker.track(generation) as progress:
         async for output in engine.generate(
             generation.prompt_token_ids,
             generation.params,
@@ -98,6 +114,7 @@ async def stream(
             generation.target.adapter,
             # A tenant's cached prefixes never serve another tenant: no timing
             # side channel reveals what others have asked.
-            cache_salt=generation.tenant_id,
+            cache_salt=generation.principal.tenant.id,
         ):
+            progress.observe(output)
             yield output

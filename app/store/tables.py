@@ -11,6 +11,7 @@ from sqlalchemy import (
     Boolean,
     DateTime,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -133,3 +134,25 @@ class RevisionRow(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     value: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class UsageRow(Base):
+    """One finished request, as the usage ledger records it."""
+
+    __tablename__ = "usage"
+    __table_args__ = (Index("ix_usage_tenant_started", "tenant_id", "started_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    request_id: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant_id: Mapped[str] = mapped_column(String(63))
+    key_id: Mapped[str] = mapped_column(String(40))
+    endpoint: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str] = mapped_column(String(100))
+    adapter: Mapped[str | None] = mapped_column(String(100))
+    adapter_version: Mapped[int | None]
+    prompt_tokens: Mapped[int]
+    completion_tokens: Mapped[int]
+    status: Mapped[str] = mapped_column(String(16))
+    latency_ms: Mapped[int]
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime]

@@ -196,3 +196,46 @@ def test_changes_made_elsewhere_apply_within_a_second(gateway: LiveGateway) -> N
             break
         assert time.monotonic() - revoked_at < 1.0, "still accepted a second after revocation"
         time.sleep(0.05)
+
+
+def test_usage_ledger_counts_every_request_including_cancelled_ones(
+    gateway: LiveGateway,
+) -> None:
+    with gateway.admin() as admin:
+        admin.post("/tenants", json={"id": "metered", "name": "M", "allow_base_model": True})
+        key = admin.post("/tenants/metered/keys", json={"name": "k"}).json()
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=key["key"], max_retries=0)
+    base = gateway.settings.base_model_id
+    answers = [
+        client.chat.completions.create(model=base, messages=MESSAGES, max_tokens=n, temperature=0)
+        for n in (3, 5)
+    ]
+    body = {
+        "model": base,
+        "messages": [{"role": "user", "content": "Count from 1 to 1000, comma separated."}],
+        "max_tokens": 900,
+        "temperature": 0,
+        "stream": True,
+    }
+    with httpx.stream(
+        "POST",
+        f"{gateway.base_url}/v1/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {key['key']}"},
+    ) as response:
+        lines = response.iter_lines()
+        for _ in range(8):
+            next(lines)
+    assert gateway.wait_idle() == 0
+
+    with gateway.admin() as admin:
+        report = admin.get("/tenants/metered/usage").json()
+        by_key = admin.get("/tenants/metered/usage", params={"group_by": "key"}).json()
+        empty = admin.get("/tenants/metered/usage", params={"from": "2100-01-01T00:00:00Z"})
+    (total,) = report["data"]
+    assert total["requests"] == 3
+    finished = sum(a.usage.completion_tokens for a in answers if a.usage)
+    assert finished < total["completion_tokens"] < finished + 900  # the cancelled one: partial
+    assert total["prompt_tokens"] > sum(a.usage.prompt_tokens for a in answers if a.usage)
+    assert [(g["group"], g["requests"]) for g in by_key["data"]] == [(key["id"], 3)]
+    assert empty.json()["data"][0]["requests"] == 0
