@@ -1,0 +1,335 @@
+"""The quota engine's interface: :class:`QuotaBackend`, its :class:`Reservation`, and
+:func:`backend_from_url`, which picks the storage (``memory://`` or ``redis://``).
+
+A backend implements four storage primitives (``_reserve``, ``_reconcile``, ``_renew``,
+``_usage``); this module adds what every backend shares: argument checks, the errors and their
+messages, the rate-limit headers, and the fail-open policy when the store is unreachable.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+from app.quota.errors import QuotaBackendUnavailable, QuotaExceeded, QuotaTooLarge
+from app.quota.headers import format_duration, rate_limit_headers, retry_headers
+from app.quota.limits import LimitKind, Limits, Usage
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+RECONCILE_WINDOW_S = 86_400
+"""How long a reservation can still be reconciled; later, only its concurrency slot is freed."""
+
+CONCURRENCY_RETRY_S = 1.0
+"""The suggested retry after a concurrency refusal: no one knows when a request will finish."""
+
+
+@dataclass(frozen=True)
+class Charge:
+    """One subject's part of a reservation: its limits at reservation time and the budget
+    period (``2025-01-31`` / ``2025-01``) charged, ``None`` without a budget."""
+
+    subject: str
+    limits: Limits
+    period: str | None
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """An admitted request's hold on its subjects' limits, until :meth:`QuotaBackend.reconcile`.
+
+    ``tokens`` were charged to each subject's tokens per minute and budget, one request to each
+    requests per minute, and a concurrency slot (a lease) taken where a subject has a limit.
+    ``headers`` are the ``x-ratelimit-*`` headers for the response. ``unchecked`` is set when
+    the store was unreachable and the backend fails open: nothing was checked or charged.
+    """
+
+    id: str
+    charges: tuple[Charge, ...]
+    tokens: int
+    reserved_at_us: int
+    headers: Mapping[str, str] = field(default_factory=dict, compare=False)
+    unchecked: bool = False
+
+    @property
+    def subjects(self) -> tuple[str, ...]:
+        return tuple(charge.subject for charge in self.charges)
+
+
+# -- what the storage primitives report ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Levels:
+    """A subject's requests- and tokens-per-minute levels (``None``: limit unset)."""
+
+    requests: float | None
+    tokens: float | None
+
+
+@dataclass(frozen=True)
+class Violation:
+    """Subject ``index`` would exceed ``limit``; ``wait`` seconds until it would not (``None``:
+    unknown), ``used`` is that limit's level, live leases, or budget spent."""
+
+    index: int
+    limit: LimitKind
+    wait: float | None
+    used: float
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """Every limit passed and all were charged at ``at_us``; levels are after the charge."""
+
+    at_us: int
+    periods: tuple[str | None, ...]
+    levels: tuple[Levels, ...]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Some limits failed; nothing was charged. Levels are as found."""
+
+    violations: tuple[Violation, ...]
+    levels: tuple[Levels, ...]
+
+
+Subjects = Sequence[tuple[str, Limits]]
+
+
+class QuotaBackend(ABC):
+    """Atomic admission against per-subject limits, interchangeable over storages.
+
+    A request is checked against every limit of every subject (a tenant, then optionally its
+    key) and either all are charged or none. Concurrency slots are leases of
+    ``lease_seconds``: a holder that disappears loses its slot when the lease runs out, and a
+    live one keeps it with :meth:`renew`.
+
+    When the store is unreachable, ``fail_open`` admits requests unchecked (flagged on the
+    reservation) instead of raising :class:`QuotaBackendUnavailable`; either way it is logged.
+    """
+
+    def __init__(self, *, fail_open: bool = False, lease_seconds: float = 60.0) -> None:
+        if not lease_seconds > 0:
+            raise ValueError("lease_seconds must be positive")
+        self.fail_open = fail_open
+        self.lease_seconds = lease_seconds
+        self._down = False
+
+    async def reserve(
+        self, subjects: Subjects, tokens: int, reservation_id: str | None = None
+    ) -> Reservation:
+        """Admit a request costing one request and ``tokens`` (prompt + max_tokens), or refuse it.
+
+        Raises :class:`QuotaExceeded` (429) when a limit is reached, :class:`QuotaTooLarge` (400)
+        when ``tokens`` alone exceed a subject's tokens per minute or budget,
+        :class:`QuotaBackendUnavailable` (503) when the store is unreachable and the backend
+        fails closed, and ``ValueError`` for a duplicate subject or reservation id. On any error
+        nothing was charged.
+        """
+        pairs = tuple(subjects)
+        rid = reservation_id if reservation_id is not None else uuid.uuid4().hex
+        _check_request(pairs, tokens)
+        if not pairs:
+            return Reservation(rid, (), tokens, 0)
+        try:
+            outcome = await self._guard("reserve", self._reserve(rid, tokens, pairs))
+        except QuotaBackendUnavailable:
+            if not self.fail_open:
+                raise
+            logger.debug("quota store unreachable: admitting %s unchecked", rid)
+            return Reservation(rid, (), tokens, 0, unchecked=True)
+        if isinstance(outcome, Refused):
+            raise _exceeded(pairs, tokens, outcome)
+        charges = tuple(
+            Charge(subject, limits, period)
+            for (subject, limits), period in zip(pairs, outcome.periods, strict=True)
+        )
+        headers = _headers(pairs, outcome.levels)
+        return Reservation(rid, charges, tokens, outcome.at_us, headers)
+
+    async def reconcile(self, reservation: Reservation, actual_tokens: int) -> None:
+        """Settle a finished (or abandoned) request: free its concurrency slots and charge
+        ``actual_tokens`` instead of the reserved tokens to tokens per minute and the budget.
+
+        Idempotent: only the first call settles. A refund is not given to a tokens-per-minute
+        limit that has emptied since the reservation (the charge has already drained away).
+        Never raises for an unreachable store (it is logged; the leases then expire).
+        """
+        if actual_tokens < 0:
+            raise ValueError("actual_tokens must not be negative")
+        if reservation.unchecked or not reservation.charges:
+            return
+        try:
+            await self._guard("reconcile", self._reconcile(reservation, actual_tokens))
+        except QuotaBackendUnavailable:
+            return
+
+    async def renew(self, reservation: Reservation) -> bool:
+        """Extend this reservation's own concurrency leases by ``lease_seconds`` from now.
+
+        Returns whether every lease was still held; an expired or released lease is not
+        revived, and ``False`` also means the store could not be reached.
+        """
+        if reservation.unchecked or not reservation.charges:
+            return True
+        try:
+            return await self._guard("renew", self._renew(reservation))
+        except QuotaBackendUnavailable:
+            return False
+
+    async def usage(self, subject: str, limits: Limits) -> Usage:
+        """``subject``'s current consumption measured against ``limits`` (read-only)."""
+        return await self._guard("usage", self._usage(subject, limits))
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release the backend's connections."""
+
+    # -- storage primitives ----------------------------------------------------------------------
+
+    @abstractmethod
+    async def _reserve(self, rid: str, tokens: int, subjects: Subjects) -> Admitted | Refused:
+        """Check every limit of every subject and, only if all pass, charge them all, as one
+        atomic step. ``ValueError`` if ``rid`` is already in use."""
+
+    @abstractmethod
+    async def _reconcile(self, reservation: Reservation, actual_tokens: int) -> None:
+        """Release the leases; the first time only, move the charges to ``actual_tokens``."""
+
+    @abstractmethod
+    async def _renew(self, reservation: Reservation) -> bool:
+        """Extend the reservation's live leases; whether all were live."""
+
+    @abstractmethod
+    async def _usage(self, subject: str, limits: Limits) -> Usage:
+        """Read a subject's consumption."""
+
+    async def _guard(self, operation: str, call: Awaitable[T]) -> T:
+        # Log once when the store goes away and once when it is back, not once per request.
+        try:
+            result = await call
+        except QuotaBackendUnavailable as exc:
+            if not self._down:
+                self._down = True
+                mode = "admitting unchecked" if self.fail_open else "refusing requests"
+                logger.error(
+                    "quota store unreachable during %s (%s): %s", operation, mode, exc.__cause__
+                )
+            raise
+        if self._down:
+            self._down = False
+            logger.warning("quota store reachable again")
+        return result
+
+
+def _check_request(subjects: tuple[tuple[str, Limits], ...], tokens: int) -> None:
+    if tokens < 0:
+        raise ValueError("tokens must not be negative")
+    names = [subject for subject, _ in subjects]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate subject in {names}")
+    for subject, limits in subjects:
+        tpm = limits.tokens_per_minute
+        if tpm is not None and tokens > tpm:
+            raise QuotaTooLarge(
+                f"Request too large for {subject} on tokens per minute (TPM): Limit {tpm}, "
+                f"Requested {tokens}. Reduce the prompt or max_tokens.",
+                limit="tokens",
+                subject=subject,
+            )
+        budget = limits.token_budget
+        if budget is not None and tokens > budget:
+            raise QuotaTooLarge(
+                f"Request too large for {subject}'s token budget: Limit {budget} per "
+                f"{limits.budget_period}, Requested {tokens}. Reduce the prompt or max_tokens.",
+                limit="budget",
+                subject=subject,
+            )
+
+
+def _headers(subjects: Subjects, levels: Sequence[Levels]) -> dict[str, str]:
+    requests: list[tuple[int, float]] = []
+    tokens: list[tuple[int, float]] = []
+    for (_, limits), level in zip(subjects, levels, strict=True):
+        if limits.requests_per_minute is not None and level.requests is not None:
+            requests.append((limits.requests_per_minute, level.requests))
+        if limits.tokens_per_minute is not None and level.tokens is not None:
+            tokens.append((limits.tokens_per_minute, level.tokens))
+    return rate_limit_headers(requests, tokens)
+
+
+def _exceeded(subjects: Subjects, tokens: int, refused: Refused) -> QuotaExceeded:
+    headers = _headers(subjects, refused.levels)
+    spent = [v for v in refused.violations if v.limit == "budget"]
+    if spent:
+        v = spent[0]
+        subject, limits = subjects[v.index]
+        return QuotaExceeded(
+            f"You exceeded the token budget of {subject}: Limit {limits.token_budget} per "
+            f"{limits.budget_period} (UTC), Used {v.used:.0f}, Requested {tokens}. "
+            f"It renews at the start of the next {limits.budget_period}.",
+            limit="budget",
+            subject=subject,
+            retry_after=None,
+            headers={**headers, "x-should-retry": "false"},
+        )
+    # All limits must pass at once, so the wait is the longest; it is also the one to report.
+    v = max(refused.violations, key=lambda v: CONCURRENCY_RETRY_S if v.wait is None else v.wait)
+    wait = CONCURRENCY_RETRY_S if v.wait is None else v.wait
+    subject, limits = subjects[v.index]
+    if v.limit == "concurrent":
+        message = (
+            f"Too many concurrent requests for {subject}: Limit {limits.max_concurrent}, "
+            f"In flight {v.used:.0f}. Please try again when a request has finished."
+        )
+    else:
+        name = "requests per min (RPM)" if v.limit == "requests" else "tokens per min (TPM)"
+        limit = limits.requests_per_minute if v.limit == "requests" else limits.tokens_per_minute
+        requested = 1 if v.limit == "requests" else tokens
+        message = (
+            f"Rate limit reached for {subject} on {name}: Limit {limit}, "
+            f"Used {math.ceil(v.used - 1e-6)}, Requested {requested}. "
+            f"Please try again in {format_duration(wait)}."
+        )
+    return QuotaExceeded(
+        message,
+        limit=v.limit,
+        subject=subject,
+        retry_after=wait,
+        headers={**headers, **retry_headers(wait)},
+    )
+
+
+def backend_from_url(
+    url: str = "memory://",
+    *,
+    fail_open: bool = False,
+    lease_seconds: float = 60.0,
+    key_prefix: str = "quota:",
+) -> QuotaBackend:
+    """The backend a URL names: ``memory://`` (one process) or ``redis://host:port/db``
+    (also ``rediss://`` and ``unix://``), shared by every replica using the same Redis and
+    ``key_prefix``. Redis Cluster is not supported: one reservation touches keys of
+    several subjects."""
+    scheme = urlsplit(url).scheme
+    if scheme == "memory":
+        from app.quota.memory import MemoryBackend
+
+        return MemoryBackend(fail_open=fail_open, lease_seconds=lease_seconds)
+    if scheme in ("redis", "rediss", "unix"):
+        from app.quota.redis import RedisBackend
+
+        return RedisBackend.from_url(
+            url, fail_open=fail_open, lease_seconds=lease_seconds, key_prefix=key_prefix
+        )
+    raise ValueError(f"unsupported quota storage URL {url!r} (memory:// or redis://)")

@@ -1,0 +1,82 @@
+-- Shared by every quota script (prepended to each): Redis time, GCRA buckets, budget periods.
+-- Mirrors app/quota/bucket.py and app.quota.limits.period_id; keep them in step.
+
+local MINUTE_US = 60000000
+local EPSILON = 1e-9
+
+-- The one clock every replica agrees on, in integer microseconds (exact in a double).
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- tostring() keeps 14 digits, too few for microsecond timestamps.
+local function fmt(x)
+  return string.format('%.17g', x)
+end
+
+-- A bucket's level at `now` and when it was last seen empty (GCRA in leaky-bucket form).
+local function bucket_load(key, limit, now)
+  local v = redis.call('HMGET', key, 'l', 't', 'd')
+  if not v[1] then
+    return 0, now
+  end
+  local level = tonumber(v[1]) - math.max(0, now - tonumber(v[2])) * limit / MINUTE_US
+  if level <= EPSILON then
+    return 0, now
+  end
+  return level, tonumber(v[3])
+end
+
+-- Kept until it has drained, plus a second.
+local function bucket_store(key, limit, level, drained, now)
+  redis.call('HSET', key, 'l', fmt(level), 't', fmt(now), 'd', fmt(drained))
+  redis.call('PEXPIRE', key, math.ceil(level * MINUTE_US / limit / 1000) + 1000)
+end
+
+-- How long until `cost` fits under `limit` at `level`, in seconds; 0 when it fits now.
+local function wait_seconds(level, cost, limit)
+  local excess = level + cost - limit
+  if excess <= EPSILON then
+    return 0
+  end
+  return excess * 60 / limit
+end
+
+-- The lease set outlives its last lease by a second.
+local function leases_expire(key)
+  local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if top[2] then
+    redis.call('PEXPIREAT', key, math.ceil(tonumber(top[2]) / 1000) + 1000)
+  end
+end
+
+-- Howard Hinnant's civil_from_days: the proleptic Gregorian date of a day since 1970-01-01.
+local function civil_from_days(days)
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400
+  if m <= 2 then
+    y = y + 1
+  end
+  return y, m, d
+end
+
+-- The UTC calendar period holding `now`: 2025-01-31 for 'day', 2025-01 for 'month'.
+local function period_id(period, now)
+  local y, m, d = civil_from_days(math.floor(math.floor(now / 1000000) / 86400))
+  if period == 'day' then
+    return string.format('%04d-%02d-%02d', y, m, d)
+  end
+  return string.format('%04d-%02d', y, m)
+end
+
+-- A budget count outlives its period (and the reconcile window) before it expires.
+local BUDGET_TTL_S = {day = 2 * 86400, month = 32 * 86400}

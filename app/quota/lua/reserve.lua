@@ -1,0 +1,92 @@
+-- Admit a request against every limit of every subject, or charge nothing.
+-- KEYS[1]: the reservation's record. Per subject i, from k = 1 + 4 * (i - 1):
+--   KEYS[k+1] requests bucket, KEYS[k+2] tokens bucket, KEYS[k+3] lease set,
+--   KEYS[k+4] budget key prefix (the period id is appended).
+-- ARGV: id, tokens, lease_us, record_ttl_ms; per subject, from a = 4 + 5 * (i - 1):
+--   ARGV[a+1..a+5] = rpm, tpm, max concurrent, budget (0: unset), budget period ('' unset).
+-- Returns JSON: {ok, now, periods, levels} or {violations, levels}; levels are [rpm, tpm].
+local id = ARGV[1]
+local cost = tonumber(ARGV[2])
+local lease_us = tonumber(ARGV[3])
+local record_ttl_ms = tonumber(ARGV[4])
+local n = (#KEYS - 1) / 4
+local now = now_us()
+
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return cjson.encode({duplicate = true})
+end
+
+local subjects = {}
+local violations = {}
+local levels = {}
+for i = 1, n do
+  local k = 1 + 4 * (i - 1)
+  local a = 4 + 5 * (i - 1)
+  local s = {
+    rpm = tonumber(ARGV[a + 1]), tpm = tonumber(ARGV[a + 2]), conc = tonumber(ARGV[a + 3]),
+    budget = tonumber(ARGV[a + 4]), period = ARGV[a + 5],
+    rkey = KEYS[k + 1], tkey = KEYS[k + 2], ckey = KEYS[k + 3], period_id = '',
+  }
+  local level = {cjson.null, cjson.null}
+  if s.rpm > 0 then
+    s.r, s.rd = bucket_load(s.rkey, s.rpm, now)
+    level[1] = s.r
+    local wait = wait_seconds(s.r, 1, s.rpm)
+    if wait > 0 then
+      table.insert(violations, {i, 'requests', wait, s.r})
+    end
+  end
+  if s.tpm > 0 then
+    s.t, s.td = bucket_load(s.tkey, s.tpm, now)
+    level[2] = s.t
+    local wait = wait_seconds(s.t, cost, s.tpm)
+    if wait > 0 then
+      table.insert(violations, {i, 'tokens', wait, s.t})
+    end
+  end
+  if s.conc > 0 then
+    redis.call('ZREMRANGEBYSCORE', s.ckey, '-inf', fmt(now))
+    local live = redis.call('ZCARD', s.ckey)
+    if live >= s.conc then
+      table.insert(violations, {i, 'concurrent', cjson.null, live})
+    end
+  end
+  if s.budget > 0 then
+    s.period_id = period_id(s.period, now)
+    s.bkey = KEYS[k + 4] .. s.period_id
+    s.used = tonumber(redis.call('GET', s.bkey) or '0')
+    if s.used + cost > s.budget then
+      table.insert(violations, {i, 'budget', cjson.null, s.used})
+    end
+  end
+  subjects[i] = s
+  levels[i] = level
+end
+
+if #violations > 0 then
+  return cjson.encode({violations = violations, levels = levels})
+end
+
+local periods = {}
+for i = 1, n do
+  local s = subjects[i]
+  if s.rpm > 0 then
+    bucket_store(s.rkey, s.rpm, s.r + 1, s.rd, now)
+    levels[i][1] = s.r + 1
+  end
+  if s.tpm > 0 then
+    bucket_store(s.tkey, s.tpm, s.t + cost, s.td, now)
+    levels[i][2] = s.t + cost
+  end
+  if s.conc > 0 then
+    redis.call('ZADD', s.ckey, fmt(now + lease_us), id)
+    leases_expire(s.ckey)
+  end
+  if s.budget > 0 then
+    redis.call('INCRBY', s.bkey, cost)
+    redis.call('EXPIRE', s.bkey, BUDGET_TTL_S[s.period])
+  end
+  periods[i] = s.period_id
+end
+redis.call('SET', KEYS[1], '1', 'PX', record_ttl_ms)
+return cjson.encode({ok = true, now = fmt(now), periods = periods, levels = levels})

@@ -1,0 +1,209 @@
+"""The in-process backend (``memory://``): one replica, state lost on restart.
+
+Every operation runs to completion without awaiting, so check-and-commit is atomic under
+asyncio; a lock makes it so across threads too.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from app.quota.backend import (
+    RECONCILE_WINDOW_S,
+    Admitted,
+    Levels,
+    QuotaBackend,
+    Refused,
+    Reservation,
+    Subjects,
+    Violation,
+)
+from app.quota.bucket import Bucket, current, wait_seconds
+from app.quota.limits import Limits, Usage, period_id
+
+
+@dataclass
+class _Plan:
+    """What one subject's check found, kept to commit it without reading again."""
+
+    requests: tuple[float, int] | None = None
+    tokens: tuple[float, int] | None = None
+    period: str | None = None
+    budget_used: int = 0
+
+
+class MemoryBackend(QuotaBackend):
+    """Quota state in this process. ``clock`` (seconds since the epoch) is injectable for tests;
+    budget periods follow its calendar date in UTC."""
+
+    def __init__(
+        self,
+        *,
+        fail_open: bool = False,
+        lease_seconds: float = 60.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(fail_open=fail_open, lease_seconds=lease_seconds)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._buckets: dict[tuple[str, str], Bucket] = {}
+        self._leases: dict[str, dict[str, int]] = {}
+        self._budgets: dict[str, tuple[str, int]] = {}
+        # Open reservations by id, with when they stop being reconcilable. Entries share one
+        # lifetime, so insertion order is expiry order.
+        self._open: dict[str, int] = {}
+
+    def _now_us(self) -> int:
+        return round(self._clock() * 1_000_000)
+
+    async def _reserve(self, rid: str, tokens: int, subjects: Subjects) -> Admitted | Refused:
+        with self._lock:
+            now = self._now_us()
+            self._forget_stale(now)
+            if rid in self._open:
+                raise ValueError(f"reservation id {rid!r} is in use")
+            plans: list[_Plan] = []
+            violations: list[Violation] = []
+            for index, (subject, limits) in enumerate(subjects):
+                plan = _Plan()
+                plans.append(plan)
+                if limits.requests_per_minute is not None:
+                    plan.requests = self._current(
+                        "requests", subject, limits.requests_per_minute, now
+                    )
+                    wait = wait_seconds(plan.requests[0], 1, limits.requests_per_minute)
+                    if wait > 0:
+                        violations.append(Violation(index, "requests", wait, plan.requests[0]))
+                if limits.tokens_per_minute is not None:
+                    plan.tokens = self._current("tokens", subject, limits.tokens_per_minute, now)
+                    wait = wait_seconds(plan.tokens[0], tokens, limits.tokens_per_minute)
+                    if wait > 0:
+                        violations.append(Violation(index, "tokens", wait, plan.tokens[0]))
+                if limits.max_concurrent is not None:
+                    live = len(self._live_leases(subject, now))
+                    if live >= limits.max_concurrent:
+                        violations.append(Violation(index, "concurrent", None, live))
+                if limits.token_budget is not None and limits.budget_period is not None:
+                    plan.period = period_id(limits.budget_period, now)
+                    plan.budget_used = self._budget_used(subject, plan.period)
+                    if plan.budget_used + tokens > limits.token_budget:
+                        violations.append(Violation(index, "budget", None, plan.budget_used))
+            levels = [_levels(plan) for plan in plans]
+            if violations:
+                return Refused(tuple(violations), tuple(levels))
+
+            lease_until = now + round(self.lease_seconds * 1_000_000)
+            after: list[Levels] = []
+            for (subject, limits), plan in zip(subjects, plans, strict=True):
+                if plan.requests is not None:
+                    level, drained = plan.requests
+                    self._buckets["requests", subject] = Bucket(level + 1, now, drained)
+                if plan.tokens is not None:
+                    level, drained = plan.tokens
+                    self._buckets["tokens", subject] = Bucket(level + tokens, now, drained)
+                if limits.max_concurrent is not None:
+                    self._leases.setdefault(subject, {})[rid] = lease_until
+                if plan.period is not None:
+                    self._budgets[subject] = (plan.period, plan.budget_used + tokens)
+                after.append(
+                    Levels(
+                        None if plan.requests is None else plan.requests[0] + 1,
+                        None if plan.tokens is None else plan.tokens[0] + tokens,
+                    )
+                )
+            self._open[rid] = now + RECONCILE_WINDOW_S * 1_000_000
+            return Admitted(now, tuple(plan.period for plan in plans), tuple(after))
+
+    async def _reconcile(self, reservation: Reservation, actual_tokens: int) -> None:
+        with self._lock:
+            now = self._now_us()
+            for charge in reservation.charges:
+                leases = self._leases.get(charge.subject)
+                if leases is not None:
+                    leases.pop(reservation.id, None)
+            if self._open.pop(reservation.id, None) is None:
+                return
+            delta = actual_tokens - reservation.tokens
+            if delta == 0:
+                return
+            for charge in reservation.charges:
+                tpm = charge.limits.tokens_per_minute
+                if tpm is not None:
+                    level, drained = self._current("tokens", charge.subject, tpm, now)
+                    if delta > 0:
+                        self._buckets["tokens", charge.subject] = Bucket(
+                            level + delta, now, drained
+                        )
+                    elif drained <= reservation.reserved_at_us:
+                        level = max(0.0, level + delta)
+                        self._buckets["tokens", charge.subject] = Bucket(
+                            level, now, now if level == 0 else drained
+                        )
+                stored = self._budgets.get(charge.subject)
+                # A previous period's count no longer limits anything; it is left as it was.
+                if charge.period is not None and stored is not None and stored[0] == charge.period:
+                    self._budgets[charge.subject] = (charge.period, max(0, stored[1] + delta))
+
+    async def _renew(self, reservation: Reservation) -> bool:
+        with self._lock:
+            now = self._now_us()
+            held = True
+            for charge in reservation.charges:
+                if charge.limits.max_concurrent is None:
+                    continue
+                leases = self._live_leases(charge.subject, now)
+                if reservation.id in leases:
+                    leases[reservation.id] = now + round(self.lease_seconds * 1_000_000)
+                else:
+                    held = False
+            return held
+
+    async def _usage(self, subject: str, limits: Limits) -> Usage:
+        with self._lock:
+            now = self._now_us()
+            requests = tokens = None
+            if limits.requests_per_minute is not None:
+                requests = self._current("requests", subject, limits.requests_per_minute, now)[0]
+            if limits.tokens_per_minute is not None:
+                tokens = self._current("tokens", subject, limits.tokens_per_minute, now)[0]
+            concurrent = sum(1 for until in self._leases.get(subject, {}).values() if until > now)
+            used = period = None
+            if limits.token_budget is not None and limits.budget_period is not None:
+                period = period_id(limits.budget_period, now)
+                used = self._budget_used(subject, period)
+            return Usage(requests, tokens, concurrent, used, period)
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def _current(self, kind: str, subject: str, limit: int, now: int) -> tuple[float, int]:
+        return current(self._buckets.get((kind, subject)), limit, now)
+
+    def _live_leases(self, subject: str, now: int) -> dict[str, int]:
+        leases = self._leases.setdefault(subject, {})
+        for rid in [rid for rid, until in leases.items() if until <= now]:
+            del leases[rid]
+        return leases
+
+    def _budget_used(self, subject: str, period: str) -> int:
+        stored = self._budgets.get(subject)
+        return stored[1] if stored is not None and stored[0] == period else 0
+
+    def _forget_stale(self, now: int) -> None:
+        while self._open:
+            rid, until = next(iter(self._open.items()))
+            if until > now:
+                break
+            del self._open[rid]
+
+
+def _levels(plan: _Plan) -> Levels:
+    return Levels(
+        None if plan.requests is None else plan.requests[0],
+        None if plan.tokens is None else plan.tokens[0],
+    )

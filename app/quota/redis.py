@@ -1,0 +1,181 @@
+"""The Redis backend (``redis://host:port/db``): one quota state shared by every replica.
+
+Each operation is one Lua script (``app/quota/lua``), so check-and-commit across all limits is
+atomic, and its clock is Redis ``TIME``, so replicas agree whatever their own clocks say.
+
+Keys, under ``key_prefix``: ``rq:<subject>`` / ``tk:<subject>`` (requests / tokens buckets,
+hashes), ``cc:<subject>`` (concurrency leases: a sorted set of reservation ids scored by expiry),
+``bg:<subject>:<period>`` (tokens charged in a budget period), ``rs:<id>`` (an open reservation,
+which makes reconcile idempotent). Every key expires on its own.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from app.quota.backend import (
+    RECONCILE_WINDOW_S,
+    Admitted,
+    Levels,
+    QuotaBackend,
+    Refused,
+    Reservation,
+    Subjects,
+    Violation,
+)
+from app.quota.errors import QuotaBackendUnavailable
+from app.quota.limits import Limits, Usage
+
+_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+def lua_source(name: str) -> str:
+    """A script from ``app/quota/lua``, with the shared ``common.lua`` in front."""
+    folder = resources.files("app.quota").joinpath("lua")
+    common = folder.joinpath("common.lua").read_text(encoding="utf-8")
+    return common + "\n" + folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+
+
+class RedisBackend(QuotaBackend):
+    """Quota state in Redis (a single server or a primary; not Redis Cluster).
+
+    Unreachable means a connection error or a timeout; the client does not retry, so a request
+    waits at most ``socket_timeout`` before the fail-open or fail-closed policy applies.
+    """
+
+    def __init__(
+        self,
+        client: Redis,
+        *,
+        fail_open: bool = False,
+        lease_seconds: float = 60.0,
+        key_prefix: str = "quota:",
+    ) -> None:
+        super().__init__(fail_open=fail_open, lease_seconds=lease_seconds)
+        self._client = client
+        self._prefix = key_prefix
+        self._scripts: dict[str, AsyncScript] = {
+            name: client.register_script(lua_source(name))
+            for name in ("reserve", "reconcile", "renew", "usage")
+        }
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        fail_open: bool = False,
+        lease_seconds: float = 60.0,
+        key_prefix: str = "quota:",
+        socket_timeout: float = 1.0,
+    ) -> RedisBackend:
+        """A backend on a new client for ``url``; the URL's own query options take precedence
+        (for example ``?socket_timeout=0.2``)."""
+        client = Redis.from_url(
+            url,
+            decode_responses=True,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+        return cls(client, fail_open=fail_open, lease_seconds=lease_seconds, key_prefix=key_prefix)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    def _key(self, kind: str, name: str) -> str:
+        return f"{self._prefix}{kind}:{name}"
+
+    async def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await self._scripts[script](keys=keys, args=args)
+        except _UNREACHABLE as exc:
+            raise QuotaBackendUnavailable() from exc
+
+    async def _reserve(self, rid: str, tokens: int, subjects: Subjects) -> Admitted | Refused:
+        keys = [self._key("rs", rid)]
+        args: list[Any] = [rid, tokens, round(self.lease_seconds * 1_000_000)]
+        args.append(RECONCILE_WINDOW_S * 1000)
+        for subject, limits in subjects:
+            keys += [
+                self._key("rq", subject),
+                self._key("tk", subject),
+                self._key("cc", subject),
+                self._key("bg", subject) + ":",
+            ]
+            args += [
+                limits.requests_per_minute or 0,
+                limits.tokens_per_minute or 0,
+                limits.max_concurrent or 0,
+                limits.token_budget or 0,
+                limits.budget_period or "",
+            ]
+        result = json.loads(await self._run("reserve", keys, args))
+        if result.get("duplicate"):
+            raise ValueError(f"reservation id {rid!r} is in use")
+        levels = tuple(Levels(requests, tokens) for requests, tokens in result["levels"])
+        if "violations" in result:
+            violations = tuple(
+                Violation(index - 1, limit, wait, used)
+                for index, limit, wait, used in result["violations"]
+            )
+            return Refused(violations, levels)
+        periods = tuple(period or None for period in result["periods"])
+        return Admitted(int(result["now"]), periods, levels)
+
+    async def _reconcile(self, reservation: Reservation, actual_tokens: int) -> None:
+        keys = [self._key("rs", reservation.id)]
+        args: list[Any] = [
+            reservation.id,
+            reservation.tokens,
+            actual_tokens,
+            reservation.reserved_at_us,
+        ]
+        for charge in reservation.charges:
+            budget = "" if charge.period is None else self._key("bg", charge.subject)
+            keys += [
+                self._key("tk", charge.subject),
+                self._key("cc", charge.subject),
+                f"{budget}:{charge.period}" if budget else "",
+            ]
+            args.append(charge.limits.tokens_per_minute or 0)
+        await self._run("reconcile", keys, args)
+
+    async def _renew(self, reservation: Reservation) -> bool:
+        keys = [
+            self._key("cc", charge.subject)
+            for charge in reservation.charges
+            if charge.limits.max_concurrent is not None
+        ]
+        if not keys:
+            return True
+        lease_us = round(self.lease_seconds * 1_000_000)
+        held = await self._run("renew", keys, [reservation.id, lease_us])
+        return int(held) == len(keys)
+
+    async def _usage(self, subject: str, limits: Limits) -> Usage:
+        keys = [
+            self._key("rq", subject),
+            self._key("tk", subject),
+            self._key("cc", subject),
+            self._key("bg", subject) + ":",
+        ]
+        period = limits.budget_period if limits.token_budget is not None else None
+        args = [limits.requests_per_minute or 0, limits.tokens_per_minute or 0, period or ""]
+        result = json.loads(await self._run("usage", keys, args))
+        return Usage(
+            requests=result.get("requests"),
+            tokens=result.get("tokens"),
+            concurrent=int(result["concurrent"]),
+            budget_used=result.get("budget_used"),
+            budget_period=result.get("period"),
+        )

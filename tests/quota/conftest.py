@@ -1,0 +1,142 @@
+"""The quota suite runs on every backend: in-process, and Redis on a throwaway ``redis-server``
+started for the session (``apt-get install redis-server``).
+
+``make_backend`` builds backends of the parametrised kind; in a Redis test all of them share
+one fresh key prefix, so two of them are two replicas of one gateway. ``clock`` moves time on:
+the in-process backend's injected clock, or a real sleep for Redis, whose clock is its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from app.quota.backend import QuotaBackend
+from app.quota.memory import MemoryBackend
+from app.quota.redis import RedisBackend
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_ready(port: int, process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"redis-server exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(64).startswith(b"+PONG"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.02)
+    raise RuntimeError("redis-server did not start")
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A ``redis-server`` on a free loopback port, for this test session only."""
+    server = shutil.which("redis-server")
+    if server is None:
+        raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+    workdir = Path(tempfile.mkdtemp(prefix="lgw-redis-"))
+    port = free_port()
+    command = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
+    command += ["no", "--dir", str(workdir), "--daemonize", "no"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_ready(port, process)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+class Clock(Protocol):
+    exact: bool
+    """Whether time moves only when told (waits can be compared exactly)."""
+
+    async def advance(self, seconds: float) -> None: ...
+
+
+class FakeClock:
+    exact = True
+
+    def __init__(self, start: float = 1_767_225_600.0) -> None:  # 2026-01-01T00:00:00Z
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class RealClock:
+    exact = False
+
+    async def advance(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+MakeBackend = Callable[..., QuotaBackend]
+
+
+@pytest.fixture(params=["memory", "redis"])
+def backend_kind(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    return kind
+
+
+@pytest.fixture
+def clock(backend_kind: str) -> Clock:
+    return FakeClock() if backend_kind == "memory" else RealClock()
+
+
+@pytest.fixture
+async def make_backend(
+    backend_kind: str, clock: Clock, request: pytest.FixtureRequest
+) -> AsyncIterator[MakeBackend]:
+    created: list[QuotaBackend] = []
+    prefix = f"t{uuid.uuid4().hex[:12]}:"
+    url = request.getfixturevalue("redis_url") if backend_kind == "redis" else None
+
+    def make(**options: Any) -> QuotaBackend:
+        backend: QuotaBackend
+        if url is None:
+            assert isinstance(clock, FakeClock)
+            backend = MemoryBackend(clock=clock, **options)
+        else:
+            backend = RedisBackend.from_url(url, key_prefix=prefix, **options)
+        created.append(backend)
+        return backend
+
+    yield make
+    for backend in created:
+        await backend.close()
+
+
+@pytest.fixture
+def backend(make_backend: MakeBackend) -> QuotaBackend:
+    return make_backend()
