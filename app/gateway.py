@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.admin.service import AdapterStorage, AdminService
 from app.engine.base import Engine
 from app.errors import EngineUnavailableError
+from app.quota import backend_from_url
 from app.serving.chat import ChatService
 from app.serving.completions import CompletionService
 from app.serving.inflight import InFlight
@@ -51,7 +52,18 @@ class Gateway:
         self.admin_tokens = settings.admin_tokens()
         self.in_flight = InFlight()
         self.ledger = UsageLedger(sessions)
-        self.tracker = RequestTracker(self.in_flight, self.ledger)
+        self.quota = backend_from_url(
+            settings.quota_url,
+            fail_open=settings.quota_fail_open,
+            lease_seconds=settings.quota_lease_seconds,
+        )
+        self.tracker = RequestTracker(
+            self.in_flight,
+            self.ledger,
+            self.quota,
+            self.background,
+            lease_seconds=settings.quota_lease_seconds,
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self.startup_error: str | None = None
         self._engine: Engine | None = None

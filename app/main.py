@@ -51,6 +51,7 @@ def create_app(
             sessions = await stack.enter_async_context(open_database(settings.database_url))
             base_model = await asyncio.to_thread(BaseModelInfo.from_model_dir, settings.model_dir())
             gateway = Gateway(settings, sessions, base_model)
+            stack.push_async_callback(gateway.quota.close)
             await gateway.reload()
             app.state.gateway = gateway
             for loop in (gateway.watch_store(), gateway.ledger.run()):

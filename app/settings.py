@@ -78,6 +78,19 @@ class Settings(BaseSettings):
         0.5, gt=0, description="How often to look for changes made by other replicas."
     )
 
+    # Quotas
+    quota_url: str = Field(
+        "memory://", description="Quota store: memory:// (one replica) or redis://host:port/db."
+    )
+    quota_fail_open: bool = Field(
+        False,
+        description="Admit requests (true) or refuse them with 503 (false) when the "
+        "quota store is unreachable.",
+    )
+    quota_lease_seconds: float = Field(
+        60.0, gt=0, description="Concurrency slots of a replica that died free up after this."
+    )
+
     # HTTP server
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(8000, ge=0, le=65535, description="Port to bind.")

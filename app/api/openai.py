@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from app.api.deps import CurrentPrincipal, GatewayDep, RequestId
 from app.api.streaming import EventStreamResponse, cancel_on_disconnect
+from app.gateway import Gateway
 from app.protocol import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -17,6 +19,9 @@ from app.protocol import (
     ModelCard,
     ModelList,
 )
+from app.serving.chat import ChatService
+from app.serving.completions import CompletionService
+from app.tenancy.models import Principal
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -24,8 +29,33 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"description": "Invalid request (OpenAI error shape)"},
     401: {"description": "Missing or invalid API key"},
     404: {"description": "Unknown model, or one the caller may not use"},
+    429: {"description": "Rate limit (Retry-After) or budget (insufficient_quota) reached"},
     503: {"description": "Engine not ready"},
 }
+
+
+async def serve(
+    service: ChatService | CompletionService,
+    body: Any,
+    request: Request,
+    gateway: Gateway,
+    principal: Principal,
+    request_id: str,
+) -> Response:
+    """Resolve, admit (quota), run; the reservation is settled however it ends."""
+    target = gateway.registry.resolve(principal.tenant, body.model)
+    generation = await gateway.tracker.admit(service.prepare(body, principal, target, request_id))
+    # Settles only a request that never reached the engine (its run settles it).
+    unstarted = partial(gateway.tracker.settle, generation, 0)
+    if body.stream:
+        return EventStreamResponse(
+            service.stream(body, generation), headers=generation.headers, on_close=unstarted
+        )
+    try:
+        result = await cancel_on_disconnect(request, service.complete(body, generation))
+    finally:
+        unstarted()
+    return JSONResponse(result.model_dump(mode="json"), headers=generation.headers)
 
 
 @router.post("/chat/completions", response_model=ChatCompletion, responses=ERROR_RESPONSES)
@@ -35,13 +65,8 @@ async def create_chat_completion(
     gateway: GatewayDep,
     principal: CurrentPrincipal,
     request_id: RequestId,
-) -> Any:
-    target = gateway.registry.resolve(principal.tenant, body.model)
-    chat = gateway.chat
-    generation = chat.prepare(body, principal, target, request_id)
-    if body.stream:
-        return EventStreamResponse(chat.stream(body, generation))
-    return await cancel_on_disconnect(request, chat.complete(body, generation))
+) -> Response:
+    return await serve(gateway.chat, body, request, gateway, principal, request_id)
 
 
 @router.post("/completions", response_model=Completion, responses=ERROR_RESPONSES)
@@ -51,13 +76,8 @@ async def create_completion(
     gateway: GatewayDep,
     principal: CurrentPrincipal,
     request_id: RequestId,
-) -> Any:
-    target = gateway.registry.resolve(principal.tenant, body.model)
-    completions = gateway.completions
-    generation = completions.prepare(body, principal, target, request_id)
-    if body.stream:
-        return EventStreamResponse(completions.stream(body, generation))
-    return await cancel_on_disconnect(request, completions.complete(body, generation))
+) -> Response:
+    return await serve(gateway.completions, body, request, gateway, principal, request_id)
 
 
 def _card(entry_id: str, parent: str | None, owner: str) -> ModelCard:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TypeVar
 
 import anyio
@@ -21,16 +21,31 @@ class EventStreamResponse(StreamingResponse):
 
     media_type = "text/event-stream"
 
+    def __init__(
+        self,
+        content: AsyncIterator[str],
+        *,
+        headers: Mapping[str, str] | None = None,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(content, headers=headers)
+        self._on_close = on_close
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async with anyio.create_task_group() as group:
+        try:
+            async with anyio.create_task_group() as group:
 
-            async def stream_then_stop() -> None:
-                await self.stream_response(send)
+                async def stream_then_stop() -> None:
+                    await self.stream_response(send)
+                    group.cancel_scope.cancel()
+
+                group.start_soon(stream_then_stop)
+                await self.listen_for_disconnect(receive)
                 group.cancel_scope.cancel()
-
-            group.start_soon(stream_then_stop)
-            await self.listen_for_disconnect(receive)
-            group.cancel_scope.cancel()
+        finally:
+            # Even when the body never started (the client left first).
+            if self._on_close is not None:
+                self._on_close()
 
 
 async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:

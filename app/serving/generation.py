@@ -11,7 +11,7 @@ from vllm.sampling_params import RequestOutputKind
 from app.engine.base import Engine
 from app.errors import ContextLengthExceededError, EngineUnavailableError
 from app.protocol import ChatCompletionRequest, CompletionRequest, Usage
-from app.serving.tracking import RequestTracker
+from app.serving.tracking import Admission, RequestTracker
 from app.tenancy.models import ModelTarget, Principal
 
 CompletionLike = ChatCompletionRequest | CompletionRequest
@@ -27,10 +27,16 @@ class Generation:
     target: ModelTarget
     prompt_token_ids: Sequence[int]
     params: SamplingParams
+    admission: Admission | None = None
 
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The ``x-ratelimit-*`` headers of the response."""
+        return dict(self.admission.reservation.headers) if self.admission else {}
 
 
 def completion_budget(prompt_tokens: int, requested: int | None, max_model_len: int) -> int:

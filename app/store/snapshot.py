@@ -12,7 +12,15 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.store.tables import AdapterVersionRow, ApiKeyRow, GrantRow, RevisionRow, TenantRow
+from app.quota.limits import Limits
+from app.store.tables import (
+    AdapterVersionRow,
+    ApiKeyRow,
+    GrantRow,
+    QuotaRow,
+    RevisionRow,
+    TenantRow,
+)
 from app.tenancy.adapters import Adapter
 from app.tenancy.models import ApiKey, Tenant
 from app.tenancy.registry import TenantRegistry
@@ -49,6 +57,9 @@ async def load_registry(
         )
         version_rows = list(await session.scalars(select(AdapterVersionRow)))
         grant_rows = list(await session.scalars(select(GrantRow)))
+        quotas = {
+            row.tenant_id: Limits.from_quota(row) for row in await session.scalars(select(QuotaRow))
+        }
 
     versions: dict[str, dict[int, Adapter]] = defaultdict(dict)
     for row in version_rows:
@@ -66,6 +77,7 @@ async def load_registry(
             allow_base_model=row.allow_base_model,
             enabled=row.enabled,
             adapters=grants[row.id],
+            limits=quotas.get(row.id, Limits()),
         )
         for row in tenant_rows
     ]

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from app.quota.limits import Limits
 from app.tenancy.adapters import Adapter
 
 
@@ -17,6 +18,7 @@ class Tenant:
     # alias the tenant passes as `model` -> the adapter version it resolves to
     adapters: Mapping[str, Adapter] = field(default_factory=dict)
     enabled: bool = True
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass(frozen=True)
