@@ -10,12 +10,13 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from fastapi import FastAPI
 
 from app import __version__
-from app.api import health, openai
+from app.api import health, metrics, openai
 from app.api.admin import router as admin_router
 from app.api.errors import install_error_handlers
 from app.api.middleware import RequestIdMiddleware
 from app.engine.base import Engine
 from app.gateway import Gateway
+from app.metrics import multiprocess_dir
 from app.settings import Settings
 from app.store.db import open_database
 from app.tenancy.validation import BaseModelInfo
@@ -48,6 +49,9 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
+            # First in, last out: the engine's processes, spawned below, inherit
+            # the directory; it goes once they have shut down.
+            app.state.metrics_dir = stack.enter_context(multiprocess_dir())
             sessions = await stack.enter_async_context(open_database(settings.database_url))
             base_model = await asyncio.to_thread(BaseModelInfo.from_model_dir, settings.model_dir())
             gateway = Gateway(settings, sessions, base_model)
@@ -78,5 +82,6 @@ def create_app(
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(openai.router)
+    app.include_router(metrics.router)
     app.include_router(admin_router)
     return app

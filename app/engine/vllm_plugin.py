@@ -4,7 +4,8 @@ vLLM calls :func:`register` (entry point ``vllm.general_plugins`` ->
 ``lora_gateway``) in the front-end process, the engine core and each worker,
 before any model or LoRA wrapper is built. It swaps the CPU punica ops that
 ``vllm.lora.punica_wrapper.punica_cpu`` looked up at import time for the
-tenant-isolating ones in :mod:`app.engine.punica_cpu` (see there for the bug).
+tenant-isolating ones in :mod:`app.engine.punica_cpu` (see there for the bug),
+and instruments vLLM's LoRA caches for :mod:`app.engine.residency`'s metrics.
 
 Applied only on vLLM 0.32.x on the CPU platform; ``LORA_GATEWAY_ISOLATION_FIX=0``
 (or ``false``) turns it off.
@@ -50,11 +51,16 @@ def _make_visible() -> None:
 
 
 def register() -> None:
-    """Apply the CPU punica isolation fix where needed; idempotent."""
+    """Install the adapter residency metrics (:mod:`app.engine.residency`) and
+    apply the CPU punica isolation fix where needed; idempotent."""
     global _outcome
     if _outcome is not None:
         return
     _make_visible()
+    # Adapter residency metrics: on every platform, whatever the fix's switch.
+    from app.engine import residency
+
+    residency.install()
 
     import vllm
     from vllm.platforms import current_platform

@@ -1,0 +1,186 @@
+"""Every Prometheus metric the gateway defines, and the multiprocess plumbing
+that exports them from all of the gateway's processes on one endpoint.
+
+Samples are recorded in several processes: the gateway itself (FastAPI and
+vLLM's front end, where vLLM keeps its own ``vllm:*`` metrics) and vLLM's
+engine core and worker processes, where adapters are loaded and swapped
+(:mod:`app.engine.residency`). prometheus_client's multiprocess mode joins
+them: each process writes its samples to files in ``PROMETHEUS_MULTIPROC_DIR``
+and ``GET /metrics`` merges every file (:func:`collection_registry`), as
+vLLM's own server does (``vllm.v1.metrics.prometheus.get_prometheus_registry``).
+
+Contracts:
+
+* :func:`multiprocess_dir` is entered by the gateway's lifespan before the
+  engine's processes are spawned (they inherit the directory through the
+  environment) and before the gateway records its first sample.
+* Every metric defined here carries at least one label. A labelled metric
+  stores no value until ``.labels(...)`` creates a child, which happens after
+  the directory is set up; an unlabelled one would take its storage at import,
+  before it. ``tests/engine/test_metrics_export.py`` checks this.
+* Every metric is listed in :data:`METRICS`, so that a new directory starts
+  with no children left over from a previous one.
+
+Adding metrics (request counts per tenant, time to first token, ...): define
+them in a new section below, add them to :data:`METRICS`, and document them
+in ``docs/metrics.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Final, Literal
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    values,
+)
+from prometheus_client.multiprocess import MultiProcessCollector
+
+MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
+
+Tier = Literal["device", "host", "storage"]
+CacheTier = Literal["device", "host"]
+SwapStage = Literal["load", "activate"]
+
+TIERS: Final[tuple[Tier, ...]] = ("device", "host", "storage")
+CACHE_TIERS: Final[tuple[CacheTier, ...]] = ("device", "host")
+SWAP_STAGES: Final[tuple[SwapStage, ...]] = ("load", "activate")
+
+# From a small adapter's host -> device copy (well under a millisecond) to a
+# large adapter read from slow network storage (seconds).
+SWAP_BUCKETS_S: Final = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+# -- adapter residency: recorded in vLLM's worker process ----------------------
+
+ADAPTER_USES = Counter(
+    "lora_gateway_adapter_uses",
+    "Requests naming an adapter, by the tier that held the adapter when the "
+    "engine first scheduled the request: device (a slot: hit), host (host "
+    "cache, activated into a slot) or storage (loaded).",
+    ["tier", "adapter", "version"],
+)
+ADAPTER_SWAP_SECONDS = Histogram(
+    "lora_gateway_adapter_swap_seconds",
+    "Time to move one adapter up a tier: load (storage -> host memory) or "
+    "activate (host memory -> device slot, device synchronised).",
+    ["stage"],
+    buckets=SWAP_BUCKETS_S,
+)
+ADAPTER_EVICTIONS = Counter(
+    "lora_gateway_adapter_evictions",
+    "Adapters evicted from a tier by LRU capacity pressure (explicit removals excluded).",
+    ["tier"],
+)
+ADAPTERS_RESIDENT = Gauge(
+    "lora_gateway_adapters_resident",
+    "Adapters resident per tier now: device slots in use, adapters in the host "
+    "cache (device-resident ones included).",
+    ["tier"],
+    multiprocess_mode="livesum",
+)
+
+METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
+    ADAPTER_USES,
+    ADAPTER_SWAP_SECONDS,
+    ADAPTER_EVICTIONS,
+    ADAPTERS_RESIDENT,
+)
+
+
+# -- multiprocess plumbing -----------------------------------------------------
+
+
+def _clear_children() -> None:
+    # prometheus_client warns that clearing leaves the samples already in the
+    # files; here the files go with their directory, fresh or deleted.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Clearing labels", UserWarning)
+        for metric in METRICS:
+            metric.clear()
+
+
+@contextmanager
+def multiprocess_dir() -> Iterator[Path]:
+    """A fresh, empty ``PROMETHEUS_MULTIPROC_DIR`` for this gateway's lifetime.
+
+    On entry: creates the directory, sets the environment variable (child
+    processes spawned from now on write there) and switches this process's
+    metric storage to it. On exit: restores the previous variable and storage
+    and deletes the directory. Enter it before the engine starts; leave it
+    after the engine has shut down. The environment is process-wide: two
+    gateways in one process (tests) must nest their lifetimes; each reads
+    its own directory (the path yielded).
+    """
+    previous_dir = os.environ.get(MULTIPROC_ENV)
+    previous_class = values.ValueClass
+    path = Path(tempfile.mkdtemp(prefix="lora-gateway-metrics-"))
+    os.environ[MULTIPROC_ENV] = str(path)
+    # prometheus_client picks its storage class once, at import, from the
+    # environment; vLLM has imported it long before a gateway starts. Metrics
+    # look the class up whenever they create a value, so switching it here
+    # sends every value created from now on to ``path``.
+    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+    ours = values.ValueClass
+    _clear_children()
+    try:
+        yield path
+    finally:
+        _clear_children()
+        # Release the files this process opened in ``path``; only ours, so
+        # metrics living on from before keep theirs.
+        close = getattr(ours, "close_all_files", None)
+        if close is not None:
+            close()
+        values.ValueClass = previous_class
+        if previous_dir is None:
+            os.environ.pop(MULTIPROC_ENV, None)
+        else:
+            os.environ[MULTIPROC_ENV] = previous_dir
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def collection_registry(path: Path | None = None) -> CollectorRegistry:
+    """What ``GET /metrics`` exports: every process's files in ``path``
+    (default: ``PROMETHEUS_MULTIPROC_DIR``) merged, this process's included;
+    without either, this process's registry."""
+    directory = str(path) if path is not None else os.environ.get(MULTIPROC_ENV)
+    if directory is None:
+        return REGISTRY
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    return registry
+
+
+def render(path: Path | None = None) -> tuple[bytes, str]:
+    """The exposition (Prometheus text format) of :func:`collection_registry`
+    and its content type."""
+    return generate_latest(collection_registry(path)), CONTENT_TYPE_LATEST

@@ -1,0 +1,113 @@
+"""Metrics recorded in a spawned process reach ``GET /metrics`` of the parent,
+the way the engine's worker process reports to the gateway."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from multiprocessing.synchronize import Event
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from prometheus_client import REGISTRY, values
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.api.metrics import router
+from app.engine.residency_export import PrometheusRecorder
+from app.metrics import METRICS, MULTIPROC_ENV, collection_registry, multiprocess_dir
+
+
+def _record_in_child(done: Event, scraped: Event) -> None:
+    """The worker's side: one of each event; exits once scraped."""
+    recorder = PrometheusRecorder()
+    recorder._reporting = True  # skip importing vLLM to ask for the rank
+    recorder.start()
+    recorder.use("storage", "legal", "3", 1)
+    recorder.use("device", "legal", "3", 2)
+    recorder.swap("load", 0.2)
+    recorder.swap("activate", 0.003)
+    recorder.eviction("host", 1)
+    recorder.resident("device", 1)
+    recorder.resident("host", 2)
+    done.set()
+    scraped.wait(timeout=120)
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_every_metric_is_labelled() -> None:
+    # Unlabelled metrics take their storage at import, before the gateway
+    # sets up the multiprocess directory (app.metrics' contract).
+    for metric in METRICS:
+        assert metric._labelnames, metric._name
+
+
+def test_the_directory_lives_as_long_as_the_block() -> None:
+    before_env, before_class = os.environ.get(MULTIPROC_ENV), values.ValueClass
+    with multiprocess_dir() as path:
+        assert os.environ[MULTIPROC_ENV] == str(path)
+        assert path.is_dir() and not any(path.iterdir())
+        assert values.ValueClass._multiprocess
+        assert collection_registry() is not REGISTRY
+    assert not path.exists()
+    assert os.environ.get(MULTIPROC_ENV) == before_env
+    assert values.ValueClass is before_class
+
+
+def test_nested_gateways_each_get_their_own_directory() -> None:
+    # The e2e suite runs a test's own gateway inside the session's.
+    with multiprocess_dir() as outer:
+        outer_class = values.ValueClass
+        with multiprocess_dir() as inner:
+            assert inner != outer
+            assert os.environ[MULTIPROC_ENV] == str(inner)
+            assert values.ValueClass is not outer_class
+        assert os.environ[MULTIPROC_ENV] == str(outer)
+        assert values.ValueClass is outer_class
+        assert outer.is_dir() and not inner.exists()
+
+
+def test_a_child_process_reports_through_the_parents_endpoint() -> None:
+    app = FastAPI()
+    app.include_router(router)
+    context = multiprocessing.get_context("spawn")  # as vLLM starts its engine
+    with multiprocess_dir() as path, TestClient(app) as client:
+        app.state.metrics_dir = path  # as the gateway's lifespan does
+        done, scraped = context.Event(), context.Event()
+        child = context.Process(target=_record_in_child, args=(done, scraped))
+        child.start()
+        assert done.wait(timeout=120)
+        response = client.get("/metrics")
+        scraped.set()
+        child.join(timeout=60)
+        assert child.exitcode == 0
+        after_exit = _samples(client.get("/metrics").text)
+
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=")
+    samples = _samples(response.text)
+    uses = "lora_gateway_adapter_uses_total"
+    assert samples[uses, (("adapter", "legal"), ("tier", "storage"), ("version", "3"))] == 1
+    assert samples[uses, (("adapter", "legal"), ("tier", "device"), ("version", "3"))] == 2
+    swap = "lora_gateway_adapter_swap_seconds"
+    assert samples[f"{swap}_count", (("stage", "load"),)] == 1
+    assert samples[f"{swap}_sum", (("stage", "load"),)] == 0.2
+    assert samples[f"{swap}_bucket", (("le", "0.25"), ("stage", "load"))] == 1
+    assert samples[f"{swap}_bucket", (("le", "0.1"), ("stage", "load"))] == 0
+    assert samples[f"{swap}_count", (("stage", "activate"),)] == 1
+    evictions = "lora_gateway_adapter_evictions_total"
+    assert samples[evictions, (("tier", "host"),)] == 1
+    assert samples[evictions, (("tier", "device"),)] == 0  # published at start
+    resident = "lora_gateway_adapters_resident"
+    assert samples[resident, (("tier", "device"),)] == 1
+    assert samples[resident, (("tier", "host"),)] == 2
+
+    # Counters outlive their process; a 'livesum' gauge does not.
+    assert after_exit[evictions, (("tier", "host"),)] == 1
+    assert (resident, (("tier", "device"),)) not in after_exit
