@@ -108,11 +108,89 @@ ADAPTERS_RESIDENT = Gauge(
     multiprocess_mode="livesum",
 )
 
+# -- requests: recorded in the gateway process ---------------------------------
+# Labels hold only registered tenants and the models they were granted (an
+# unknown or refused name is recorded as UNKNOWN_MODEL), so cardinality is bounded.
+
+UNKNOWN_MODEL: Final = "(unknown)"
+LATENCY_BUCKETS_S: Final = (
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
+TOKEN_GAP_BUCKETS_S: Final = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+
+REQUESTS = Counter(
+    "lora_gateway_requests",
+    "Completion requests by tenant, model (the tenant's alias or the base model), "
+    "endpoint and outcome (ok, cancelled, error, or the error code).",
+    ["tenant", "model", "endpoint", "status"],
+)
+PROMPT_TOKENS = Counter(
+    "lora_gateway_prompt_tokens",
+    "Prompt tokens served (after the chat template).",
+    ["tenant", "model"],
+)
+COMPLETION_TOKENS = Counter(
+    "lora_gateway_completion_tokens",
+    "Completion tokens generated (cancelled requests too).",
+    ["tenant", "model"],
+)
+TIME_TO_FIRST_TOKEN = Histogram(
+    "lora_gateway_time_to_first_token_seconds",
+    "From admission to the first generated token.",
+    ["tenant", "model"],
+    buckets=LATENCY_BUCKETS_S,
+)
+INTER_TOKEN_LATENCY = Histogram(
+    "lora_gateway_inter_token_latency_seconds",
+    "Time between generated tokens of one request.",
+    ["tenant", "model"],
+    buckets=TOKEN_GAP_BUCKETS_S,
+)
+REQUEST_DURATION = Histogram(
+    "lora_gateway_request_duration_seconds",
+    "From admission to the last token (end-to-end engine latency).",
+    ["tenant", "model", "endpoint"],
+    buckets=LATENCY_BUCKETS_S,
+)
+QUOTA_REJECTIONS = Counter(
+    "lora_gateway_quota_rejections",
+    "Requests refused by a quota, by tenant and limit (requests, tokens, concurrent, "
+    "budget, too_large).",
+    ["tenant", "limit"],
+)
+QUOTA_UNCHECKED = Counter(
+    "lora_gateway_quota_unchecked",
+    "Requests admitted without a quota check because the quota store was "
+    "unreachable and quota_fail_open is set.",
+    ["tenant"],
+)
+
 METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
     ADAPTER_USES,
     ADAPTER_SWAP_SECONDS,
     ADAPTER_EVICTIONS,
     ADAPTERS_RESIDENT,
+    REQUESTS,
+    PROMPT_TOKENS,
+    COMPLETION_TOKENS,
+    TIME_TO_FIRST_TOKEN,
+    INTER_TOKEN_LATENCY,
+    REQUEST_DURATION,
+    QUOTA_REJECTIONS,
+    QUOTA_UNCHECKED,
 )
 
 

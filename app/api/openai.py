@@ -8,8 +8,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from app import metrics
 from app.api.deps import CurrentPrincipal, GatewayDep, RequestId
 from app.api.streaming import EventStreamResponse, cancel_on_disconnect
+from app.errors import GatewayError
 from app.gateway import Gateway
 from app.protocol import (
     ChatCompletion,
@@ -43,8 +45,20 @@ async def serve(
     request_id: str,
 ) -> Response:
     """Resolve, admit (quota), run; the reservation is settled however it ends."""
-    target = gateway.registry.resolve(principal.tenant, body.model)
-    generation = await gateway.tracker.admit(service.prepare(body, principal, target, request_id))
+    try:
+        target = gateway.registry.resolve(principal.tenant, body.model)
+        generation = await gateway.tracker.admit(
+            service.prepare(body, principal, target, request_id)
+        )
+    except GatewayError as exc:
+        # Requests the engine never saw; the tracker counts the others.
+        granted = body.model in principal.tenant.adapters or (
+            body.model == gateway.registry.base_model_id and principal.tenant.allow_base_model
+        )
+        model = body.model if granted else metrics.UNKNOWN_MODEL
+        status = exc.code or exc.error_type
+        metrics.REQUESTS.labels(principal.tenant.id, model, service.endpoint, status).inc()
+        raise
     # Settles only a request that never reached the engine (its run settles it).
     unstarted = partial(gateway.tracker.settle, generation, 0)
     if body.stream:

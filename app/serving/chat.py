@@ -25,6 +25,8 @@ from app.tenancy.models import ModelTarget, Principal
 
 
 class ChatService:
+    endpoint = "chat.completions"
+
     def __init__(self, engine: Engine, tracker: RequestTracker) -> None:
         self._engine = engine
         self._tracker = tracker
@@ -44,7 +46,7 @@ class ChatService:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         prompt = tokenizer.encode(text, add_special_tokens=False)
         params = gen.sampling_params(request, len(prompt), self._engine.max_model_len)
-        return gen.Generation(request_id, "chat.completions", principal, target, prompt, params)
+        return gen.Generation(request_id, self.endpoint, principal, target, prompt, params)
 
     async def complete(
         self, request: ChatCompletionRequest, generation: gen.Generation

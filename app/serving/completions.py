@@ -16,6 +16,8 @@ from app.tenancy.models import ModelTarget, Principal
 
 
 class CompletionService:
+    endpoint = "completions"
+
     def __init__(self, engine: Engine, tracker: RequestTracker) -> None:
         self._engine = engine
         self._tracker = tracker
@@ -32,7 +34,7 @@ class CompletionService:
         else:
             prompt = list(request.prompt)
         params = gen.sampling_params(request, len(prompt), self._engine.max_model_len)
-        return gen.Generation(request_id, "completions", principal, target, prompt, params)
+        return gen.Generation(request_id, self.endpoint, principal, target, prompt, params)
 
     async def complete(self, request: CompletionRequest, generation: gen.Generation) -> Completion:
         outputs = await gen.run(self._engine, generation, self._tracker)

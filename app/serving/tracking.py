@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from vllm import RequestOutput
 
-from app.quota import QuotaBackend, Reservation
+from app import metrics
+from app.quota import QuotaBackend, QuotaExceeded, QuotaTooLarge, Reservation
 from app.serving.inflight import InFlight
 from app.usage import UsageLedger, UsageRecord
 
@@ -24,13 +25,32 @@ if TYPE_CHECKING:
 
 @dataclass
 class Progress:
-    """Completion tokens generated so far, per choice (outputs are deltas)."""
+    """Completion tokens generated so far, per choice (outputs are deltas), and
+    the token timing metrics as they come."""
 
+    tenant: str
+    model: str
+    started: float = field(default_factory=time.monotonic)
     tokens: dict[int, int] = field(default_factory=dict)
+    last_token_at: float | None = None
 
     def observe(self, output: RequestOutput) -> None:
+        new = 0
         for choice in output.outputs:
             self.tokens[choice.index] = self.tokens.get(choice.index, 0) + len(choice.token_ids)
+            new += len(choice.token_ids)
+        if not new:
+            return
+        now = time.monotonic()
+        if self.last_token_at is None:
+            metrics.TIME_TO_FIRST_TOKEN.labels(self.tenant, self.model).observe(now - self.started)
+            new -= 1
+        else:
+            gap = (now - self.last_token_at) / new
+            latency = metrics.INTER_TOKEN_LATENCY.labels(self.tenant, self.model)
+            for _ in range(new):
+                latency.observe(gap)
+        self.last_token_at = now
 
     @property
     def completion_tokens(self) -> int:
@@ -68,15 +88,24 @@ class RequestTracker:
         """Reserve the request's worst case (prompt plus every choice's max_tokens)
         against the tenant's limits, or raise the quota error; nothing is
         consumed by a refusal."""
-        limits = generation.principal.tenant.limits
-        if limits.unlimited:
+        tenant = generation.principal.tenant
+        if tenant.limits.unlimited:
             return generation
         worst_case = generation.prompt_tokens + (generation.params.max_tokens or 0) * (
             generation.params.n
         )
-        reservation = await self._quota.reserve(
-            [(generation.principal.tenant.id, limits)], worst_case, generation.request_id
-        )
+        try:
+            reservation = await self._quota.reserve(
+                [(tenant.id, tenant.limits)], worst_case, generation.request_id
+            )
+        except QuotaExceeded as exc:
+            metrics.QUOTA_REJECTIONS.labels(tenant.id, exc.limit).inc()
+            raise
+        except QuotaTooLarge:
+            metrics.QUOTA_REJECTIONS.labels(tenant.id, "too_large").inc()
+            raise
+        if reservation.unchecked:
+            metrics.QUOTA_UNCHECKED.labels(tenant.id).inc()
         return replace(generation, admission=Admission(reservation))
 
     def settle(self, generation: Generation, completion_tokens: int) -> None:
@@ -96,8 +125,9 @@ class RequestTracker:
     @contextmanager
     def track(self, generation: Generation) -> Iterator[Progress]:
         """Wrap one engine request; what it generated is recorded however it ends."""
-        progress = Progress()
-        started_at, started = datetime.now(timezone.utc), time.monotonic()
+        tenant, model = generation.principal.tenant.id, generation.target.model
+        progress = Progress(tenant, model)
+        started_at, started = datetime.now(timezone.utc), progress.started
         status: Literal["ok", "cancelled", "error"] = "error"
         lease = (
             asyncio.ensure_future(self._keep_lease(generation.admission))
@@ -115,6 +145,12 @@ class RequestTracker:
                 if lease is not None:
                     lease.cancel()
                 self.settle(generation, progress.completion_tokens)
+                metrics.REQUESTS.labels(tenant, model, generation.endpoint, status).inc()
+                metrics.PROMPT_TOKENS.labels(tenant, model).inc(generation.prompt_tokens)
+                metrics.COMPLETION_TOKENS.labels(tenant, model).inc(progress.completion_tokens)
+                metrics.REQUEST_DURATION.labels(tenant, model, generation.endpoint).observe(
+                    time.monotonic() - started
+                )
                 adapter = generation.target.adapter
                 self._ledger.record(
                     UsageRecord(

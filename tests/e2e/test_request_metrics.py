@@ -1,0 +1,76 @@
+"""Request-level metrics on /metrics count exactly what a tenant was served."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.conftest import LiveGateway
+
+pytestmark = pytest.mark.slow
+
+MESSAGES = [{"role": "user", "content": "Name a colour."}]
+
+
+def samples(gateway: LiveGateway) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = httpx.get(f"{gateway.base_url}/metrics").text
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(
+    found: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+) -> float:
+    return found.get((name, frozenset(labels.items())), 0.0)
+
+
+def test_requests_tokens_latency_and_rejections_per_tenant(gateway: LiveGateway) -> None:
+    with gateway.admin() as admin:
+        admin.post("/tenants", json={"id": "observed", "name": "O", "allow_base_model": True})
+        admin.put("/tenants/observed/quota", json={"requests_per_minute": 2})
+        key = admin.post("/tenants/observed/keys", json={}).json()["key"]
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=key, max_retries=0)
+    base = gateway.settings.base_model_id
+    answer = client.chat.completions.create(model=base, messages=MESSAGES, max_tokens=6)
+    chunks = list(
+        client.chat.completions.create(
+            model=base,
+            messages=MESSAGES,
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    with pytest.raises(openai.RateLimitError):
+        client.chat.completions.create(model=base, messages=MESSAGES, max_tokens=6)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="not-granted", messages=MESSAGES, max_tokens=6)
+
+    found = samples(gateway)
+    tenant = {"tenant": "observed"}
+    served = {**tenant, "model": base}
+    chat = {**served, "endpoint": "chat.completions"}
+    assert value(found, "lora_gateway_requests_total", **chat, status="ok") == 2
+    assert value(found, "lora_gateway_requests_total", **chat, status="rate_limit_exceeded") == 1
+    unknown = {**tenant, "model": "(unknown)", "endpoint": "chat.completions"}
+    assert value(found, "lora_gateway_requests_total", **unknown, status="model_not_found") == 1
+    assert value(found, "lora_gateway_quota_rejections_total", **tenant, limit="requests") == 1
+
+    usages = [answer.usage, chunks[-1].usage]
+    assert all(u is not None for u in usages)
+    assert value(found, "lora_gateway_prompt_tokens_total", **served) == sum(
+        u.prompt_tokens for u in usages if u
+    )
+    completion = sum(u.completion_tokens for u in usages if u)
+    assert value(found, "lora_gateway_completion_tokens_total", **served) == completion
+    assert value(found, "lora_gateway_time_to_first_token_seconds_count", **served) == 2
+    assert (
+        value(found, "lora_gateway_inter_token_latency_seconds_count", **served) == completion - 2
+    )
+    assert value(found, "lora_gateway_request_duration_seconds_count", **chat) == 2
+    assert any(name.startswith("vllm:") for name, _ in found)
