@@ -56,6 +56,8 @@ CacheTier = Literal["device", "host"]
 SwapStage = Literal["load", "activate"]
 
 TIERS: Final[tuple[Tier, ...]] = ("device", "host", "storage")
+# The value of lora_gateway_adapter_tier for each tier.
+TIER_LEVEL: Final[dict[Tier, int]] = {"storage": 0, "host": 1, "device": 2}
 CACHE_TIERS: Final[tuple[CacheTier, ...]] = ("device", "host")
 SWAP_STAGES: Final[tuple[SwapStage, ...]] = ("load", "activate")
 
@@ -178,8 +180,30 @@ QUOTA_UNCHECKED = Counter(
     ["tenant"],
 )
 
+ADAPTER_SWAPS = Counter(
+    "lora_gateway_adapter_swaps",
+    "Moves of one adapter version up a tier (load or activate); with "
+    "lora_gateway_adapter_swap_time_seconds_total, its mean swap time.",
+    ["stage", "adapter", "version"],
+)
+ADAPTER_SWAP_TIME = Counter(
+    "lora_gateway_adapter_swap_time_seconds",
+    "Time spent moving one adapter version up a tier (load or activate).",
+    ["stage", "adapter", "version"],
+)
+ADAPTER_TIER = Gauge(
+    "lora_gateway_adapter_tier",
+    "Where an adapter version is now: 2 in a device slot, 1 in the host cache only, "
+    "0 in storage only.",
+    ["adapter", "version"],
+    multiprocess_mode="livemax",
+)
+
 METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
     ADAPTER_USES,
+    ADAPTER_SWAPS,
+    ADAPTER_SWAP_TIME,
+    ADAPTER_TIER,
     ADAPTER_SWAP_SECONDS,
     ADAPTER_EVICTIONS,
     ADAPTERS_RESIDENT,

@@ -176,3 +176,16 @@ class UsageReport(BaseModel):
     tenant_id: str
     group_by: Literal["adapter", "key", "day"] | None
     data: list[UsageTotalOut]
+
+
+class AdapterResidencyOut(BaseModel):
+    name: str
+    version: int
+    tier: Literal["device", "host", "storage"] = Field(
+        description="device: in a slot; host: in host memory; storage: on disk only"
+    )
+    last_used_at: datetime | None
+    uses: dict[str, int] = Field(description="requests served per tier: device, host, storage")
+    hits: int = Field(description="requests served from a device slot")
+    misses: int = Field(description="requests that had to load the adapter from storage")
+    mean_swap_ms: dict[str, float] = Field(description="per stage: load, activate")

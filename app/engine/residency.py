@@ -78,7 +78,10 @@ class Recorder(Protocol):
 
     def use(self, tier: Tier, adapter: str, version: str, count: int) -> None: ...
 
-    def swap(self, stage: SwapStage, seconds: float) -> None: ...
+    def swap(self, stage: SwapStage, seconds: float, adapter: str, version: str) -> None: ...
+
+    def placed(self, adapter: str, version: str, tier: Tier) -> None:
+        """Where one adapter version is now (``storage``: in neither cache)."""
 
     def eviction(self, tier: CacheTier, count: int) -> None: ...
 
@@ -99,6 +102,9 @@ class ResidencyTracker:
     # False once the LoRA manager turned out not to have the caches we read.
     enabled: bool = True
     _resident: dict[CacheTier, int] = field(default_factory=dict)
+    # lora_int_id -> (adapter, version) of every adapter seen, and its tier.
+    names: dict[int, tuple[str, str]] = field(default_factory=dict)
+    _placement: dict[int, Tier] = field(default_factory=dict)
 
     @property
     def silent(self) -> bool:
@@ -134,6 +140,20 @@ class ResidencyTracker:
             if self._resident.get(tier) != count:
                 self._resident[tier] = count
                 self.recorder.resident(tier, count)
+        for lora_id, (adapter, version) in self.names.items():
+            placement: Tier = (
+                "device"
+                if lora_id in model_manager._active_adapters
+                else "host"
+                if lora_id in model_manager._registered_adapters
+                else "storage"
+            )
+            if self._placement.get(lora_id) != placement:
+                self._placement[lora_id] = placement
+                self.recorder.placed(adapter, version, placement)
+
+    def name_of(self, lora_id: int) -> tuple[str, str]:
+        return self.names.get(lora_id, ("", ""))
 
 
 def tier_of(model_manager: Any, lora_request: Any) -> Tier:
@@ -207,6 +227,7 @@ def _wrap_worker_manager(tracker: ResidencyTracker, cls: type) -> None:
         if tracker.silent:
             return add_adapter(self, lora_request)
         uses = tracker.take(lora_request)
+        tracker.names[lora_request.lora_int_id] = split_engine_name(lora_request.lora_name)
         tier = tier_of(self._adapter_manager, lora_request)
         result = add_adapter(self, lora_request)
         if uses:
@@ -220,7 +241,8 @@ def _wrap_worker_manager(tracker: ResidencyTracker, cls: type) -> None:
         start = time.perf_counter()
         lora = load_adapter(self, lora_request)
         if not tracker.silent:
-            tracker.recorder.swap("load", time.perf_counter() - start)
+            adapter, version = split_engine_name(lora_request.lora_name)
+            tracker.recorder.swap("load", time.perf_counter() - start, adapter, version)
         return lora
 
     def remove(self: Any, adapter_id: int) -> Any:
@@ -283,7 +305,7 @@ def _wrap_model_manager(tracker: ResidencyTracker, cls: type) -> None:
         start = time.perf_counter()
         result = activate_adapter(self, lora_id)
         synchronize(self.device)
-        tracker.recorder.swap("activate", time.perf_counter() - start)
+        tracker.recorder.swap("activate", time.perf_counter() - start, *tracker.name_of(lora_id))
         evicted = len(before - set(self._active_adapters))
         if evicted:
             tracker.recorder.eviction("device", evicted)

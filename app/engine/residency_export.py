@@ -17,11 +17,15 @@ from prometheus_client import multiprocess
 from app.metrics import (
     ADAPTER_EVICTIONS,
     ADAPTER_SWAP_SECONDS,
+    ADAPTER_SWAP_TIME,
+    ADAPTER_SWAPS,
+    ADAPTER_TIER,
     ADAPTER_USES,
     ADAPTERS_RESIDENT,
     CACHE_TIERS,
     MULTIPROC_ENV,
     SWAP_STAGES,
+    TIER_LEVEL,
     CacheTier,
     SwapStage,
     Tier,
@@ -88,9 +92,15 @@ class PrometheusRecorder:
         if self._enabled():
             ADAPTER_USES.labels(tier=tier, adapter=adapter, version=version).inc(count)
 
-    def swap(self, stage: SwapStage, seconds: float) -> None:
+    def swap(self, stage: SwapStage, seconds: float, adapter: str, version: str) -> None:
         if self._enabled():
             ADAPTER_SWAP_SECONDS.labels(stage=stage).observe(seconds)
+            ADAPTER_SWAPS.labels(stage=stage, adapter=adapter, version=version).inc()
+            ADAPTER_SWAP_TIME.labels(stage=stage, adapter=adapter, version=version).inc(seconds)
+
+    def placed(self, adapter: str, version: str, tier: Tier) -> None:
+        if self._enabled():
+            ADAPTER_TIER.labels(adapter=adapter, version=version).set(TIER_LEVEL[tier])
 
     def eviction(self, tier: CacheTier, count: int) -> None:
         if self._enabled():

@@ -83,6 +83,8 @@ class RequestTracker:
         self._quota = quota
         self._spawn = spawn
         self._renew_every = lease_seconds / 3
+        # lora_id -> when a request last started with that adapter version
+        self.last_used: dict[int, datetime] = {}
 
     async def admit(self, generation: Generation) -> Generation:
         """Reserve the request's worst case (prompt plus every choice's max_tokens)
@@ -128,6 +130,8 @@ class RequestTracker:
         tenant, model = generation.principal.tenant.id, generation.target.model
         progress = Progress(tenant, model)
         started_at, started = datetime.now(timezone.utc), progress.started
+        if generation.target.adapter is not None:
+            self.last_used[generation.target.adapter.lora_id] = started_at
         status: Literal["ok", "cancelled", "error"] = "error"
         lease = (
             asyncio.ensure_future(self._keep_lease(generation.admission))

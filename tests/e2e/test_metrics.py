@@ -11,6 +11,7 @@ endpoint.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -150,3 +151,34 @@ def test_metrics_follow_the_walkthrough(live: LiveGateway) -> None:
     assert lora_info, text
     assert all(dict(labels)["max_lora"] == str(MAX_LORAS) for labels in lora_info)
     assert named(samples, "vllm:num_requests_running")
+
+
+def test_admin_residency_view_per_adapter_version(live: LiveGateway) -> None:
+    # Runs after the walkthrough above (same gateway): host (C A), slot [A].
+    with live.admin() as admin:
+        response = admin.get("/adapters/residency")
+    assert response.status_code == 200, response.text
+    view = {(r["name"], r["version"]): r for r in response.json()}
+    assert set(view) == {
+        (name, i) for name, i in [("alpha", 1), ("bravo", 1), ("bravo", 2), ("charlie", 1)]
+    }
+    final_tier = {"A": "device", "B": "storage", "C": "host"}
+    loads = Counter("ABCBA")  # the walkthrough's loads and activations, in order
+    activations = Counter("ABACBCA")
+    for letter, (_, adapter, version) in ADAPTERS.items():
+        row = view[adapter, int(version)]
+        assert row["tier"] == final_tier[letter], (letter, row)
+        assert row["hits"] == USES[letter, "device"]
+        assert row["misses"] == USES[letter, "storage"]
+        assert row["uses"]["host"] == USES[letter, "host"]
+        assert row["last_used_at"] is not None
+        assert row["mean_swap_ms"]["load"] > 0 and row["mean_swap_ms"]["activate"] > 0
+        _, samples = scrape(live)
+        per_stage = named(samples, "lora_gateway_adapter_swaps_total")
+        labels = (("adapter", adapter), ("stage", "load"), ("version", version))
+        assert per_stage[labels] == loads[letter]
+        labels = (("adapter", adapter), ("stage", "activate"), ("version", version))
+        assert per_stage[labels] == activations[letter]
+    unused = view["bravo", 1]  # superseded by v2 before any request
+    assert unused["tier"] == "storage" and unused["last_used_at"] is None
+    assert unused["hits"] == unused["misses"] == 0

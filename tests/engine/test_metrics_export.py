@@ -24,8 +24,9 @@ def _record_in_child(done: Event, scraped: Event) -> None:
     recorder.start()
     recorder.use("storage", "legal", "3", 1)
     recorder.use("device", "legal", "3", 2)
-    recorder.swap("load", 0.2)
-    recorder.swap("activate", 0.003)
+    recorder.swap("load", 0.2, "legal", "3")
+    recorder.swap("activate", 0.003, "legal", "3")
+    recorder.placed("legal", "3", "device")
     recorder.eviction("host", 1)
     recorder.resident("device", 1)
     recorder.resident("host", 2)
@@ -101,6 +102,10 @@ def test_a_child_process_reports_through_the_parents_endpoint() -> None:
     assert samples[f"{swap}_bucket", (("le", "0.25"), ("stage", "load"))] == 1
     assert samples[f"{swap}_bucket", (("le", "0.1"), ("stage", "load"))] == 0
     assert samples[f"{swap}_count", (("stage", "activate"),)] == 1
+    legal_load = (("adapter", "legal"), ("stage", "load"), ("version", "3"))
+    assert samples["lora_gateway_adapter_swaps_total", legal_load] == 1
+    assert samples["lora_gateway_adapter_swap_time_seconds_total", legal_load] == 0.2
+    assert samples["lora_gateway_adapter_tier", (("adapter", "legal"), ("version", "3"))] == 2
     evictions = "lora_gateway_adapter_evictions_total"
     assert samples[evictions, (("tier", "host"),)] == 1
     assert samples[evictions, (("tier", "device"),)] == 0  # published at start

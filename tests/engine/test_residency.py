@@ -52,6 +52,10 @@ class Recorded:
     evictions: Counter[CacheTier] = field(default_factory=Counter)
     occupancy: dict[CacheTier, int] = field(default_factory=dict)
     starts: int = 0
+    swapped: dict[SwapStage, list[str]] = field(
+        default_factory=lambda: {"load": [], "activate": []}
+    )
+    tiers: dict[str, Tier] = field(default_factory=dict)
 
     def start(self) -> None:
         self.starts += 1
@@ -59,9 +63,13 @@ class Recorded:
     def use(self, tier: Tier, adapter: str, version: str, count: int) -> None:
         self.uses[tier, adapter, version] += count
 
-    def swap(self, stage: SwapStage, seconds: float) -> None:
+    def swap(self, stage: SwapStage, seconds: float, adapter: str, version: str) -> None:
         assert seconds >= 0
         self.swaps[stage].append(seconds)
+        self.swapped[stage].append(adapter)
+
+    def placed(self, adapter: str, version: str, tier: Tier) -> None:
+        self.tiers[adapter] = tier
 
     def eviction(self, tier: CacheTier, count: int) -> None:
         self.evictions[tier] += count
@@ -164,6 +172,9 @@ def test_the_walkthrough_counts_each_request_at_its_tier() -> None:
     assert recorded.evictions == EVICTIONS
     assert recorded.occupancy == RESIDENT
     assert not engine.tracker.pending
+    # Per adapter: which one moved at each swap, and where each is at the end.
+    assert recorded.swapped == {"load": list("abcba"), "activate": list("abacbca")}
+    assert recorded.tiers == {"a": "device", "c": "host", "b": "storage"}
 
 
 def test_requests_first_scheduled_together_are_each_a_use() -> None:
