@@ -155,6 +155,12 @@ TIME_TO_FIRST_TOKEN = Histogram(
     ["tenant", "model"],
     buckets=LATENCY_BUCKETS_S,
 )
+QUEUE_WAIT = Histogram(
+    "lora_gateway_queue_wait_seconds",
+    "Time a request waited in the engine's queue before it was first scheduled.",
+    ["tenant", "model"],
+    buckets=LATENCY_BUCKETS_S,
+)
 INTER_TOKEN_LATENCY = Histogram(
     "lora_gateway_inter_token_latency_seconds",
     "Time between generated tokens of one request.",
@@ -211,6 +217,7 @@ METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
     PROMPT_TOKENS,
     COMPLETION_TOKENS,
     TIME_TO_FIRST_TOKEN,
+    QUEUE_WAIT,
     INTER_TOKEN_LATENCY,
     REQUEST_DURATION,
     QUOTA_REJECTIONS,

@@ -44,6 +44,11 @@ class Progress:
         now = time.monotonic()
         if self.last_token_at is None:
             metrics.TIME_TO_FIRST_TOKEN.labels(self.tenant, self.model).observe(now - self.started)
+            stats = output.metrics
+            if stats is not None and stats.scheduled_ts >= stats.queued_ts > 0:
+                # Both on the engine core's clock.
+                wait = stats.scheduled_ts - stats.queued_ts
+                metrics.QUEUE_WAIT.labels(self.tenant, self.model).observe(wait)
             new -= 1
         else:
             gap = (now - self.last_token_at) / new

@@ -69,6 +69,7 @@ def test_requests_tokens_latency_and_rejections_per_tenant(gateway: LiveGateway)
     completion = sum(u.completion_tokens for u in usages if u)
     assert value(found, "lora_gateway_completion_tokens_total", **served) == completion
     assert value(found, "lora_gateway_time_to_first_token_seconds_count", **served) == 2
+    assert value(found, "lora_gateway_queue_wait_seconds_count", **served) == 2
     assert (
         value(found, "lora_gateway_inter_token_latency_seconds_count", **served) == completion - 2
     )
