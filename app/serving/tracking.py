@@ -154,26 +154,25 @@ class RequestTracker:
                 if lease is not None:
                     lease.cancel()
                 self.settle(generation, progress.completion_tokens)
+                elapsed = time.monotonic() - started
                 metrics.REQUESTS.labels(tenant, model, generation.endpoint, status).inc()
                 metrics.PROMPT_TOKENS.labels(tenant, model).inc(generation.prompt_tokens)
                 metrics.COMPLETION_TOKENS.labels(tenant, model).inc(progress.completion_tokens)
-                metrics.REQUEST_DURATION.labels(tenant, model, generation.endpoint).observe(
-                    time.monotonic() - started
-                )
+                metrics.REQUEST_DURATION.labels(tenant, model, generation.endpoint).observe(elapsed)
                 adapter = generation.target.adapter
                 self._ledger.record(
                     UsageRecord(
                         request_id=generation.request_id,
-                        tenant_id=generation.principal.tenant.id,
+                        tenant_id=tenant,
                         key_id=generation.principal.key_id,
                         endpoint=generation.endpoint,
-                        model=generation.target.model,
+                        model=model,
                         adapter=adapter.name if adapter else None,
                         adapter_version=adapter.version if adapter else None,
                         prompt_tokens=generation.prompt_tokens,
                         completion_tokens=progress.completion_tokens,
                         status=status,
-                        latency_ms=round((time.monotonic() - started) * 1000),
+                        latency_ms=round(elapsed * 1000),
                         started_at=started_at,
                         finished_at=datetime.now(timezone.utc),
                     )
