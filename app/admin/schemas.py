@@ -150,6 +150,14 @@ class QuotaOut(QuotaPut):
     tenant_id: str
 
 
+class KeyQuotaOut(QuotaPut):
+    """A key's own limits, enforced together with its tenant's."""
+
+    model_config = ConfigDict(extra="ignore", from_attributes=True)
+
+    key_id: str
+
+
 class AuditOut(Out):
     id: int
     at: datetime

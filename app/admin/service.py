@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TypeVar
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
@@ -27,6 +28,7 @@ from app.store.tables import (
     ApiKeyRow,
     AuditRow,
     GrantRow,
+    KeyQuotaRow,
     QuotaRow,
     RevisionRow,
     TenantRow,
@@ -220,11 +222,16 @@ class AdminService:
             query = select(ApiKeyRow).where(ApiKeyRow.tenant_id == tenant_id)
             return list(await session.scalars(query.order_by(ApiKeyRow.created_at)))
 
+    @staticmethod
+    async def _key(session: AsyncSession, tenant_id: str, key_id: str) -> ApiKeyRow:
+        row = await session.get(ApiKeyRow, key_id)
+        if row is None or row.tenant_id != tenant_id:
+            raise NotFoundError(f"No key `{key_id}` for tenant `{tenant_id}`.")
+        return row
+
     async def revoke_key(self, actor: str, tenant_id: str, key_id: str) -> None:
         async with self._mutation(actor, "key.revoke", f"{tenant_id}/{key_id}") as session:
-            row = await session.get(ApiKeyRow, key_id)
-            if row is None or row.tenant_id != tenant_id:
-                raise NotFoundError(f"No key `{key_id}` for tenant `{tenant_id}`.")
+            row = await self._key(session, tenant_id, key_id)
             row.revoked_at = row.revoked_at or now()
 
     async def touch_keys(self, key_ids: Iterable[str], at: datetime) -> None:
@@ -347,23 +354,39 @@ class AdminService:
     # -- quotas -----------------------------------------------------------------
 
     async def put_quota(self, actor: str, tenant_id: str, body: schemas.QuotaPut) -> QuotaRow:
-        if body.token_budget is not None and body.budget_period is None:
-            raise BadRequestError("`token_budget` needs a `budget_period`.", param="budget_period")
+        _check_quota(body)
         async with self._mutation(actor, "quota.put", tenant_id) as session:
             await self._tenant(session, tenant_id)
-            row = await session.get(QuotaRow, tenant_id)
-            if row is None:
-                row = QuotaRow(tenant_id=tenant_id)
-                session.add(row)
-            for field, value in body.model_dump().items():
-                setattr(row, field, value)
-            row.updated_at = now()
+            row = await session.get(QuotaRow, tenant_id) or QuotaRow(tenant_id=tenant_id)
+            session.add(_set_quota(row, body))
         return row
 
     async def get_quota(self, tenant_id: str) -> QuotaRow | None:
         async with self._sessions() as session:
             await self._tenant(session, tenant_id)
             return await session.get(QuotaRow, tenant_id)
+
+    async def put_key_quota(
+        self, actor: str, tenant_id: str, key_id: str, body: schemas.QuotaPut
+    ) -> KeyQuotaRow:
+        _check_quota(body)
+        async with self._mutation(actor, "key.quota.put", f"{tenant_id}/{key_id}") as session:
+            await self._key(session, tenant_id, key_id)
+            row = await session.get(KeyQuotaRow, key_id) or KeyQuotaRow(key_id=key_id)
+            session.add(_set_quota(row, body))
+        return row
+
+    async def get_key_quota(self, tenant_id: str, key_id: str) -> KeyQuotaRow | None:
+        async with self._sessions() as session:
+            await self._key(session, tenant_id, key_id)
+            return await session.get(KeyQuotaRow, key_id)
+
+    async def delete_key_quota(self, actor: str, tenant_id: str, key_id: str) -> None:
+        async with self._mutation(actor, "key.quota.delete", f"{tenant_id}/{key_id}") as session:
+            await self._key(session, tenant_id, key_id)
+            row = await session.get(KeyQuotaRow, key_id)
+            if row is not None:
+                await session.delete(row)
 
     # -- audit ------------------------------------------------------------------
 
@@ -432,3 +455,18 @@ def _audit(actor: str, action: str, target: str, outcome: str, detail: str = "")
     return AuditRow(
         at=now(), actor=actor, action=action, target=target, outcome=outcome, detail=detail
     )
+
+
+Quota = TypeVar("Quota", QuotaRow, KeyQuotaRow)
+
+
+def _check_quota(body: schemas.QuotaPut) -> None:
+    if body.token_budget is not None and body.budget_period is None:
+        raise BadRequestError("`token_budget` needs a `budget_period`.", param="budget_period")
+
+
+def _set_quota(row: Quota, body: schemas.QuotaPut) -> Quota:
+    for field, value in body.model_dump().items():
+        setattr(row, field, value)
+    row.updated_at = now()
+    return row

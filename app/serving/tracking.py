@@ -17,6 +17,7 @@ from vllm import RequestOutput
 from app import metrics
 from app.quota import QuotaBackend, QuotaExceeded, QuotaTooLarge, Reservation
 from app.serving.inflight import InFlight
+from app.tenancy.models import ApiKey
 from app.usage import UsageLedger, UsageRecord
 
 if TYPE_CHECKING:
@@ -70,6 +71,11 @@ class Admission:
     settled: bool = False
 
 
+def key_subject(key: ApiKey) -> str:
+    """The quota subject of a key's own limits; a tenant's is its id."""
+    return f"{key.tenant_id}/{key.id}"
+
+
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
@@ -95,16 +101,20 @@ class RequestTracker:
         """Reserve the request's worst case (prompt plus every choice's max_tokens)
         against the tenant's limits, or raise the quota error; nothing is
         consumed by a refusal."""
-        tenant = generation.principal.tenant
-        if tenant.limits.unlimited:
+        principal = generation.principal
+        tenant, key = principal.tenant, principal.key
+        subjects = [
+            (subject, limits)
+            for subject, limits in ((tenant.id, tenant.limits), (key_subject(key), key.limits))
+            if not limits.unlimited
+        ]
+        if not subjects:
             return generation
         worst_case = generation.prompt_tokens + (generation.params.max_tokens or 0) * (
             generation.params.n
         )
         try:
-            reservation = await self._quota.reserve(
-                [(tenant.id, tenant.limits)], worst_case, generation.request_id
-            )
+            reservation = await self._quota.reserve(subjects, worst_case, generation.request_id)
         except QuotaExceeded as exc:
             metrics.QUOTA_REJECTIONS.labels(tenant.id, exc.limit).inc()
             raise

@@ -17,6 +17,7 @@ from app.store.tables import (
     AdapterVersionRow,
     ApiKeyRow,
     GrantRow,
+    KeyQuotaRow,
     QuotaRow,
     RevisionRow,
     TenantRow,
@@ -60,6 +61,9 @@ async def load_registry(
         quotas = {
             row.tenant_id: Limits.from_quota(row) for row in await session.scalars(select(QuotaRow))
         }
+        key_quotas = {
+            row.key_id: Limits.from_quota(row) for row in await session.scalars(select(KeyQuotaRow))
+        }
 
     versions: dict[str, dict[int, Adapter]] = defaultdict(dict)
     for row in version_rows:
@@ -89,6 +93,7 @@ async def load_registry(
             prefix=row.prefix,
             name=row.name,
             expires_at=row.expires_at,
+            limits=key_quotas.get(row.id, Limits()),
         )
         for row in key_rows
     ]

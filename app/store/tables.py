@@ -100,18 +100,33 @@ class GrantRow(Base):
     created_at: Mapped[datetime]
 
 
-class QuotaRow(Base):
-    __tablename__ = "quotas"
+class QuotaColumns:
+    """The limits a tenant or a key may have; ``None`` is unlimited."""
 
-    tenant_id: Mapped[str] = mapped_column(
-        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
-    )
     requests_per_minute: Mapped[int | None]
     tokens_per_minute: Mapped[int | None]
     max_concurrent_requests: Mapped[int | None]
     token_budget: Mapped[int | None] = mapped_column(BigInteger)
     budget_period: Mapped[str | None] = mapped_column(String(10))
     updated_at: Mapped[datetime]
+
+
+class QuotaRow(QuotaColumns, Base):
+    __tablename__ = "quotas"
+
+    tenant_id: Mapped[str] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+
+
+class KeyQuotaRow(QuotaColumns, Base):
+    """A key's own limits, enforced on top of (so never looser than) its tenant's."""
+
+    __tablename__ = "key_quotas"
+
+    key_id: Mapped[str] = mapped_column(
+        ForeignKey("api_keys.id", ondelete="CASCADE"), primary_key=True
+    )
 
 
 class AuditRow(Base):

@@ -31,6 +31,8 @@ class ApiKey:
     prefix: str = ""
     name: str = ""
     expires_at: datetime | None = None
+    # enforced on top of the tenant's limits
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,11 @@ class Principal:
     """The authenticated caller of one request."""
 
     tenant: Tenant
-    key_id: str
+    key: ApiKey
+
+    @property
+    def key_id(self) -> str:
+        return self.key.id
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ class TenantRegistry:
         tenant = self._tenants[record.tenant_id]
         if not tenant.enabled:
             raise PermissionDeniedError(f"Tenant `{tenant.id}` is disabled.")
-        return Principal(tenant=tenant, key_id=record.id)
+        return Principal(tenant=tenant, key=record)
 
     def tenant(self, tenant_id: str) -> Tenant | None:
         return self._tenants.get(tenant_id)

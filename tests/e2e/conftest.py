@@ -4,7 +4,11 @@ the demo adapters, served by uvicorn over loopback HTTP."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -112,7 +116,44 @@ def running_gateway(settings: Settings, keys: dict[str, str]) -> Iterator[LiveGa
         thread.join(timeout=120)
 
 
+@contextmanager
+def gateway_process(
+    env: dict[str, str], base_url: str, http: httpx.Client | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``lora-gateway serve`` with ``env`` as its whole environment until the block ends;
+    it must be ready at ``base_url`` (asked through ``http``) and stop cleanly on SIGINT."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve"], env=env, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
+        while True:
+            assert server.poll() is None, "the gateway exited"
+            assert time.monotonic() < deadline, "the gateway did not become ready"
+            try:
+                if (http or httpx).get(f"{base_url}/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        yield server
+    finally:
+        os.killpg(server.pid, signal.SIGINT)
+        assert server.wait(timeout=90) == 0
+
+
 ADMIN_TOKEN = "lgw-admin-test-token"
+
+
+def long_stream(model: str) -> dict[str, Any]:
+    """A streamed chat request that runs far longer than any test waits for it."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "Count from 1 to 1000, comma separated."}],
+        "max_tokens": 900,
+        "temperature": 0,
+        "stream": True,
+    }
 
 
 def make_settings(state_dir: Path, **overrides: Any) -> Settings:

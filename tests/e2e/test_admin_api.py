@@ -14,7 +14,7 @@ import pytest
 
 from app.admin.service import STORE_DIR
 from app.settings import EMBEDDED_MODEL_DIR
-from tests.e2e.conftest import LiveGateway
+from tests.e2e.conftest import LiveGateway, long_stream
 from tests.support.lora_factory import make_random_adapter
 
 pytestmark = pytest.mark.slow
@@ -210,13 +210,7 @@ def test_usage_ledger_counts_every_request_including_cancelled_ones(
         client.chat.completions.create(model=base, messages=MESSAGES, max_tokens=n, temperature=0)
         for n in (3, 5)
     ]
-    body = {
-        "model": base,
-        "messages": [{"role": "user", "content": "Count from 1 to 1000, comma separated."}],
-        "max_tokens": 900,
-        "temperature": 0,
-        "stream": True,
-    }
+    body = long_stream(base)
     with httpx.stream(
         "POST",
         f"{gateway.base_url}/v1/chat/completions",

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import MAX_MODEL_LEN, LiveGateway
+from tests.e2e.conftest import MAX_MODEL_LEN, LiveGateway, long_stream
 
 pytestmark = pytest.mark.slow
 
@@ -206,13 +206,7 @@ def test_every_response_carries_a_request_id(gateway: LiveGateway) -> None:
 
 
 def test_client_disconnect_mid_stream_aborts_the_engine_request(gateway: LiveGateway) -> None:
-    body = {
-        "model": BASE,
-        "messages": [{"role": "user", "content": "Count from 1 to 1000, comma separated."}],
-        "temperature": 0,
-        "max_tokens": 900,
-        "stream": True,
-    }
+    body = long_stream(BASE)
     headers = {"Authorization": f"Bearer {gateway.keys['demo-all']}"}
     with httpx.stream(
         "POST", f"{gateway.base_url}/v1/chat/completions", json=body, headers=headers
@@ -225,12 +219,7 @@ def test_client_disconnect_mid_stream_aborts_the_engine_request(gateway: LiveGat
 
 
 def test_client_disconnect_while_waiting_aborts_the_engine_request(gateway: LiveGateway) -> None:
-    body = {
-        "model": BASE,
-        "messages": [{"role": "user", "content": "Count from 1 to 1000, comma separated."}],
-        "temperature": 0,
-        "max_tokens": 900,
-    }
+    body = {**long_stream(BASE), "stream": False}
     headers = {"Authorization": f"Bearer {gateway.keys['demo-all']}"}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(

@@ -9,11 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import LiveGateway
+from tests.e2e.conftest import LiveGateway, long_stream
 
 pytestmark = pytest.mark.slow
-
-LONG = [{"role": "user", "content": "Count from 1 to 1000, comma separated."}]
 
 
 def metered_tenant(gateway: LiveGateway, tenant: str, **quota: Any) -> dict[str, str]:
@@ -26,7 +24,8 @@ def metered_tenant(gateway: LiveGateway, tenant: str, **quota: Any) -> dict[str,
 
 
 def chat(gateway: LiveGateway, headers: dict[str, str], **body: Any) -> httpx.Response:
-    payload = {"model": gateway.settings.base_model_id, "messages": LONG, "max_tokens": 4, **body}
+    payload = {**long_stream(gateway.settings.base_model_id), "stream": False, "max_tokens": 4}
+    payload.update(body)
     return httpx.post(
         f"{gateway.base_url}/v1/chat/completions", json=payload, headers=headers, timeout=120
     )
@@ -52,13 +51,7 @@ def test_concurrency_slots_are_exact_and_freed_when_a_stream_is_cancelled(
 ) -> None:
     headers = metered_tenant(gateway, "slots", max_concurrent_requests=2)
     url = f"{gateway.base_url}/v1/chat/completions"
-    body = {
-        "model": gateway.settings.base_model_id,
-        "messages": LONG,
-        "max_tokens": 600,
-        "temperature": 0,
-        "stream": True,
-    }
+    body = long_stream(gateway.settings.base_model_id)
 
     async def all_at_once() -> list[int]:
         statuses: list[int] = []
@@ -121,3 +114,33 @@ def test_quota_changes_apply_at_once(gateway: LiveGateway) -> None:
     with gateway.admin() as admin:
         admin.put("/tenants/changing/quota", json={})  # no limits at all
     assert all(chat(gateway, headers).status_code == 200 for _ in range(3))
+
+
+def test_a_key_quota_is_enforced_on_top_of_its_tenants(gateway: LiveGateway) -> None:
+    tight = metered_tenant(gateway, "keyed", requests_per_minute=5)
+    with gateway.admin() as admin:
+        tight_id = admin.get("/tenants/keyed/keys").json()[0]["id"]
+        put = admin.put(f"/tenants/keyed/keys/{tight_id}/quota", json={"requests_per_minute": 2})
+        assert put.status_code == 200 and put.json()["key_id"] == tight_id
+        loose_key = admin.post("/tenants/keyed/keys", json={}).json()["key"]
+        loose = {"Authorization": f"Bearer {loose_key}"}
+        # a key is only reachable under its own tenant
+        assert admin.get(f"/tenants/rpm/keys/{tight_id}/quota").status_code == 404
+
+    # max_tokens=1 keeps the sequence far shorter than GCRA's 12 s between requests
+    responses = [chat(gateway, tight, max_tokens=1) for _ in range(3)]
+    assert [r.status_code for r in responses] == [200, 200, 429]
+    # the headers describe the tighter subject, the key
+    assert responses[0].headers["x-ratelimit-limit-requests"] == "2"
+    assert responses[0].headers["x-ratelimit-remaining-requests"] == "1"
+    assert tight_id in responses[2].json()["error"]["message"]
+    # The key's refusal charged the tenant nothing: its other key gets the 3 requests left.
+    loose_statuses = [chat(gateway, loose, max_tokens=1).status_code for _ in range(4)]
+    assert loose_statuses == [200, 200, 200, 429]
+
+    with gateway.admin() as admin:
+        assert admin.delete(f"/tenants/keyed/keys/{tight_id}/quota").status_code == 204
+        cleared = admin.get(f"/tenants/keyed/keys/{tight_id}/quota").json()
+        assert cleared["requests_per_minute"] is None
+        admin.put("/tenants/keyed/quota", json={})
+    assert [chat(gateway, tight).status_code for _ in range(3)] == [200, 200, 200]

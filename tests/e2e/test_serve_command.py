@@ -6,11 +6,9 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
-import signal
 import ssl
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -22,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from app.bootstrap.demo_adapters import DEMO_ADAPTERS
-from tests.e2e.conftest import ENGINE_START_TIMEOUT_S, free_port
+from tests.e2e.conftest import free_port, gateway_process
 
 pytestmark = pytest.mark.slow
 
@@ -81,31 +79,19 @@ def test_serve_over_https_with_settings_from_the_environment(tmp_path: Path) -> 
     assert "granted acme-legal:legal_advisor" in run("tenants", "apply", "tenants/")
     assert run("tenants", "apply", "tenants/").endswith("no change")
     tenant_key = run("keys", "create", "acme-legal")
-    server = subprocess.Popen([*cli, "serve"], env=env, start_new_session=True)
     base_url = f"https://127.0.0.1:{port}"
-    try:
-        with httpx.Client(verify=ssl.create_default_context(cafile=cert)) as http:
-            deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
-            while True:
-                assert server.poll() is None, "the gateway exited"
-                assert time.monotonic() < deadline, "the gateway did not become ready"
-                try:
-                    if http.get(f"{base_url}/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.5)
-            with pytest.raises(httpx.TransportError):
-                httpx.get(f"http://127.0.0.1:{port}/healthz")  # plaintext is refused
-            client = openai.OpenAI(
-                base_url=f"{base_url}/v1", api_key=tenant_key, http_client=http, max_retries=0
-            )
-            response = client.chat.completions.create(
-                model="legal_advisor",
-                messages=[{"role": "user", "content": "Hello"}],
-                max_tokens=5,
-            )
-            assert response.usage is not None and response.usage.completion_tokens >= 1
-    finally:
-        os.killpg(server.pid, signal.SIGINT)
-        assert server.wait(timeout=90) == 0
+    with (
+        httpx.Client(verify=ssl.create_default_context(cafile=cert)) as http,
+        gateway_process(env, base_url, http),
+    ):
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"http://127.0.0.1:{port}/healthz")  # plaintext is refused
+        client = openai.OpenAI(
+            base_url=f"{base_url}/v1", api_key=tenant_key, http_client=http, max_retries=0
+        )
+        response = client.chat.completions.create(
+            model="legal_advisor",
+            messages=[{"role": "user", "content": "Hello"}],
+            max_tokens=5,
+        )
+        assert response.usage is not None and response.usage.completion_tokens >= 1

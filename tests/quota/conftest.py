@@ -9,14 +9,8 @@ the in-process backend's injected clock, or a real sleep for Redis, whose clock 
 from __future__ import annotations
 
 import asyncio
-import shutil
-import socket
-import subprocess
-import tempfile
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
@@ -24,53 +18,14 @@ import pytest
 from app.quota.backend import QuotaBackend
 from app.quota.memory import MemoryBackend
 from app.quota.redis import RedisBackend
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _wait_ready(port: int, process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"redis-server exited with {process.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-                sock.sendall(b"PING\r\n")
-                if sock.recv(64).startswith(b"+PONG"):
-                    return
-        except OSError:
-            pass
-        time.sleep(0.02)
-    raise RuntimeError("redis-server did not start")
+from tests.support.redis_server import redis_server
 
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """A ``redis-server`` on a free loopback port, for this test session only."""
-    server = shutil.which("redis-server")
-    if server is None:
-        raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-    workdir = Path(tempfile.mkdtemp(prefix="lgw-redis-"))
-    port = free_port()
-    command = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
-    command += ["no", "--dir", str(workdir), "--daemonize", "no"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_ready(port, process)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        shutil.rmtree(workdir, ignore_errors=True)
+    with redis_server() as url:
+        yield url
 
 
 class Clock(Protocol):

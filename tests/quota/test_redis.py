@@ -14,8 +14,8 @@ from redis.asyncio import Redis
 from app.quota import Limits, QuotaBackendUnavailable, QuotaExceeded
 from app.quota.limits import period_id
 from app.quota.redis import RedisBackend
-from tests.quota.conftest import free_port
 from tests.quota.test_backends import TENANT, crowd
+from tests.support.redis_server import free_port
 
 
 @pytest.fixture

@@ -14,8 +14,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.admin import schemas
 from app.admin.service import STORE_DIR, AdminService
 from app.errors import AuthenticationError, BadRequestError, ConflictError, NotFoundError
+from app.quota.limits import Limits
 from app.settings import EMBEDDED_MODEL_DIR
 from app.store.snapshot import load_registry, revision
+from app.store.tables import KeyQuotaRow
 from app.tenancy.manifests import TenantManifest
 from tests.support.lora_factory import make_random_adapter
 
@@ -200,6 +202,27 @@ async def test_quota_settings_round_trip(admin: AdminService) -> None:
     assert (row.requests_per_minute, row.token_budget, row.budget_period) == (60, 1000, "day")
     with pytest.raises(BadRequestError, match="budget_period"):
         await admin.put_quota(ACTOR, "acme", schemas.QuotaPut(token_budget=5))
+
+
+async def test_key_quotas_reach_the_snapshot_and_go_with_their_tenant(
+    admin: AdminService, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    await admin.create_tenant(ACTOR, schemas.TenantCreate(id="acme", name="ACME"))
+    await admin.create_tenant(ACTOR, schemas.TenantCreate(id="other", name="Other"))
+    row, key = await admin.create_key(ACTOR, "acme", schemas.KeyCreate())
+    with pytest.raises(NotFoundError):
+        await admin.put_key_quota(ACTOR, "other", row.id, schemas.QuotaPut(requests_per_minute=1))
+    await admin.put_key_quota(ACTOR, "acme", row.id, schemas.QuotaPut(max_concurrent_requests=3))
+    principal = (await registry(sessions)).authenticate(key)
+    assert principal.key.limits == Limits(max_concurrent=3)
+    assert principal.tenant.limits.unlimited
+
+    await admin.delete_key_quota(ACTOR, "acme", row.id)
+    assert (await registry(sessions)).authenticate(key).key.limits.unlimited
+    await admin.put_key_quota(ACTOR, "acme", row.id, schemas.QuotaPut(requests_per_minute=9))
+    await admin.delete_tenant(ACTOR, "acme")
+    async with sessions() as session:
+        assert await session.get(KeyQuotaRow, row.id) is None
 
 
 async def test_version_ids_are_never_reused(admin: AdminService) -> None:
