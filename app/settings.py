@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 EMBEDDED_MODEL_DIR = Path("models/SmolLM2-135M-Instruct")
@@ -99,6 +99,12 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level."
     )
+
+    @field_validator("max_lora_rank", mode="before")
+    @classmethod
+    def _rank_from_text(cls, rank: object) -> object:
+        # A Literal of ints refuses the string an environment variable gives.
+        return int(rank) if isinstance(rank, str) and rank.strip().isdigit() else rank
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

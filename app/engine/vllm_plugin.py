@@ -5,7 +5,9 @@ vLLM calls :func:`register` (entry point ``vllm.general_plugins`` ->
 before any model or LoRA wrapper is built. It swaps the CPU punica ops that
 ``vllm.lora.punica_wrapper.punica_cpu`` looked up at import time for the
 tenant-isolating ones in :mod:`app.engine.punica_cpu` (see there for the bug),
-and instruments vLLM's LoRA caches for :mod:`app.engine.residency`'s metrics.
+and its ``PunicaWrapperCPU`` for :mod:`app.engine.punica_wrapper`'s, which
+plans each step's adapter grouping once instead of in every layer. It also
+instruments vLLM's LoRA caches for :mod:`app.engine.residency`'s metrics.
 
 Applied only on vLLM 0.32.x on the CPU platform; ``LORA_GATEWAY_ISOLATION_FIX=0``
 (or ``false``) turns it off.
@@ -92,15 +94,20 @@ def register() -> None:
     import vllm.lora.punica_wrapper.punica_cpu as upstream
 
     from app.engine import punica_cpu
+    from app.engine.punica_wrapper import PlannedPunicaWrapper
 
     for name in PATCHED_OPS:
         setattr(upstream, name, getattr(punica_cpu, name))
+    # The platform names the wrapper class by this qualname and resolves it when the
+    # model's LoRA layers are built, after plugins are loaded.
+    upstream.PunicaWrapperCPU = PlannedPunicaWrapper  # type: ignore[misc]
     _outcome = "active"
     logger.info(
-        "CPU punica isolation fix active (vLLM %s, pid %d): %s.{%s} -> %s",
+        "CPU punica isolation fix active (vLLM %s, pid %d): %s.{%s} -> %s, PunicaWrapperCPU -> %s",
         vllm.__version__,
         os.getpid(),
         upstream.__name__,
         ",".join(PATCHED_OPS),
         punica_cpu.__name__,
+        PlannedPunicaWrapper.__qualname__,
     )

@@ -9,7 +9,7 @@ from vllm import CompletionOutput, RequestOutput, SamplingParams
 from vllm.sampling_params import RequestOutputKind
 
 from app.engine.base import Engine
-from app.errors import ContextLengthExceededError, EngineUnavailableError
+from app.errors import BadRequestError, ContextLengthExceededError, EngineUnavailableError
 from app.protocol import ChatCompletionRequest, CompletionRequest, Usage
 from app.serving.tracking import Admission, RequestTracker
 from app.tenancy.models import ModelTarget, Principal
@@ -57,11 +57,20 @@ def completion_budget(prompt_tokens: int, requested: int | None, max_model_len: 
 def sampling_params(
     request: CompletionLike, prompt_tokens: int, max_model_len: int
 ) -> SamplingParams:
+    max_tokens = completion_budget(prompt_tokens, request.completion_limit, max_model_len)
+    if request.min_tokens > max_tokens:
+        raise BadRequestError(
+            f"`min_tokens` ({request.min_tokens}) is more than the completion may have "
+            f"({max_tokens}).",
+            param="min_tokens",
+        )
     return SamplingParams(
         n=request.n,
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p,
-        max_tokens=completion_budget(prompt_tokens, request.completion_limit, max_model_len),
+        max_tokens=max_tokens,
+        min_tokens=request.min_tokens,
+        ignore_eos=request.ignore_eos,
         stop=request.stop_sequences,
         seed=request.seed,
         presence_penalty=request.presence_penalty or 0.0,

@@ -13,9 +13,9 @@ import openai
 import pytest
 
 from app.admin.service import STORE_DIR
+from app.bench.adapters import make_random_adapter
 from app.settings import EMBEDDED_MODEL_DIR
 from tests.e2e.conftest import LiveGateway, long_stream
-from tests.support.lora_factory import make_random_adapter
 
 pytestmark = pytest.mark.slow
 

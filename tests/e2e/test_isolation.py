@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 import yaml
 
+from app.bench.adapters import make_random_adapter
 from app.settings import EMBEDDED_MODEL_DIR
 from tests.e2e.conftest import LiveGateway, make_settings, prepare_store, running_gateway
-from tests.support.lora_factory import make_random_adapter
 from tests.support.reference import ReferenceOutput, reference_greedy
 
 pytestmark = pytest.mark.slow

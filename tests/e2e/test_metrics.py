@@ -20,6 +20,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.bench.adapters import make_random_adapter
 from app.cli import register_adapter
 from app.settings import EMBEDDED_MODEL_DIR
 from tests.e2e.conftest import LiveGateway, make_settings, prepare_store, running_gateway
@@ -33,7 +34,6 @@ from tests.engine.lru_walkthrough import (
     USES,
     WALKTHROUGH,
 )
-from tests.support.lora_factory import make_random_adapter
 
 pytestmark = pytest.mark.slow
 

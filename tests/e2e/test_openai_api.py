@@ -89,6 +89,21 @@ def test_stop_sequence_ends_the_answer_before_it(gateway: LiveGateway) -> None:
     assert stopped.choices[0].message.content == text[: text.index(stop)]
 
 
+def test_ignore_eos_runs_to_max_tokens(gateway: LiveGateway) -> None:
+    """vLLM's extension, as its own server takes it: exactly max_tokens, however the answer
+    would have ended (the benchmark relies on it)."""
+    client = gateway.client("demo-all")
+    response = client.chat.completions.create(
+        model=BASE,
+        messages=[{"role": "user", "content": "Say OK."}],
+        max_tokens=48,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert response.usage is not None and response.usage.completion_tokens == 48
+    assert response.choices[0].finish_reason == "length"
+
+
 def test_n_choices_seed_and_logprobs(gateway: LiveGateway) -> None:
     client = gateway.client("demo-all")
 

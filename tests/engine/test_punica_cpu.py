@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from app.engine import punica_cpu as fixed
+from app.engine.punica_wrapper import PlannedPunicaWrapper
 
 SLOTS = 3
 IN_DIM, OUT_DIM, MAX_RANK = 24, 20, 8
@@ -251,6 +252,7 @@ def plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     monkeypatch.setattr(vllm_plugin, "_outcome", None)
     for name in vllm_plugin.PATCHED_OPS:
         monkeypatch.setattr(wrapper, name, getattr(upstream, name))
+    monkeypatch.setattr(wrapper, "PunicaWrapperCPU", PlannedPunicaWrapper.__mro__[1])
     monkeypatch.delenv(vllm_plugin.ENV_VAR, raising=False)
     yield vllm_plugin
 
@@ -273,6 +275,7 @@ def test_plugin_patches_wrapper_namespace_once(
     for name in vllm_plugin.PATCHED_OPS:
         assert getattr(wrapper, name) is getattr(fixed, name)
         assert getattr(upstream, name) is not getattr(fixed, name)  # only the wrapper's view
+    assert wrapper.PunicaWrapperCPU is PlannedPunicaWrapper
     records = _gateway_records(caplog)
     assert len(records) == 1
     assert records[0].levelno == logging.INFO
@@ -295,6 +298,7 @@ def test_plugin_disabled_by_env(
     vllm_plugin.register()
     vllm_plugin.register()
     assert all(getattr(wrapper, n) is not getattr(fixed, n) for n in vllm_plugin.PATCHED_OPS)
+    assert wrapper.PunicaWrapperCPU is not PlannedPunicaWrapper
     records = _gateway_records(caplog)
     assert len(records) == 1
     assert "DISABLED" in records[0].getMessage()
@@ -309,6 +313,7 @@ def test_plugin_skips_other_vllm_versions(plugin: object, monkeypatch: pytest.Mo
     monkeypatch.setattr(vllm, "__version__", "0.33.0")
     vllm_plugin.register()
     assert all(getattr(wrapper, n) is not getattr(fixed, n) for n in vllm_plugin.PATCHED_OPS)
+    assert wrapper.PunicaWrapperCPU is not PlannedPunicaWrapper
 
 
 def test_plugin_skips_non_cpu_platforms(plugin: object, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -320,3 +325,4 @@ def test_plugin_skips_non_cpu_platforms(plugin: object, monkeypatch: pytest.Monk
     monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
     vllm_plugin.register()
     assert all(getattr(wrapper, n) is not getattr(fixed, n) for n in vllm_plugin.PATCHED_OPS)
+    assert wrapper.PunicaWrapperCPU is not PlannedPunicaWrapper

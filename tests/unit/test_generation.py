@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.errors import ContextLengthExceededError
+from app.errors import BadRequestError, ContextLengthExceededError
 from app.protocol import ChatCompletionRequest
 from app.serving.generation import completion_budget, sampling_params
 
@@ -39,3 +39,15 @@ def test_top_logprobs_requires_logprobs() -> None:
         ChatCompletionRequest.model_validate(
             {"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}
         )
+
+
+def test_vllm_length_controls_pass_through() -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    request = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": messages, "max_tokens": 8, "min_tokens": 8, "ignore_eos": True}
+    )
+    params = sampling_params(request, prompt_tokens=10, max_model_len=100)
+    assert (params.min_tokens, params.max_tokens, params.ignore_eos) == (8, 8, True)
+    too_many = request.model_copy(update={"min_tokens": 9})
+    with pytest.raises(BadRequestError, match="min_tokens"):
+        sampling_params(too_many, prompt_tokens=10, max_model_len=100)

@@ -1,13 +1,16 @@
 """Deterministic random PEFT LoRA adapters for a local base model.
 
 The adapter is written straight from the base checkpoint's tensor shapes (no
-model load), so building one takes well under a second.
+model load), so building one takes well under a second. The benchmark makes
+its many tenants' adapters this way; the tests use it for adapters whose
+weights they control.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -94,3 +97,60 @@ def make_random_adapter(
     (out_dir / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     save_file(tensors, str(out_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     return out_dir
+
+
+# The benchmark's tenants fine-tune the attention projections (a common LoRA
+# set-up): realistic swaps, at a quarter of the disk and compute an
+# all-projections adapter would need, so 128 of them stay cheap to keep.
+BENCH_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+BENCH_RANKS = (8, 16)
+# Small enough that the adapted model stays fluent-ish (so outputs run to
+# max_tokens rather than collapsing into an early end-of-sequence token).
+BENCH_B_SCALE = 0.5
+
+
+@dataclass(frozen=True)
+class BenchAdapter:
+    name: str
+    rank: int
+    path: Path
+
+
+def bench_adapter_name(index: int) -> str:
+    return f"bench-{index:03d}"
+
+
+def ensure_bench_adapters(model_dir: Path, root: Path, count: int) -> list[BenchAdapter]:
+    """``count`` deterministic adapters under ``root`` (ranks alternating 8, 16).
+
+    Adapter ``i`` always has the same weights (its seed is ``i``): one already
+    on disk from the same recipe is reused, so reruns skip the writing and
+    both systems always serve identical bytes.
+    """
+    adapters: list[BenchAdapter] = []
+    for index in range(count):
+        name = bench_adapter_name(index)
+        rank = BENCH_RANKS[index % len(BENCH_RANKS)]
+        out = root / name
+        recipe = {
+            "rank": rank,
+            "seed": index,
+            "b_scale": BENCH_B_SCALE,
+            "target_modules": list(BENCH_TARGET_MODULES),
+        }
+        # The recipe sits beside the adapter, not in it: the adapter directory
+        # holds exactly what a tenant would upload.
+        recipe_file = root / f"{name}.recipe.json"
+        written = (out / ADAPTER_WEIGHTS).is_file() and recipe_file.is_file()
+        if not written or json.loads(recipe_file.read_text()) != recipe:
+            make_random_adapter(
+                model_dir,
+                out,
+                rank=rank,
+                target_modules=BENCH_TARGET_MODULES,
+                seed=index,
+                b_scale=BENCH_B_SCALE,
+            )
+            recipe_file.write_text(json.dumps(recipe) + "\n")
+        adapters.append(BenchAdapter(name, rank, out))
+    return adapters

@@ -1,0 +1,1 @@
+"""``lora-gateway bench``: the gateway against vLLM's own server, side by side."""

@@ -1,0 +1,159 @@
+"""An open-loop streaming client: every request leaves at its planned time.
+
+One asyncio task per request, started on schedule whether or not earlier
+requests have answered, so a system that falls behind builds a queue (and
+shows it in its latencies) instead of silently slowing the offered load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from app.bench.sse import StreamTiming, sse_data
+from app.bench.workload import PlannedRequest
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass(frozen=True)
+class Call:
+    """How one system is asked for one planned request."""
+
+    model: str
+    api_key: str | None
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RequestRecord:
+    """One request as the client saw it; times in seconds from the workload's start."""
+
+    system: str
+    point: str
+    index: int
+    tenant: int
+    model: str
+    scheduled: float
+    started: float = 0.0
+    ttft: float | None = None
+    itl: list[float] = field(default_factory=list)
+    e2e: float | None = None
+    output_tokens: int = 0
+    prompt_tokens: int | None = None
+    status: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def request_body(planned: PlannedRequest, call: Call) -> dict[str, Any]:
+    return {
+        "model": call.model,
+        "messages": [{"role": "user", "content": planned.prompt}],
+        "max_tokens": planned.max_tokens,
+        # Greedy, and exactly max_tokens: both systems do the same work for a request.
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **call.extra_body,
+    }
+
+
+async def _one(
+    client: httpx.AsyncClient,
+    planned: PlannedRequest,
+    call: Call,
+    record: RequestRecord,
+    clock: Callable[[], float],
+) -> None:
+    headers = {"Authorization": f"Bearer {call.api_key}"} if call.api_key else {}
+    timing = StreamTiming()
+    record.started = clock()
+    try:
+        async with client.stream(
+            "POST", CHAT_PATH, json=request_body(planned, call), headers=headers
+        ) as response:
+            record.status = response.status_code
+            if response.status_code != 200:
+                body = (await response.aread()).decode(errors="replace")
+                record.error = f"HTTP {response.status_code}: {body[:200]}"
+                return
+            async for line in response.aiter_lines():
+                payload = sse_data(line)
+                if payload is not None:
+                    timing.feed(payload, clock())
+        if timing.error is None and not timing.done:
+            timing.error = "stream ended without [DONE]"
+    except (httpx.HTTPError, OSError) as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+    except asyncio.CancelledError:
+        record.error = "not finished before the drain deadline"
+    finally:
+        end = clock()
+        record.error = record.error or timing.error
+        record.output_tokens = timing.output_tokens
+        record.prompt_tokens = timing.prompt_tokens
+        if timing.token_times:
+            record.ttft = timing.token_times[0] - record.started
+        record.itl = timing.gaps()
+        record.e2e = end - record.started
+
+
+async def run_workload(
+    base_url: str,
+    system: str,
+    point: str,
+    requests: Sequence[PlannedRequest],
+    call_for: Callable[[PlannedRequest], Call],
+    *,
+    drain_seconds: float,
+    on_finished: Callable[[RequestRecord], None] = lambda record: None,
+) -> tuple[list[RequestRecord], float]:
+    """Send ``requests`` on schedule; return their records and the run's wall time.
+
+    The wall time runs from the workload's start to the last answer (or the
+    drain deadline, ``drain_seconds`` after the last arrival, when requests
+    still run then: they are cancelled and count as errors).
+    """
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(connect=10.0, read=None, write=10.0, pool=None)
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
+        start = time.perf_counter()
+
+        def clock() -> float:
+            return time.perf_counter() - start
+
+        records: list[RequestRecord] = []
+        tasks: list[asyncio.Task[None]] = []
+        for planned in requests:
+            delay = planned.at - clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            call = call_for(planned)
+            record = RequestRecord(
+                system, point, planned.index, planned.tenant, call.model, planned.at
+            )
+            records.append(record)
+            task = asyncio.create_task(_one(client, planned, call, record, clock))
+            task.add_done_callback(lambda _, record=record: on_finished(record))  # type: ignore[misc]
+            tasks.append(task)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=drain_seconds)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        finished = [r.started + r.e2e for r in records if r.e2e is not None]
+        wall = max(finished, default=clock())
+    return records, wall

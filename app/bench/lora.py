@@ -1,0 +1,326 @@
+"""``make bench-lora``: what mixing adapters in a batch costs on the CPU engine, with vLLM's
+own punica ops and with ours, side by side in one run.
+
+Each engine runs in its own process (the ops are chosen when vLLM loads our plugin, so a
+process serves one kind): ``vllm`` is vLLM 0.32 as shipped (our plugin's ops switched off),
+``ours`` is what the gateway runs, ``no-lora`` the base model without LoRA support, the cost
+of one model. Every engine runs the same fixed batches, greedy with ``ignore_eos`` so each
+request generates exactly its token count, and each batch is timed after a warm-up:
+
+* base-only: every request on the base model;
+* mixed, with 1, 3, 8 and 16 distinct adapters: a quarter of the requests on the base model,
+  the rest spread evenly over the adapters (all resident: ``max_loras`` = 16);
+
+in a decode-heavy shape (short prompts, long answers) and a prefill-heavy one (long prompts,
+two tokens). Throughput is tokens (prompt + generated) per second; the ratios that matter are
+mixed over base-only on the same engine, and ours over vLLM's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from app.bench.adapters import make_random_adapter
+from app.settings import EMBEDDED_MODEL_DIR
+
+ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ADAPTER_COUNTS = (1, 3, 8, 16)
+RANKS = (16, 8)
+BASE_SHARE = 0.25
+ENGINES: dict[str, dict[str, str]] = {
+    "no-lora": {},
+    "vllm": {"LORA_GATEWAY_ISOLATION_FIX": "0"},
+    "ours": {"LORA_GATEWAY_ISOLATION_FIX": "1"},
+}
+RESULTS_DIR = Path("bench/results")
+PERFORMANCE_DOC = Path("docs/performance.md")
+DOC_START, DOC_END = "<!-- bench-lora:start -->", "<!-- bench-lora:end -->"
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    requests: int
+    prompt_tokens: int
+    output_tokens: int
+
+    @property
+    def tokens(self) -> int:
+        return self.requests * (self.prompt_tokens + self.output_tokens)
+
+
+SHAPES = (
+    Shape("decode-heavy", requests=24, prompt_tokens=16, output_tokens=64),
+    Shape("prefill-heavy", requests=24, prompt_tokens=128, output_tokens=2),
+)
+
+
+@dataclass(frozen=True)
+class Timing:
+    engine: str
+    shape: str
+    adapters: int  # 0: base-only
+    seconds: float
+    tokens: int
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds
+
+
+# -- one engine (runs in its own process) --------------------------------------------------------
+
+
+def _prompts(shape: Shape, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    # Ordinary vocabulary ids: no special tokens, so every prompt is exactly its length.
+    return [
+        [rng.randrange(1000, 40000) for _ in range(shape.prompt_tokens)]
+        for _ in range(shape.requests)
+    ]
+
+
+def _assignment(requests: int, adapters: int) -> list[int | None]:
+    """Request -> adapter index (``None``: base model); spread, not sorted, like real traffic."""
+    if adapters == 0:
+        return [None] * requests
+    base = round(requests * BASE_SHARE)
+    plan: list[int | None] = [None] * base + [i % adapters for i in range(requests - base)]
+    random.Random(adapters).shuffle(plan)
+    return plan
+
+
+def run_engine(engine: str, adapter_dirs: Sequence[Path], repeats: int) -> list[Timing]:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
+
+    lora = engine != "no-lora"
+    llm = LLM(
+        model=str(EMBEDDED_MODEL_DIR),
+        dtype="float32",
+        max_model_len=1024,
+        max_num_seqs=32,
+        enable_lora=lora,
+        max_loras=len(adapter_dirs) if lora else 1,
+        max_cpu_loras=len(adapter_dirs) if lora else None,
+        max_lora_rank=max(RANKS),
+        kv_cache_memory_bytes=1 << 30,
+        enforce_eager=True,
+        seed=0,
+    )
+    requests = [
+        LoRARequest(f"adapter-{i}", i + 1, str(path)) for i, path in enumerate(adapter_dirs)
+    ]
+    timings: list[Timing] = []
+    for shape in SHAPES:
+        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in _prompts(shape)]
+        params = SamplingParams(max_tokens=shape.output_tokens, temperature=0, ignore_eos=True)
+        for count in (0, *ADAPTER_COUNTS) if lora else (0,):
+            plan = _assignment(shape.requests, count)
+            loras = [None if i is None else requests[i] for i in plan]
+            # Warm-up: loads the adapters into their slots (prompts cut short, one token).
+            # vLLM takes None for a base-model request in the list; its annotation does not.
+            short = [TokensPrompt(prompt_token_ids=p["prompt_token_ids"][:8]) for p in prompts]
+            warm = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+            llm.generate(short, warm, lora_request=loras, use_tqdm=False)  # type: ignore[arg-type]
+            best = float("inf")
+            for _ in range(repeats):
+                started = time.perf_counter()
+                outputs = llm.generate(
+                    prompts,
+                    params,
+                    lora_request=loras,  # type: ignore[arg-type]
+                    use_tqdm=False,
+                )
+                best = min(best, time.perf_counter() - started)
+                generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+                assert generated == shape.requests * shape.output_tokens, generated
+            timings.append(Timing(engine, shape.name, count, best, shape.tokens))
+            print(f"  {engine:8s} {shape.name:14s} adapters={count:2d} {best:7.2f} s", flush=True)
+    return timings
+
+
+# -- a profile of our ops alone, outside the engine ----------------------------------------------
+
+
+def profile_ops(tokens: int, adapters: int, steps: int = 3) -> str:
+    """Where one decode step's LoRA time goes in our wrapper: every LoRA projection of the
+    model's layers (the real shapes, rank 16 on all seven projections), under torch's
+    profiler, next to the base projections' own matmuls for scale."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from vllm.lora.layers.utils import LoRAMapping
+
+    from app.engine.punica_wrapper import PlannedPunicaWrapper
+
+    config = json.loads((EMBEDDED_MODEL_DIR / "config.json").read_text())
+    hidden, inner = config["hidden_size"], config["intermediate_size"]
+    kv = config["num_key_value_heads"] * config.get(
+        "head_dim", hidden // config["num_attention_heads"]
+    )
+    rank, slots = max(RANKS), max(adapters, 1)
+    gen = torch.Generator().manual_seed(0)
+
+    def weights(out: int, inp: int) -> torch.Tensor:
+        return torch.randn(slots, 1, out, inp, generator=gen) * 0.01
+
+    # (input width, output slices) of qkv, o, gate_up, down
+    projections = [(hidden, (hidden, kv, kv)), (hidden, (hidden,)), (hidden, (inner, inner))]
+    projections.append((inner, (hidden,)))
+    layers = [
+        [
+            (
+                tuple(weights(rank, width) for _ in outs),
+                tuple(weights(out, rank) for out in outs),
+                outs,
+                torch.randn(sum(outs), width, generator=gen) * 0.01,
+            )
+            for width, outs in projections
+        ]
+        for _ in range(config["num_hidden_layers"])
+    ]
+    wrapper = PlannedPunicaWrapper(8192, 8192, "cpu")
+    plan = _assignment(tokens, adapters)
+    ids = tuple(0 if i is None else i + 1 for i in plan)
+    mapping = LoRAMapping(ids, ids, is_prefill=True)
+    wrapper.update_metadata(mapping, list(range(1, slots + 1)), slots, 1)
+
+    def step() -> None:
+        for layer in layers:
+            for a, b, outs, base in layer:
+                x = torch.randn(tokens, base.shape[1])
+                with torch.profiler.record_function("base projection"):
+                    y = torch.nn.functional.linear(x, base)
+                with torch.profiler.record_function("lora (ours)"):
+                    wrapper.add_lora_linear(y, x, a, b, 1.0, outs)
+
+    torch.set_num_threads(1)  # as the CPU engine's worker runs
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    return str(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+
+
+# -- the run: adapters, one process per engine, the report -----------------------------------------
+
+
+def ensure_adapters(root: Path, count: int) -> list[Path]:
+    """``count`` deterministic adapters on all seven projections, ranks 16 and 8 alternating."""
+    paths = []
+    for index in range(count):
+        path = root / f"all-proj-{index:02d}"
+        if not (path / "adapter_model.safetensors").is_file():
+            make_random_adapter(
+                EMBEDDED_MODEL_DIR,
+                path,
+                rank=RANKS[index % len(RANKS)],
+                target_modules=ALL_PROJECTIONS,
+                seed=1000 + index,
+                b_scale=0.5,
+            )
+        paths.append(path)
+    return paths
+
+
+def _run_worker(engine: str, adapters: Sequence[Path], repeats: int, out: Path) -> list[Timing]:
+    env = {**os.environ, **ENGINES[engine]}
+    command = [sys.executable, "-m", "app.bench.lora", "--engine", engine]
+    command += ["--repeats", str(repeats), "--worker-output", str(out), *map(str, adapters)]
+    subprocess.run(command, env=env, check=True)
+    return [Timing(**row) for row in json.loads(out.read_text())]
+
+
+def report(timings: Sequence[Timing]) -> str:
+    by_key = {(t.engine, t.shape, t.adapters): t for t in timings}
+    lines = []
+    for shape in SHAPES:
+        single = by_key[("no-lora", shape.name, 0)].tokens_per_second
+        lines += [
+            f"**{shape.name}** ({shape.requests} requests x {shape.prompt_tokens} prompt + "
+            f"{shape.output_tokens} generated tokens; base model without LoRA support: "
+            f"{single:,.0f} tokens/s)",
+            "",
+            "| batch | vLLM's ops: tok/s | ours: tok/s | vLLM: x base-only | ours: x base-only "
+            "| ours / vLLM |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        base = {e: by_key[(e, shape.name, 0)].tokens_per_second for e in ("vllm", "ours")}
+        for count in (0, *ADAPTER_COUNTS):
+            theirs = by_key[("vllm", shape.name, count)].tokens_per_second
+            ours = by_key[("ours", shape.name, count)].tokens_per_second
+            label = "base-only" if count == 0 else f"mixed, {count} adapter{'s' * (count > 1)}"
+            lines.append(
+                f"| {label} | {theirs:,.0f} | {ours:,.0f} | {theirs / base['vllm']:.2f} | "
+                f"{ours / base['ours']:.2f} | {ours / theirs:.2f} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_doc(table: str, command: str, stamp: str) -> None:
+    section = f"{DOC_START}\n_Measured {stamp} with `{command}`._\n\n{table}{DOC_END}"
+    text = PERFORMANCE_DOC.read_text() if PERFORMANCE_DOC.is_file() else ""
+    if DOC_START in text and DOC_END in text:
+        head, rest = text.split(DOC_START, 1)
+        text = head + section + rest.split(DOC_END, 1)[1]
+    else:
+        text = text + ("\n" if text else "") + section + "\n"
+    PERFORMANCE_DOC.parent.mkdir(parents=True, exist_ok=True)
+    PERFORMANCE_DOC.write_text(text)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m app.bench.lora", description=__doc__)
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per batch (best kept)")
+    parser.add_argument("--adapter-root", type=Path, default=Path("var/bench/lora-adapters"))
+    parser.add_argument("--no-doc", action="store_true", help=f"do not update {PERFORMANCE_DOC}")
+    parser.add_argument(
+        "--profile",
+        metavar="TOKENS,ADAPTERS",
+        help="only profile our ops for one batch shape outside the engine, e.g. 24,16",
+    )
+    parser.add_argument("--engine", choices=sorted(ENGINES), help=argparse.SUPPRESS)
+    parser.add_argument("--worker-output", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("adapters", nargs="*", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.profile:
+        tokens, count = (int(n) for n in args.profile.split(","))
+        print(profile_ops(tokens, count))
+        return 0
+    if args.engine:  # one engine, in this process
+        measured = run_engine(args.engine, args.adapters, args.repeats)
+        args.worker_output.write_text(json.dumps([asdict(t) for t in measured]))
+        return 0
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = RESULTS_DIR / f"lora-{stamp}"
+    out.mkdir(parents=True, exist_ok=True)
+    adapters = ensure_adapters(args.adapter_root, max(ADAPTER_COUNTS))
+    timings: list[Timing] = []
+    for engine in ENGINES:
+        print(f"engine {engine}:", flush=True)
+        timings += _run_worker(engine, adapters, args.repeats, out / f"{engine}.json")
+    table = report(timings)
+    (out / "timings.json").write_text(json.dumps([asdict(t) for t in timings], indent=2))
+    (out / "summary.md").write_text(table)
+    print("\n" + table)
+    if not args.no_doc:
+        write_doc(table, "make bench-lora", stamp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Our gateway's adapter residency figures, read from its ``/metrics``.
+
+The counters are cumulative since the engine started, and one engine serves
+every workload point of a round: each point's figures are the difference of
+a scrape before and after it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+USES = "lora_gateway_adapter_uses_total"
+SWAP = "lora_gateway_adapter_swap_seconds"
+TIERS = ("device", "host", "storage")
+STAGES = ("load", "activate")
+
+
+@dataclass
+class ResidencyCounters:
+    uses: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIERS, 0.0))
+    swaps: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    swap_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    # stage -> {upper bound: cumulative count}
+    swap_buckets: dict[str, dict[float, float]] = field(default_factory=lambda: defaultdict(dict))
+
+    def combined(self, other: ResidencyCounters, sign: float) -> ResidencyCounters:
+        """``self + sign * other``, key by key (a scrape difference, or a sum of rounds)."""
+
+        def merge(mine: dict[Any, float], theirs: dict[Any, float]) -> dict[Any, float]:
+            return {k: mine.get(k, 0.0) + sign * theirs.get(k, 0.0) for k in {*mine, *theirs}}
+
+        stages = {*self.swap_buckets, *other.swap_buckets}
+        return ResidencyCounters(
+            uses=merge(self.uses, other.uses),
+            swaps=merge(self.swaps, other.swaps),
+            swap_seconds=merge(self.swap_seconds, other.swap_seconds),
+            swap_buckets=defaultdict(
+                dict,
+                {
+                    s: merge(self.swap_buckets.get(s, {}), other.swap_buckets.get(s, {}))
+                    for s in stages
+                },
+            ),
+        )
+
+    def __sub__(self, before: ResidencyCounters) -> ResidencyCounters:
+        return self.combined(before, -1.0)
+
+    def __add__(self, other: ResidencyCounters) -> ResidencyCounters:
+        return self.combined(other, 1.0)
+
+    def swap_quantile(self, stage: str, q: float) -> float | None:
+        """Prometheus' ``histogram_quantile``: linear within the bucket holding rank q."""
+        buckets = sorted(self.swap_buckets.get(stage, {}).items())
+        total = buckets[-1][1] if buckets else 0.0
+        if total <= 0:
+            return None
+        rank = q * total
+        lower_bound, lower_count = 0.0, 0.0
+        for bound, count in buckets:
+            if count >= rank:
+                if bound == float("inf"):
+                    return lower_bound
+                share = (rank - lower_count) / (count - lower_count) if count > lower_count else 0
+                return lower_bound + (bound - lower_bound) * share
+            lower_bound, lower_count = bound, count
+        return lower_bound
+
+    def to_json(self) -> dict[str, Any]:
+        uses = sum(self.uses.values())
+        return {
+            "uses": dict(self.uses),
+            "device_hit_rate": self.uses["device"] / uses if uses else None,
+            "swaps": dict(self.swaps),
+            "swap_mean_seconds": {
+                s: self.swap_seconds[s] / self.swaps[s] if self.swaps[s] else None for s in STAGES
+            },
+            "swap_p50_seconds": {s: self.swap_quantile(s, 0.5) for s in STAGES},
+            "swap_p99_seconds": {s: self.swap_quantile(s, 0.99) for s in STAGES},
+        }
+
+
+def parse_residency(text: str) -> ResidencyCounters:
+    counters = ResidencyCounters()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name == USES and labels.get("tier") in counters.uses:
+                counters.uses[labels["tier"]] += sample.value
+            elif sample.name == f"{SWAP}_count" and labels.get("stage") in STAGES:
+                counters.swaps[labels["stage"]] += sample.value
+            elif sample.name == f"{SWAP}_sum" and labels.get("stage") in STAGES:
+                counters.swap_seconds[labels["stage"]] += sample.value
+            elif sample.name == f"{SWAP}_bucket" and labels.get("stage") in STAGES:
+                bound = float(labels["le"])
+                buckets = counters.swap_buckets[labels["stage"]]
+                buckets[bound] = buckets.get(bound, 0.0) + sample.value
+    return counters
