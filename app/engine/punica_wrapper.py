@@ -238,14 +238,7 @@ def _lora_linear(
     b = [_matrices(t, y.dtype) for t in lora_b]
     if plan.runs is not None:
         for slot, run in plan.runs:
-            rows, offset = x[run].to(y.dtype), 0
-            for a_i, b_i, r_i, size in zip(a, b, slot_ranks, output_slices, strict=True):
-                if rank := r_i[slot]:
-                    h = torch.mm(rows, a_i[slot, :rank].t())
-                    if scale != 1.0:
-                        h.mul_(scale)
-                    y[run, offset : offset + size].addmm_(h, b_i[slot, :size, :rank].t())
-                offset += size
+            _add_lora(y[run], x[run].to(y.dtype), slot, a, b, slot_ranks, output_slices, scale)
         return
     xs = plan.gather(x).to(y.dtype)
     width = sum(output_slices)
@@ -257,17 +250,30 @@ def _lora_linear(
     else:
         delta = y.new_zeros(xs.shape[0], width)
         for slot, group in plan.groups:
-            rows = xs[group]
-            offset = 0
-            for a_i, b_i, r_i, size in zip(a, b, slot_ranks, output_slices, strict=True):
-                if rank := r_i[slot]:
-                    h = torch.mm(rows, a_i[slot, :rank].t())
-                    if scale != 1.0:
-                        h.mul_(scale)
-                    out = delta[group, offset : offset + size]
-                    torch.mm(h, b_i[slot, :size, :rank].t(), out=out)
-                offset += size
+            _add_lora(delta[group], xs[group], slot, a, b, slot_ranks, output_slices, scale)
     plan.add_to(y[:, :width], delta)
+
+
+def _add_lora(
+    out: torch.Tensor,
+    rows: torch.Tensor,
+    slot: int,
+    a: Sequence[torch.Tensor],
+    b: Sequence[torch.Tensor],
+    slot_ranks: Sequence[list[int]],
+    output_slices: Sequence[int],
+    scale: float,
+) -> None:
+    """``out[:, slice_i] += scale * rows @ A_i[slot].T @ B_i[slot].T`` for every slice, in
+    place, at the slot's own rank per slice (none where it is 0)."""
+    offset = 0
+    for a_i, b_i, r_i, size in zip(a, b, slot_ranks, output_slices, strict=True):
+        if rank := r_i[slot]:
+            h = torch.mm(rows, a_i[slot, :rank].t())
+            if scale != 1.0:
+                h.mul_(scale)
+            out[:, offset : offset + size].addmm_(h, b_i[slot, :size, :rank].t())
+        offset += size
 
 
 def _batched_lora(
