@@ -14,6 +14,10 @@ request generates exactly its token count, and each batch is timed after a warm-
 in a decode-heavy shape (short prompts, long answers) and a prefill-heavy one (long prompts,
 two tokens). Throughput is tokens (prompt + generated) per second; the ratios that matter are
 mixed over base-only on the same engine, and ours over vLLM's.
+
+This machine's speed drifts by more than the effects measured, so each mixed batch is timed
+right after a base-only one, ``--repeats`` rounds for our ops (one for vLLM's, whose ratios
+are far from any target), and a mixed/base ratio is the median of its rounds' ratios.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -29,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from app.bench.adapters import make_random_adapter
 from app.settings import EMBEDDED_MODEL_DIR
@@ -70,12 +76,22 @@ class Timing:
     engine: str
     shape: str
     adapters: int  # 0: base-only
-    seconds: float
+    seconds: list[float]  # each timed run
+    base_seconds: list[float]  # the base-only run timed just before each (none for base-only)
     tokens: int
 
     @property
     def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds
+        return self.tokens / min(self.seconds)
+
+    @property
+    def over_base(self) -> float:
+        """Throughput over base-only: the median of the rounds' ratios."""
+        if not self.base_seconds:
+            return 1.0
+        return statistics.median(
+            b / s for b, s in zip(self.base_seconds, self.seconds, strict=True)
+        )
 
 
 # -- one engine (runs in its own process) --------------------------------------------------------
@@ -101,8 +117,7 @@ def _assignment(requests: int, adapters: int) -> list[int | None]:
 
 
 def run_engine(engine: str, adapter_dirs: Sequence[Path], repeats: int) -> list[Timing]:
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
     from vllm.lora.request import LoRARequest
 
     lora = engine != "no-lora"
@@ -122,33 +137,55 @@ def run_engine(engine: str, adapter_dirs: Sequence[Path], repeats: int) -> list[
     requests = [
         LoRARequest(f"adapter-{i}", i + 1, str(path)) for i, path in enumerate(adapter_dirs)
     ]
-    timings: list[Timing] = []
-    for shape in SHAPES:
-        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in _prompts(shape)]
-        params = SamplingParams(max_tokens=shape.output_tokens, temperature=0, ignore_eos=True)
-        for count in (0, *ADAPTER_COUNTS) if lora else (0,):
-            plan = _assignment(shape.requests, count)
-            loras = [None if i is None else requests[i] for i in plan]
-            # Warm-up: loads the adapters into their slots (prompts cut short, one token).
-            # vLLM takes None for a base-model request in the list; its annotation does not.
-            short = [TokensPrompt(prompt_token_ids=p["prompt_token_ids"][:8]) for p in prompts]
-            warm = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-            llm.generate(short, warm, lora_request=loras, use_tqdm=False)  # type: ignore[arg-type]
-            best = float("inf")
-            for _ in range(repeats):
-                started = time.perf_counter()
-                outputs = llm.generate(
-                    prompts,
-                    params,
-                    lora_request=loras,  # type: ignore[arg-type]
-                    use_tqdm=False,
-                )
-                best = min(best, time.perf_counter() - started)
-                generated = sum(len(o.outputs[0].token_ids) for o in outputs)
-                assert generated == shape.requests * shape.output_tokens, generated
-            timings.append(Timing(engine, shape.name, count, best, shape.tokens))
-            print(f"  {engine:8s} {shape.name:14s} adapters={count:2d} {best:7.2f} s", flush=True)
-    return timings
+    counts = ADAPTER_COUNTS if lora else ()
+    return [t for shape in SHAPES for t in _measure(llm, engine, shape, requests, counts, repeats)]
+
+
+def _measure(
+    llm: Any,
+    engine: str,
+    shape: Shape,
+    requests: Sequence[Any],
+    counts: Sequence[int],
+    repeats: int,
+) -> list[Timing]:
+    """Base-only, and each adapter count in ``counts`` timed in rounds next to base-only."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in _prompts(shape)]
+    params = SamplingParams(max_tokens=shape.output_tokens, temperature=0, ignore_eos=True)
+
+    def timed(plan: list[int | None]) -> float:
+        # vLLM takes None for a base-model request in the list; its annotation does not.
+        loras = [None if i is None else requests[i] for i in plan]
+        started = time.perf_counter()
+        outputs = llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+        elapsed = time.perf_counter() - started
+        generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+        assert generated == shape.requests * shape.output_tokens, generated
+        return elapsed
+
+    base = _assignment(shape.requests, 0)
+    timed(base)  # warm-up
+    timings, all_base = [], []
+    for count in counts:
+        plan = _assignment(shape.requests, count)
+        timed(plan)  # warm-up: loads the adapters into their slots
+        seconds, base_seconds = [], []
+        for _ in range(repeats):
+            base_seconds.append(timed(base))
+            seconds.append(timed(plan))
+        all_base += base_seconds
+        timing = Timing(engine, shape.name, count, seconds, base_seconds, shape.tokens)
+        timings.append(timing)
+        print(
+            f"  {engine:8s} {shape.name:14s} adapters={count:2d} "
+            f"{min(seconds):7.2f} s, {timing.over_base:.2f} x base-only",
+            flush=True,
+        )
+    all_base = all_base or [timed(base) for _ in range(repeats)]
+    return [*timings, Timing(engine, shape.name, 0, all_base, [], shape.tokens)]
 
 
 # -- a profile of our ops alone, outside the engine ----------------------------------------------
@@ -256,14 +293,14 @@ def report(timings: Sequence[Timing]) -> str:
             "| ours / vLLM |",
             "|---|---:|---:|---:|---:|---:|",
         ]
-        base = {e: by_key[(e, shape.name, 0)].tokens_per_second for e in ("vllm", "ours")}
         for count in (0, *ADAPTER_COUNTS):
             theirs = by_key[("vllm", shape.name, count)].tokens_per_second
             ours = by_key[("ours", shape.name, count)].tokens_per_second
+            over = {e: by_key[(e, shape.name, count)].over_base for e in ("vllm", "ours")}
             label = "base-only" if count == 0 else f"mixed, {count} adapter{'s' * (count > 1)}"
             lines.append(
-                f"| {label} | {theirs:,.0f} | {ours:,.0f} | {theirs / base['vllm']:.2f} | "
-                f"{ours / base['ours']:.2f} | {ours / theirs:.2f} |"
+                f"| {label} | {theirs:,.0f} | {ours:,.0f} | {over['vllm']:.2f} | "
+                f"{over['ours']:.2f} | {ours / theirs:.2f} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -283,7 +320,9 @@ def write_doc(table: str, command: str, stamp: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m app.bench.lora", description=__doc__)
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs per batch (best kept)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="rounds per batch for our ops (median ratio)"
+    )
     parser.add_argument("--adapter-root", type=Path, default=Path("var/bench/lora-adapters"))
     parser.add_argument("--no-doc", action="store_true", help=f"do not update {PERFORMANCE_DOC}")
     parser.add_argument(
@@ -312,7 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     timings: list[Timing] = []
     for engine in ENGINES:
         print(f"engine {engine}:", flush=True)
-        timings += _run_worker(engine, adapters, args.repeats, out / f"{engine}.json")
+        repeats = args.repeats if engine == "ours" else 1
+        timings += _run_worker(engine, adapters, repeats, out / f"{engine}.json")
     table = report(timings)
     (out / "timings.json").write_text(json.dumps([asdict(t) for t in timings], indent=2))
     (out / "summary.md").write_text(table)

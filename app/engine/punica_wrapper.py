@@ -10,49 +10,56 @@ path, a decode batch whose adapters interleave becomes one segment, hence one
 matmul, per token.
 
 :class:`PlannedPunicaWrapper` plans once per step, in ``update_metadata``
-(:class:`RowGroups`), and every projection follows the plan:
+(:class:`RowGroups`), and multiplies by weights prepared once per adapter load
+(:mod:`app.engine.lora_weights`: each slot at its own rank, its slices side by
+side, nothing for a layer its adapter skips). Every projection follows the plan:
 
-* few long runs of rows sharing an adapter (prefill: one per prompt): each run
-  is computed in place, one matmul per run and stage, no gather or scatter;
-* many small groups (a decode step over many adapters): one ``bmm`` per stage
-  over every slot, the rows laid out ``[slots, depth]``;
-* otherwise the adapter rows are gathered in slot order, one matmul per
-  adapter, and added back with one ``index_add_``.
+* runs of rows sharing an adapter, when they are long (prefill: one per prompt)
+  or few: each run is computed in place, with no gather and no scatter;
+* otherwise (decode) the adapter rows are gathered in slot order, multiplied
+  group by group, and added back with one ``index_add_``.
 
-:class:`SlotRanks` skips the zeros vLLM pads with: rank beyond an adapter's
-own, and layers an adapter does not target. Rows without an adapter (slot
-``-1``) are never touched, which keeps the tenant isolation of
-:mod:`app.engine.punica_cpu`. Calls whose row count does not match the plan
-(vLLM pads or broadcasts rows in a few paths) fall back to vLLM's wrapper
-methods, which the plugin has pointed at those ops.
+Rows without an adapter (slot ``-1``) are never touched, which keeps the
+tenant isolation of :mod:`app.engine.punica_cpu`. Calls whose row count does
+not match the plan (vLLM pads or broadcasts rows in a few paths) fall back to
+vLLM's wrapper methods, which the plugin has pointed at those ops.
 
-Plain PyTorch on purpose: each matmul is oneDNN's GEMM, which a hand-written
-kernel would not beat for these shapes, and a compiled extension would cost
-every install a toolchain.
+Plain PyTorch on purpose. On this engine a LoRA step costs the small matmuls'
+count and the weights they read, not the arithmetic, and the alternatives were
+measured on these shapes without beating one ``mm`` per group: a ``bmm`` over
+every slot, ``torch._grouped_mm``, vLLM's prepacked oneDNN matmul, and one
+shared matmul over all adapters with the other adapters' columns masked out.
+A compiled extension would cost every install a toolchain.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from vllm.lora.layers.utils import LoRAMapping
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 
-# One matmul call costs about as much as this many rows of LoRA arithmetic: batching every
-# slot (slots x largest group rows, padded) pays while it computes fewer extra rows than
-# the calls it saves.
-ROWS_PER_CALL = 16
+from app.engine.lora_weights import LayerLoRA, PreparedLoRA, used_ranks
+
+# Runs of rows sharing an adapter are computed in place, a few matmuls per run, when they
+# are long on average (prefill), or hardly more than the groups: gathering and scattering
+# the rows costs about as much as a couple of runs' matmuls.
+MIN_RUN_ROWS = 16
+EXTRA_RUNS = 2
+# Many small groups (a decode step over many adapters) are batched over the span of their
+# slots, one ``bmm`` per stage instead of one matmul per group, while padding every group to
+# the largest at most doubles the rows. With fewer groups, gathering them was faster.
+BATCHED_GROUPS = 8
 
 
 @dataclass(frozen=True)
 class Padded:
-    """The adapter rows laid out as ``[slots, depth, ...]`` for one batched matmul per
-    stage: ``where[i]`` is the i-th adapter row's place in that layout."""
+    """The adapter rows laid out as ``[len(slots), depth, ...]`` for one batched matmul per
+    stage over that span of slots: ``where[i]`` is the i-th adapter row's place in it."""
 
-    slots: int
+    slots: slice
     depth: int
     where: torch.Tensor
 
@@ -63,21 +70,20 @@ class RowGroups:
 
     ``rows`` are the batch rows that have an adapter, ordered by slot (a slice when that is
     already their order, so no copy is made); each group is a slot and its range of ``rows``.
-    Rows without an adapter are in no group. ``padded`` is set when many small groups (a
-    decode step over many adapters) are cheaper as one batched matmul over all slots than
-    as one matmul per group.
+    Rows without an adapter are in no group. ``runs`` (consecutive rows sharing a slot, in
+    batch order) are set when computing each run in place is cheapest, ``padded`` when many
+    small groups (a decode step over many adapters) are, batched; otherwise the groups are
+    gathered.
     """
 
     num_rows: int
     rows: slice | torch.Tensor
     groups: tuple[tuple[int, slice], ...]
-    padded: Padded | None = None
-    # Runs of consecutive rows sharing a slot, in batch order (prefill: one per prompt), when
-    # there are few enough to compute each in place, with no gather and no scatter.
     runs: tuple[tuple[int, slice], ...] | None = None
+    padded: Padded | None = None
 
     @classmethod
-    def of(cls, slot_per_row: torch.Tensor, slots: int = 0) -> RowGroups:
+    def of(cls, slot_per_row: torch.Tensor) -> RowGroups:
         num_rows = slot_per_row.shape[0]
         positions = torch.nonzero(slot_per_row >= 0).squeeze(1)
         if not positions.numel():
@@ -89,25 +95,26 @@ class RowGroups:
         for slot, count in zip(found.tolist(), counts.tolist(), strict=True):
             groups.append((slot, slice(start, start + count)))
             start += count
-        padded = None
-        depth = int(counts.max())
-        if len(groups) > 2 and slots * depth <= rows.numel() + ROWS_PER_CALL * len(groups):
-            starts = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-            rank_in_group = torch.arange(rows.numel()) - starts
-            padded = Padded(slots, depth, sorted_slots * depth + rank_in_group)
-        runs = None
-        if padded is None:
-            run_slots, lengths = torch.unique_consecutive(slot_per_row, return_counts=True)
-            if len(run_slots) <= 2 * len(groups):
-                runs, start = [], 0
-                for slot, length in zip(run_slots.tolist(), lengths.tolist(), strict=True):
-                    if slot >= 0:
-                        runs.append((slot, slice(start, start + length)))
-                    start += length
+        run_slots, lengths = torch.unique_consecutive(slot_per_row, return_counts=True)
+        runs, start = [], 0
+        for slot, length in zip(run_slots.tolist(), lengths.tolist(), strict=True):
+            if slot >= 0:
+                runs.append((slot, slice(start, start + length)))
+            start += length
         first, count = int(rows[0]), rows.numel()
         in_order = torch.equal(rows, torch.arange(first, first + count))
-        chosen = slice(first, first + count) if in_order else rows
-        return cls(num_rows, chosen, tuple(groups), padded, None if runs is None else tuple(runs))
+        plan = cls(num_rows, slice(first, first + count) if in_order else rows, tuple(groups))
+        low, depth = groups[0][0], int(counts.max())
+        span = groups[-1][0] + 1 - low
+        if count >= MIN_RUN_ROWS * len(runs):
+            return replace(plan, runs=tuple(runs))
+        if len(groups) >= BATCHED_GROUPS and span * depth <= 2 * count:
+            starts = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+            where = (sorted_slots - low) * depth + torch.arange(count) - starts
+            return replace(plan, padded=Padded(slice(low, low + span), depth, where))
+        if len(runs) <= len(groups) + EXTRA_RUNS:
+            return replace(plan, runs=tuple(runs))
+        return plan
 
     def gather(self, batch: torch.Tensor) -> torch.Tensor:
         """The adapter rows of ``batch``, in group order."""
@@ -154,11 +161,7 @@ class SlotRanks:
         known = self._known.get(id(stacked))
         if known is not None and known[0] is stacked and known[1] == stacked._version:
             return known[2]
-        matrices = stacked.squeeze(1) if stacked.dim() == 4 else stacked
-        other = 2 if rank_dim == 1 else 1
-        used = matrices.ne(0).any(dim=other)  # [slots, max_rank]
-        positions = torch.arange(1, used.shape[1] + 1)
-        ranks = (used * positions).amax(dim=1).tolist()
+        ranks = used_ranks(stacked, rank_dim)
         self._known[id(stacked)] = (stacked, stacked._version, ranks)
         return ranks
 
@@ -218,86 +221,32 @@ def _expand(
 
 
 def _lora_linear(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    lora_a: Sequence[torch.Tensor],
-    lora_b: Sequence[torch.Tensor],
-    scale: float,
-    output_slices: Sequence[int],
-    plan: RowGroups,
-    ranks: SlotRanks,
+    y: torch.Tensor, x: torch.Tensor, layer: LayerLoRA, scale: float, plan: RowGroups
 ) -> None:
     """``y[row, slice_i] += scale * x[row] @ A_i[slot].T @ B_i[slot].T`` for every adapter
-    row and slice, the way the plan chose: in place per run of rows (prefill), one ``bmm``
-    per stage over every slot (many small groups), or per group of gathered rows, added
-    back once."""
-    slot_ranks = [ranks.of_a(t) for t in lora_a]
-    if not any(r[slot] for r in slot_ranks for slot, _ in plan.groups):
-        return  # no adapter in the batch touches this layer
-    a = [_matrices(t, y.dtype) for t in lora_a]
-    b = [_matrices(t, y.dtype) for t in lora_b]
+    row and slice, the way the plan chose: in place per run of rows, one ``bmm`` per stage
+    over a span of slots, or per group of gathered rows, added back once."""
+    slots = layer.slots
     if plan.runs is not None:
         for slot, run in plan.runs:
-            _add_lora(y[run], x[run].to(y.dtype), slot, a, b, slot_ranks, output_slices, scale)
+            if (weights := slots[slot]) is not None:
+                weights.add_to(y[run], x[run], scale)
         return
-    xs = plan.gather(x).to(y.dtype)
-    width = sum(output_slices)
-    if plan.padded is not None and plan.padded.slots == a[0].shape[0]:
-        # Every slot's weights are read: only up to the largest rank any slot uses.
-        a = [a_i[:, : max(r_i)] for a_i, r_i in zip(a, slot_ranks, strict=True)]
-        b = [b_i[:, :, : max(r_i)] for b_i, r_i in zip(b, slot_ranks, strict=True)]
-        delta = _batched_lora(xs, a, b, scale, output_slices, plan.padded)
+    if all(slots[slot] is None for slot, _ in plan.groups):
+        return  # no adapter in the batch touches this layer
+    xs = plan.gather(x)
+    if (padded := plan.padded) is not None:
+        span = padded.slots.stop - padded.slots.start
+        layout = xs.new_zeros(span * padded.depth, xs.shape[1])
+        layout.index_copy_(0, padded.where, xs)
+        out = layer.stacked.apply(layout.view(span, padded.depth, -1), padded.slots, scale)
+        delta = out.view(span * padded.depth, -1).index_select(0, padded.where)
     else:
-        delta = y.new_zeros(xs.shape[0], width)
+        delta = y.new_zeros(xs.shape[0], layer.width)
         for slot, group in plan.groups:
-            _add_lora(delta[group], xs[group], slot, a, b, slot_ranks, output_slices, scale)
-    plan.add_to(y[:, :width], delta)
-
-
-def _add_lora(
-    out: torch.Tensor,
-    rows: torch.Tensor,
-    slot: int,
-    a: Sequence[torch.Tensor],
-    b: Sequence[torch.Tensor],
-    slot_ranks: Sequence[list[int]],
-    output_slices: Sequence[int],
-    scale: float,
-) -> None:
-    """``out[:, slice_i] += scale * rows @ A_i[slot].T @ B_i[slot].T`` for every slice, in
-    place, at the slot's own rank per slice (none where it is 0)."""
-    offset = 0
-    for a_i, b_i, r_i, size in zip(a, b, slot_ranks, output_slices, strict=True):
-        if rank := r_i[slot]:
-            h = torch.mm(rows, a_i[slot, :rank].t())
-            if scale != 1.0:
-                h.mul_(scale)
-            out[:, offset : offset + size].addmm_(h, b_i[slot, :size, :rank].t())
-        offset += size
-
-
-def _batched_lora(
-    xs: torch.Tensor,
-    a: Sequence[torch.Tensor],
-    b: Sequence[torch.Tensor],
-    scale: float,
-    output_slices: Sequence[int],
-    padded: Padded,
-) -> torch.Tensor:
-    """Every slot at once: ``[slots, depth, in]`` through the stacked weights with one
-    ``bmm`` per stage and slice. Slots without rows (or without weights) multiply zeros."""
-    layout = xs.new_zeros(padded.slots * padded.depth, xs.shape[1])
-    layout.index_copy_(0, padded.where, xs)
-    layout = layout.view(padded.slots, padded.depth, -1)
-    deltas = []
-    for a_i, b_i, size in zip(a, b, output_slices, strict=True):
-        h = torch.bmm(layout, a_i.transpose(1, 2))
-        if scale != 1.0:
-            h.mul_(scale)
-        out = torch.bmm(h, b_i[:, :size].transpose(1, 2))
-        deltas.append(out.view(padded.slots * padded.depth, size))
-    grouped = deltas[0] if len(deltas) == 1 else torch.cat(deltas, dim=1)
-    return grouped.index_select(0, padded.where)
+            if (weights := slots[slot]) is not None:
+                weights.add_to(delta[group], xs[group], scale)
+    plan.add_to(y[:, : layer.width], delta)
 
 
 class PlannedPunicaWrapper(PunicaWrapperCPU):
@@ -309,6 +258,7 @@ class PlannedPunicaWrapper(PunicaWrapperCPU):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._ranks = SlotRanks()
+        self._layers = PreparedLoRA()
 
     def update_metadata(
         self,
@@ -319,8 +269,9 @@ class PlannedPunicaWrapper(PunicaWrapperCPU):
         **kwargs: Any,
     ) -> None:
         super().update_metadata(mapping, lora_index_to_id, max_loras, vocab_size, **kwargs)
-        self._tokens = RowGroups.of(self.token_lora_indices, max_loras)
-        self._requests = RowGroups.of(self.sampler_indices, max_loras)
+        self._layers.assign(lora_index_to_id)
+        self._tokens = RowGroups.of(self.token_lora_indices)
+        self._requests = RowGroups.of(self.sampler_indices)
 
     def _fits(self, x: torch.Tensor, plan: RowGroups) -> bool:
         return x.shape[0] == plan.num_rows
@@ -399,9 +350,10 @@ class PlannedPunicaWrapper(PunicaWrapperCPU):
                 y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer, **kwargs
             )
             return
-        _lora_linear(
-            flat_y, flat_x, lora_a_stacked, lora_b_stacked, scale, output_slices, plan, self._ranks
-        )
+        if not plan.groups:
+            return  # no row has an adapter
+        layer = self._layers.of(lora_a_stacked, lora_b_stacked, output_slices)
+        _lora_linear(flat_y, flat_x.to(flat_y.dtype), layer, scale, plan)
 
     def add_lora_logits(
         self,
@@ -422,7 +374,8 @@ class PlannedPunicaWrapper(PunicaWrapperCPU):
                 y, x, lora_a_stacked, lora_b_stacked, scale, buffer=buffer, **kwargs
             )
             return
+        if not plan.groups:
+            return
         width = min(flat_y.shape[1], lora_b_stacked.shape[-2])
-        _lora_linear(
-            flat_y, flat_x, (lora_a_stacked,), (lora_b_stacked,), scale, (width,), plan, self._ranks
-        )
+        layer = self._layers.of((lora_a_stacked,), (lora_b_stacked,), (width,))
+        _lora_linear(flat_y, flat_x.to(flat_y.dtype), layer, scale, plan)

@@ -7,12 +7,13 @@ import pytest
 import torch
 from vllm.lora.layers.utils import LoRAMapping
 
+from app.engine.lora_weights import PreparedLoRA
 from app.engine.punica_wrapper import PlannedPunicaWrapper, RowGroups
 
-SLOTS, IN_DIM, MAX_RANK, VOCAB = 4, 24, 8, 64
+SLOTS, IN_DIM, MAX_RANK, VOCAB = 8, 24, 8, 64
 SLICES = (20, 12, 12)  # a merged projection, like qkv
-RANKS = (8, 4, 2, 8)  # per slot; slots also hold adapters below the max rank
-LORA_IDS = [11, 12, 13, 14]  # slot i holds the adapter with this id
+RANKS = (8, 4, 2, 8, 6, 8, 3, 8)  # per slot; slots also hold adapters below the max rank
+LORA_IDS = [11, 12, 13, 14, 15, 16, 17, 18]  # slot i holds the adapter with this id
 
 
 @pytest.fixture
@@ -32,14 +33,19 @@ def stacked(gen: torch.Generator, out_dim: int, in_dim: int, *, a: bool) -> torc
 
 
 def wrapper(
-    slot_per_token: list[int], *, requests: list[int] | None = None
+    slot_per_token: list[int],
+    *,
+    requests: list[int] | None = None,
+    ids: list[int] = LORA_IDS,
+    planned: PlannedPunicaWrapper | None = None,
 ) -> PlannedPunicaWrapper:
-    """A wrapper after vLLM's per-step metadata update (slot ``-1``: the base model)."""
-    planned = PlannedPunicaWrapper(256, 256, "cpu")
-    to_id = [0 if slot < 0 else LORA_IDS[slot] for slot in slot_per_token]
-    prompt = to_id if requests is None else [0 if s < 0 else LORA_IDS[s] for s in requests]
-    mapping = LoRAMapping(to_id, prompt, is_prefill=True)
-    planned.update_metadata(mapping, list(LORA_IDS), SLOTS, VOCAB)
+    """A wrapper after vLLM's per-step metadata update (slot ``-1``: the base model; slot
+    ``i`` holds the adapter ``ids[i]``)."""
+    planned = planned or PlannedPunicaWrapper(256, 256, "cpu")
+    to_id = [0 if slot < 0 else ids[slot] for slot in slot_per_token]
+    prompt = to_id if requests is None else [0 if s < 0 else ids[s] for s in requests]
+    mapping = LoRAMapping(tuple(to_id), tuple(prompt), is_prefill=True)
+    planned.update_metadata(mapping, list(ids), SLOTS, VOCAB)
     return planned
 
 
@@ -68,6 +74,7 @@ BATCHES = {
     "contiguous segments": [1, 1, 1, -1, -1, 3, 3, 0],
     "one long prompt, short ones": [2] * 60 + [-1, 0, 3],
     "two adapters interleaved": [0, 1, -1] * 8,
+    "decode over many adapters": [5, 0, 1, -1, 2, 3, 4, 5, 6, 7, -1, 1, 7],
     "one adapter": [2] * 6,
     "base model only": [-1] * 5,
 }
@@ -104,9 +111,13 @@ def test_shrink_then_expand_matches_the_per_row_contract(
     torch.testing.assert_close(y, want)
 
 
-def test_weights_written_into_a_slot_are_used_at_once(gen: torch.Generator) -> None:
-    """vLLM loads an adapter by writing into the stacks in place; a slot whose adapter skips
-    the layer holds zeros there. The rank each slot uses must follow both at once."""
+@pytest.mark.parametrize("announced", [True, False], ids=["new adapter ids", "same ids"])
+def test_weights_written_into_a_slot_are_used_at_once(
+    gen: torch.Generator, announced: bool
+) -> None:
+    """vLLM loads an adapter by writing into the stacks in place, then passes the new
+    slot-to-adapter list; a slot whose adapter skips the layer holds zeros there. The
+    weights each slot uses must follow at once, even a write no new list announces."""
     slots = BATCHES["interleaved with base rows"]
     a = tuple(stacked(gen, MAX_RANK, IN_DIM, a=True) for _ in SLICES)
     b = tuple(stacked(gen, size, MAX_RANK, a=False) for size in SLICES)
@@ -119,6 +130,8 @@ def test_weights_written_into_a_slot_are_used_at_once(gen: torch.Generator) -> N
         b_i[2] = 0
         a_i[1, 0] = torch.randn(MAX_RANK, IN_DIM, generator=gen)  # slot 1's: the full rank
         b_i[1, 0] = torch.randn(b_i.shape[2], MAX_RANK, generator=gen)
+    if announced:
+        wrapper(slots, ids=[11, 21, 22, *LORA_IDS[3:]], planned=planned)
     y = torch.randn(len(slots), sum(SLICES), generator=gen)
     want = reference_linear(y, x, a, b, 1.0, slots)
     planned.add_lora_linear(y, x, a, b, 1.0, SLICES)
@@ -164,16 +177,42 @@ def test_row_groups_order_adapter_rows_by_slot() -> None:
     assert RowGroups.of(torch.tensor([-1, -1])).groups == ()
 
 
-def test_many_small_groups_are_batched_over_every_slot() -> None:
-    """A decode step over many adapters: one bmm per stage beats one matmul per adapter."""
-    decode = RowGroups.of(torch.tensor(BATCHES["interleaved with base rows"]), SLOTS)
-    assert decode.padded is not None
-    assert (decode.padded.slots, decode.padded.depth) == (SLOTS, 3)
-    # each adapter row's place in the [slots, depth] layout, rows in slot order
-    assert decode.padded.where.tolist() == [0, 1, 2, 3, 6, 7, 8, 9]
-    prefill = RowGroups.of(torch.tensor(BATCHES["one long prompt, short ones"]), SLOTS)
-    assert prefill.padded is None  # padding 60-row groups would multiply mostly zeros
-    # computed in place, run by run, in batch order
+def test_runs_are_computed_in_place_when_long_or_few() -> None:
+    prefill = RowGroups.of(torch.tensor(BATCHES["one long prompt, short ones"]))
     assert prefill.runs == ((2, slice(0, 60)), (0, slice(61, 62)), (3, slice(62, 63)))
-    interleaved = RowGroups.of(torch.tensor(BATCHES["two adapters interleaved"]), SLOTS)
-    assert interleaved.padded is None and interleaved.runs is None  # gathered by slot
+    segments = RowGroups.of(torch.tensor(BATCHES["contiguous segments"]))
+    assert segments.runs == ((1, slice(0, 3)), (3, slice(5, 7)), (0, slice(7, 8)))
+    # decode: short runs, many more than the adapters: gathered by slot instead
+    for name in ("interleaved with base rows", "two adapters interleaved"):
+        plan = RowGroups.of(torch.tensor(BATCHES[name]))
+        assert plan.runs is None and plan.padded is None
+
+
+def test_many_small_groups_are_batched_over_their_slots() -> None:
+    """A decode step over many adapters: one bmm per stage beats one matmul per adapter."""
+    decode = RowGroups.of(torch.tensor(BATCHES["decode over many adapters"]))
+    assert decode.runs is None and decode.padded is not None
+    assert (decode.padded.slots, decode.padded.depth) == (slice(0, 8), 2)
+    # each adapter row's place in the [slots, depth] layout, rows in slot order
+    assert decode.padded.where.tolist() == [0, 2, 3, 4, 6, 8, 10, 11, 12, 14, 15]
+    # one deep group would pad the others' rows to its depth: gathered instead
+    lopsided = RowGroups.of(torch.tensor([0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 7]))
+    assert lopsided.padded is None and lopsided.runs is None
+
+
+def test_a_swap_prepares_only_the_swapped_slot(gen: torch.Generator) -> None:
+    a = tuple(stacked(gen, MAX_RANK, IN_DIM, a=True) for _ in SLICES)
+    b = tuple(stacked(gen, size, MAX_RANK, a=False) for size in SLICES)
+    prepared = PreparedLoRA()
+    prepared.assign(LORA_IDS)
+    before = prepared.of(a, b, SLICES)
+    assert prepared.of(a, b, SLICES) is before  # the stacks did not move: nothing to do
+    assert [s.shrink.shape[1] for s in before.slots if s] == [3 * r for r in RANKS]
+
+    for a_i, b_i in zip(a, b, strict=True):  # vLLM loads another adapter into slot 1
+        a_i[1, 0] = torch.randn(MAX_RANK, IN_DIM, generator=gen)
+        b_i[1, 0] = torch.randn(b_i.shape[2], MAX_RANK, generator=gen)
+    prepared.assign([11, 99, *LORA_IDS[2:]])
+    after = prepared.of(a, b, SLICES)
+    assert [after.slots[s] is before.slots[s] for s in range(SLOTS)] == [s != 1 for s in range(8)]
+    assert after.slots[1] is not None and after.slots[1].shrink.shape[1] == 3 * MAX_RANK

@@ -1,0 +1,210 @@
+"""A layer's resident adapters, laid out once for plain matmuls.
+
+vLLM keeps each LoRA layer's weights as one stack per output slice (merged qkv has three,
+gate_up two): ``A: [slots, 1, max_rank, in]`` and ``B: [slots, 1, out, max_rank]``, every
+adapter zero-padded to ``max_lora_rank``, and all zeros where a slot's adapter skips the
+layer. Multiplying straight from those stacks costs, on every call, a few view ops per slot
+and slice plus the arithmetic on the padding; on the CPU engine that overhead, not the
+arithmetic, was most of what LoRA added to a decode step.
+
+:class:`LayerLoRA` is the same weights prepared once per adapter load: per slot, every
+slice's ``A`` transposed side by side at the adapter's own rank (one matmul shrinks for all
+slices) and each slice's ``B`` transposed (one ``addmm_`` per slice, in place), plus, the
+first time a step batches many adapters, every slot stacked for ``bmm``
+(:class:`StackedLoRA`). :class:`PreparedLoRA` keeps one per layer and prepares a slot again
+when vLLM loads another adapter into it.
+
+Slots never mix: a slot's weights only ever multiply rows of that slot (batched: its rows
+and zero padding), so a request is computed with its own adapter or none.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import torch
+
+# (columns of the layer's output, columns of the shrunk rows, B transposed: [rank, size])
+Expansion = tuple[slice, slice, torch.Tensor]
+
+
+def used_ranks(stacked: torch.Tensor, rank_dim: int) -> list[int]:
+    """Per slot, how many leading rank rows (``A``, ``rank_dim=1``) or columns (``B``,
+    ``rank_dim=2``) of a ``[slots, (1,) ., .]`` stack are not all zero."""
+    matrices = _matrices(stacked)
+    return [_used_rank(m, dim=1 if rank_dim == 1 else 0) for m in matrices]
+
+
+def _used_rank(matrix: torch.Tensor, dim: int) -> int:
+    """How many leading rows (``dim=1``: reduce along columns) or columns (``dim=0``) of a
+    matrix are not all zero: vLLM pads every adapter to ``max_lora_rank`` with zeros."""
+    used = torch.nonzero(matrix.ne(0).any(dim=dim))
+    return int(used[-1]) + 1 if used.numel() else 0
+
+
+def _matrices(stacked: torch.Tensor) -> torch.Tensor:
+    return stacked.squeeze(1) if stacked.dim() == 4 else stacked
+
+
+@dataclass(frozen=True)
+class SlotLoRA:
+    """One slot's adapter in one layer: ``shrink`` is ``[in, total rank]``, every slice's
+    ``A`` transposed, side by side."""
+
+    shrink: torch.Tensor
+    expand: tuple[Expansion, ...]
+
+    def add_to(self, out: torch.Tensor, rows: torch.Tensor, scale: float) -> None:
+        """``out[:, slice_i] += scale * rows @ A_i.T @ B_i.T`` for every slice, in place."""
+        h = torch.mm(rows, self.shrink)
+        if scale != 1.0:
+            h.mul_(scale)
+        for columns, ranks, b in self.expand:
+            out[:, columns].addmm_(h[:, ranks], b)
+
+
+@dataclass(frozen=True)
+class StackedLoRA:
+    """Every slot's adapter in one layer, for one batched matmul per stage: ``shrink`` is
+    ``[slots, in, total rank]`` and each expansion's ``B`` is ``[slots, rank, size]``, every
+    slice at the largest rank any slot uses for it (zeros below)."""
+
+    shrink: torch.Tensor
+    expand: tuple[Expansion, ...]
+    width: int
+
+    def apply(self, layout: torch.Tensor, slots: slice, scale: float) -> torch.Tensor:
+        """``[len(slots), depth, in]`` rows, each through its own slot's adapter ->
+        ``[len(slots), depth, width]``."""
+        h = torch.bmm(layout, self.shrink[slots])
+        if scale != 1.0:
+            h.mul_(scale)
+        out = layout.new_zeros(layout.shape[0], layout.shape[1], self.width)
+        for columns, ranks, b in self.expand:
+            # bmm, not baddbmm_ into the strided columns: on CPU that loops over the slots
+            out[:, :, columns] = torch.bmm(h[:, :, ranks], b[slots])
+        return out
+
+
+@dataclass(frozen=True)
+class LayerLoRA:
+    """A layer's adapters by slot (``None`` where the slot's adapter does not touch it);
+    ``width`` is the output columns the slices cover."""
+
+    output_slices: tuple[int, ...]
+    width: int
+    slots: tuple[SlotLoRA | None, ...]
+
+    @functools.cached_property
+    def stacked(self) -> StackedLoRA:
+        """The slots stacked, built the first time a step batches them."""
+        used = [w for w in self.slots if w is not None]
+        rank: dict[int, int] = {}  # output slice (by its first column) -> largest rank
+        for slot_lora in used:
+            for columns, ranks, _ in slot_lora.expand:
+                rank[columns.start] = max(rank.get(columns.start, 0), ranks.stop - ranks.start)
+        at, total = {}, 0
+        for start in sorted(rank):
+            at[start], total = total, total + rank[start]
+        shrink = used[0].shrink.new_zeros(len(self.slots), used[0].shrink.shape[0], total)
+        expand: dict[int, Expansion] = {}
+        for slot, weights in enumerate(self.slots):
+            if weights is None:
+                continue
+            for columns, ranks, b in weights.expand:
+                start, r = columns.start, ranks.stop - ranks.start
+                shrink[slot, :, at[start] : at[start] + r] = weights.shrink[:, ranks]
+                if start not in expand:
+                    stacked_b = b.new_zeros(len(self.slots), rank[start], b.shape[1])
+                    expand[start] = (columns, slice(at[start], at[start] + rank[start]), stacked_b)
+                expand[start][2][slot, :r] = b
+        return StackedLoRA(shrink, tuple(expand[s] for s in sorted(expand)), self.width)
+
+    @classmethod
+    def of(
+        cls,
+        a: Sequence[torch.Tensor],
+        b: Sequence[torch.Tensor],
+        output_slices: Sequence[int],
+        keep: LayerLoRA | None = None,
+        changed: Collection[int] = (),
+    ) -> LayerLoRA:
+        """Prepared from the stacks: every slot, or with ``keep`` only the ``changed`` slots
+        (the rest are taken from ``keep``)."""
+        slots = tuple(
+            cls._slot(a, b, output_slices, slot)
+            if keep is None or slot in changed
+            else keep.slots[slot]
+            for slot in range(a[0].shape[0])
+        )
+        return cls(tuple(output_slices), sum(output_slices), slots)
+
+    @staticmethod
+    def _slot(
+        a: Sequence[torch.Tensor],
+        b: Sequence[torch.Tensor],
+        output_slices: Sequence[int],
+        slot: int,
+    ) -> SlotLoRA | None:
+        shrink, expand, offset, used = [], [], 0, 0
+        for a_i, b_i, size in zip(a, b, output_slices, strict=True):
+            a_slot, b_slot = _matrices(a_i)[slot], _matrices(b_i)[slot, :size]
+            # A rank position adds something only where both its A row and B column do.
+            if rank := min(_used_rank(a_slot, dim=1), _used_rank(b_slot, dim=0)):
+                shrink.append(a_slot[:rank])
+                b_t = b_slot[:, :rank].t().contiguous()
+                expand.append((slice(offset, offset + size), slice(used, used + rank), b_t))
+                used += rank
+            offset += size
+        if not shrink:
+            return None
+        return SlotLoRA(torch.cat(shrink).t().contiguous(), tuple(expand))
+
+
+@dataclass(frozen=True)
+class _Built:
+    stack: torch.Tensor  # the layer's first stack, held so its id stays the layer's key
+    versions: tuple[int, ...]
+    slot_ids: tuple[int | None, ...]
+    layer: LayerLoRA
+
+
+class PreparedLoRA:
+    """:class:`LayerLoRA` per layer, kept until vLLM writes into its stacks.
+
+    vLLM loads an adapter into a slot in place, which moves the stacks' version counters but
+    does not say which slot changed; :meth:`assign` does, from vLLM's slot-to-adapter list,
+    so only slots whose adapter changed are prepared again. A write that changes no slot's
+    adapter (none that vLLM makes) rebuilds the whole layer.
+    """
+
+    def __init__(self) -> None:
+        self._slot_ids: tuple[int | None, ...] = ()
+        self._built: dict[int, _Built] = {}
+
+    def assign(self, slot_ids: Sequence[int | None]) -> None:
+        """The adapter each slot holds now (vLLM's ``lora_index_to_id``)."""
+        self._slot_ids = tuple(slot_ids)
+
+    def of(
+        self,
+        a: Sequence[torch.Tensor],
+        b: Sequence[torch.Tensor],
+        output_slices: Sequence[int],
+    ) -> LayerLoRA:
+        output_slices = tuple(output_slices)
+        versions = tuple(t._version for t in a) + tuple(t._version for t in b)
+        built = self._built.get(id(a[0]))
+        keep, changed = None, []
+        if built and built.stack is a[0] and built.layer.output_slices == output_slices:
+            if built.versions == versions:
+                return built.layer
+            if len(built.slot_ids) == len(self._slot_ids):
+                pairs = zip(built.slot_ids, self._slot_ids, strict=True)
+                changed = [slot for slot, (then, now) in enumerate(pairs) if then != now]
+                keep = built.layer if changed else None
+        layer = LayerLoRA.of(a, b, output_slices, keep, changed)
+        self._built[id(a[0])] = _Built(a[0], versions, self._slot_ids, layer)
+        return layer
