@@ -117,10 +117,17 @@ def _assignment(requests: int, adapters: int) -> list[int | None]:
 
 
 def run_engine(engine: str, adapter_dirs: Sequence[Path], repeats: int) -> list[Timing]:
+    lora = engine != "no-lora"
+    llm, requests = _engine(lora, adapter_dirs)
+    counts = ADAPTER_COUNTS if lora else ()
+    return [t for shape in SHAPES for t in _measure(llm, engine, shape, requests, counts, repeats)]
+
+
+def _engine(lora: bool, adapter_dirs: Sequence[Path]) -> tuple[Any, list[Any]]:
+    """The engine, and a ``LoRARequest`` per adapter (all resident: one slot each)."""
     from vllm import LLM
     from vllm.lora.request import LoRARequest
 
-    lora = engine != "no-lora"
     llm = LLM(
         model=str(EMBEDDED_MODEL_DIR),
         dtype="float32",
@@ -137,8 +144,7 @@ def run_engine(engine: str, adapter_dirs: Sequence[Path], repeats: int) -> list[
     requests = [
         LoRARequest(f"adapter-{i}", i + 1, str(path)) for i, path in enumerate(adapter_dirs)
     ]
-    counts = ADAPTER_COUNTS if lora else ()
-    return [t for shape in SHAPES for t in _measure(llm, engine, shape, requests, counts, repeats)]
+    return llm, requests
 
 
 def _measure(
@@ -188,7 +194,50 @@ def _measure(
     return [*timings, Timing(engine, shape.name, 0, all_base, [], shape.tokens)]
 
 
-# -- a profile of our ops alone, outside the engine ----------------------------------------------
+# -- profiles -------------------------------------------------------------------------------------
+
+
+def profile_steps(adapter_dirs: Sequence[Path]) -> str:
+    """Where a decode step's time goes inside the engine: per step of the decode-heavy
+    batch, all of it and our wrapper's LoRA projections (timed around each call), base-only
+    and mixed. The engine runs in this process, on one core as its worker would."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from app.engine.punica_wrapper import PlannedPunicaWrapper
+
+    in_lora = [0.0]
+    project = PlannedPunicaWrapper.add_lora_linear
+
+    def timed_projection(self: Any, *args: Any, **kwargs: Any) -> None:
+        started = time.perf_counter()
+        project(self, *args, **kwargs)
+        in_lora[0] += time.perf_counter() - started
+
+    PlannedPunicaWrapper.add_lora_linear = timed_projection  # type: ignore[method-assign]
+    llm, requests = _engine(True, adapter_dirs)
+    shape = SHAPES[0]
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in _prompts(shape)]
+    params = SamplingParams(max_tokens=shape.output_tokens, temperature=0, ignore_eos=True)
+    lines = [
+        f"**{shape.name}**, ms per step ({shape.output_tokens} steps)",
+        "",
+        "| batch | whole step | LoRA projections | rest of the step |",
+        "|---|---:|---:|---:|",
+    ]
+    for count in (0, *ADAPTER_COUNTS):
+        loras = [None if i is None else requests[i] for i in _assignment(shape.requests, count)]
+        llm.generate(prompts, params, lora_request=loras, use_tqdm=False)  # warm-up, loads
+        in_lora[0] = 0.0
+        started = time.perf_counter()
+        llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+        whole = (time.perf_counter() - started) * 1000 / shape.output_tokens
+        lora = in_lora[0] * 1000 / shape.output_tokens
+        label = "base-only" if count == 0 else f"mixed, {count} adapter{'s' * (count > 1)}"
+        lines.append(f"| {label} | {whole:.0f} | {lora:.1f} | {whole - lora:.0f} |")
+    return "\n".join(lines)
 
 
 def profile_ops(tokens: int, adapters: int, steps: int = 3) -> str:
@@ -330,6 +379,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="TOKENS,ADAPTERS",
         help="only profile our ops for one batch shape outside the engine, e.g. 24,16",
     )
+    parser.add_argument(
+        "--profile-steps",
+        action="store_true",
+        help="only time decode steps in the engine, and our LoRA projections in them",
+    )
     parser.add_argument("--engine", choices=sorted(ENGINES), help=argparse.SUPPRESS)
     parser.add_argument("--worker-output", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("adapters", nargs="*", type=Path, help=argparse.SUPPRESS)
@@ -338,6 +392,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.profile:
         tokens, count = (int(n) for n in args.profile.split(","))
         print(profile_ops(tokens, count))
+        return 0
+    if args.profile_steps:
+        print(profile_steps(ensure_adapters(args.adapter_root, max(ADAPTER_COUNTS))))
         return 0
     if args.engine:  # one engine, in this process
         measured = run_engine(args.engine, args.adapters, args.repeats)
