@@ -33,8 +33,7 @@ Expansion = tuple[slice, slice, torch.Tensor]
 def used_ranks(stacked: torch.Tensor, rank_dim: int) -> list[int]:
     """Per slot, how many leading rank rows (``A``, ``rank_dim=1``) or columns (``B``,
     ``rank_dim=2``) of a ``[slots, (1,) ., .]`` stack are not all zero."""
-    matrices = _matrices(stacked)
-    return [_used_rank(m, dim=1 if rank_dim == 1 else 0) for m in matrices]
+    return [_used_rank(m, dim=1 if rank_dim == 1 else 0) for m in matrices(stacked)]
 
 
 def _used_rank(matrix: torch.Tensor, dim: int) -> int:
@@ -44,7 +43,8 @@ def _used_rank(matrix: torch.Tensor, dim: int) -> int:
     return int(used[-1]) + 1 if used.numel() else 0
 
 
-def _matrices(stacked: torch.Tensor) -> torch.Tensor:
+def matrices(stacked: torch.Tensor) -> torch.Tensor:
+    """``[slots, 1, out, in]`` -> ``[slots, out, in]``, a view."""
     return stacked.squeeze(1) if stacked.dim() == 4 else stacked
 
 
@@ -150,7 +150,7 @@ class LayerLoRA:
     ) -> SlotLoRA | None:
         shrink, expand, offset, used = [], [], 0, 0
         for a_i, b_i, size in zip(a, b, output_slices, strict=True):
-            a_slot, b_slot = _matrices(a_i)[slot], _matrices(b_i)[slot, :size]
+            a_slot, b_slot = matrices(a_i)[slot], matrices(b_i)[slot, :size]
             # A rank position adds something only where both its A row and B column do.
             if rank := min(_used_rank(a_slot, dim=1), _used_rank(b_slot, dim=0)):
                 shrink.append(a_slot[:rank])

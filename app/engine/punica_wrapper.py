@@ -41,7 +41,7 @@ import torch
 from vllm.lora.layers.utils import LoRAMapping
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 
-from app.engine.lora_weights import LayerLoRA, PreparedLoRA, used_ranks
+from app.engine.lora_weights import LayerLoRA, PreparedLoRA, matrices, used_ranks
 
 # Runs of rows sharing an adapter are computed in place, a few matmuls per run, when they
 # are long on average (prefill), or hardly more than the groups: gathering and scattering
@@ -138,12 +138,6 @@ class RowGroups:
             batch.index_copy_(0, rows, grouped)
 
 
-def _matrices(stacked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``[slots, 1, out, in]`` -> ``[slots, out, in]`` (a view unless cast)."""
-    matrices = stacked.squeeze(1) if stacked.dim() == 4 else stacked
-    return matrices.to(dtype)
-
-
 class SlotRanks:
     """Per stacked LoRA weight and slot, the rank actually used: how many leading rank rows
     (A) or columns (B) are not all zero; 0 where the slot's adapter does not touch the layer.
@@ -184,7 +178,7 @@ def _shrink(
 ) -> None:
     """``out[row, :rank] = scale * x[row] @ A[slot].T`` for every adapter row."""
     slot_ranks = ranks.of_a(a)
-    a = _matrices(a, x.dtype)
+    a = matrices(a).to(x.dtype)
     xs = plan.gather(x)
     h = xs.new_zeros(xs.shape[0], a.shape[1])
     for slot, group in plan.groups:
@@ -209,7 +203,7 @@ def _expand(
     slot_ranks = ranks.of_b(b)
     if add_inputs and not any(slot_ranks[slot] for slot, _ in plan.groups):
         return
-    b = _matrices(b, y.dtype)
+    b = matrices(b).to(y.dtype)
     size = min(size, b.shape[1], y.shape[1] - offset)
     hs = plan.gather(h).to(y.dtype)
     delta = y.new_zeros(hs.shape[0], size)
