@@ -23,9 +23,13 @@ from tests.support.redis_server import redis_server
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    """A ``redis-server`` on a free loopback port, for this test session only."""
+    """A ``redis-server`` on a free loopback port, for this test session only.
+
+    Its URL carries generous socket timeouts: on a 2-core CI machine busy with an engine, fifty
+    connections opened at once can take longer than the gateway's 1 s default, and these tests
+    are about limits, not timeouts (the unreachable-store tests use a closed port)."""
     with redis_server() as url:
-        yield url
+        yield f"{url}?socket_timeout=10&socket_connect_timeout=10"
 
 
 class Clock(Protocol):
