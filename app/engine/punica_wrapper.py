@@ -16,8 +16,12 @@ side, nothing for a layer its adapter skips). Every projection follows the plan:
 
 * runs of rows sharing an adapter, when they are long (prefill: one per prompt)
   or few: each run is computed in place, with no gather and no scatter;
+* many small groups (decode over many adapters): the rows laid out by slot,
+  one ``bmm`` per stage over those slots' stacked weights;
 * otherwise (decode) the adapter rows are gathered in slot order, multiplied
-  group by group, and added back with one ``index_add_``.
+  group by group, and added back with one ``index_add_``. The gathered rows
+  and the slices of them each group reads live in buffers made once per step
+  (:class:`StepScratch`): every layer reuses them.
 
 Rows without an adapter (slot ``-1``) are never touched, which keeps the
 tenant isolation of :mod:`app.engine.punica_cpu`. Calls whose row count does
@@ -29,12 +33,14 @@ count and the weights they read, not the arithmetic, and the alternatives were
 measured on these shapes without beating one ``mm`` per group: a ``bmm`` over
 every slot, ``torch._grouped_mm``, vLLM's prepacked oneDNN matmul, and one
 shared matmul over all adapters with the other adapters' columns masked out.
-A compiled extension would cost every install a toolchain.
+Weights in bfloat16 or float16 would halve what a step reads, but this CPU
+(AVX2, no AVX-512) has no half-precision matmul: they ran 4x slower. A
+compiled extension would cost every install a toolchain.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -64,6 +70,40 @@ class Padded:
     where: torch.Tensor
 
 
+class StepScratch:
+    """Buffers that every layer of a step reuses, and views into them made once per step.
+
+    On this engine slicing a tensor costs a few microseconds, about what a small matmul does,
+    and a decode step asks for the same slices of its gathered rows hundreds of times."""
+
+    def __init__(self, rows: int) -> None:
+        self._rows = rows
+        self._tensors: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def view(
+        self, name: str, width: int, like: torch.Tensor, rows: slice, columns: slice | None = None
+    ) -> torch.Tensor:
+        """``rows`` (and ``columns``) of the step's ``[rows, width]`` buffer ``name``."""
+        key = (name, width, like.dtype, rows.start, columns and (columns.start, columns.stop))
+        view = self._tensors.get(key)
+        if view is None:
+            buffer = self.buffer(name, width, like)[rows]
+            view = self._tensors[key] = buffer if columns is None else buffer[:, columns]
+        return view
+
+    def buffer(
+        self, name: str, width: int, like: torch.Tensor, rows: int | None = None
+    ) -> torch.Tensor:
+        """The step's ``[rows, width]`` buffer ``name`` (by default a row per adapter row),
+        zeros when first made."""
+        key = (name, width, like.dtype)
+        buffer = self._tensors.get(key)
+        if buffer is None:
+            shape = (self._rows if rows is None else rows, width)
+            buffer = self._tensors[key] = like.new_zeros(shape)
+        return buffer
+
+
 @dataclass(frozen=True)
 class RowGroups:
     """A step's rows by adapter slot.
@@ -81,6 +121,7 @@ class RowGroups:
     groups: tuple[tuple[int, slice], ...]
     runs: tuple[tuple[int, slice], ...] | None = None
     padded: Padded | None = None
+    scratch: StepScratch = field(default_factory=lambda: StepScratch(0), compare=False)
 
     @classmethod
     def of(cls, slot_per_row: torch.Tensor) -> RowGroups:
@@ -103,7 +144,8 @@ class RowGroups:
             start += length
         first, count = int(rows[0]), rows.numel()
         in_order = torch.equal(rows, torch.arange(first, first + count))
-        plan = cls(num_rows, slice(first, first + count) if in_order else rows, tuple(groups))
+        rows_or_slice = slice(first, first + count) if in_order else rows
+        plan = cls(num_rows, rows_or_slice, tuple(groups), scratch=StepScratch(count))
         low, depth = groups[0][0], int(counts.max())
         span = groups[-1][0] + 1 - low
         if count >= MIN_RUN_ROWS * len(runs):
@@ -117,9 +159,11 @@ class RowGroups:
         return plan
 
     def gather(self, batch: torch.Tensor) -> torch.Tensor:
-        """The adapter rows of ``batch``, in group order."""
-        rows = self.rows
-        return batch[rows] if isinstance(rows, slice) else batch.index_select(0, rows)
+        """The adapter rows of ``batch``, in group order, in the step's buffer ``x``."""
+        rows, out = self.rows, self.scratch.buffer("x", batch.shape[1], batch)
+        if isinstance(rows, slice):
+            return out.copy_(batch[rows])
+        return torch.index_select(batch, 0, rows, out=out)
 
     def add_to(self, batch: torch.Tensor, grouped: torch.Tensor) -> None:
         """``batch[row] += grouped[i]`` for the i-th adapter row; other rows untouched."""
@@ -228,19 +272,42 @@ def _lora_linear(
         return
     if all(slots[slot] is None for slot, _ in plan.groups):
         return  # no adapter in the batch touches this layer
-    xs = plan.gather(x)
     if (padded := plan.padded) is not None:
+        xs = plan.gather(x)
         span = padded.slots.stop - padded.slots.start
-        layout = xs.new_zeros(span * padded.depth, xs.shape[1])
+        # Padding places stay zero all step: only ``where`` is ever written.
+        layout = plan.scratch.buffer("layout", xs.shape[1], xs, rows=span * padded.depth)
         layout.index_copy_(0, padded.where, xs)
         out = layer.stacked.apply(layout.view(span, padded.depth, -1), padded.slots, scale)
         delta = out.view(span * padded.depth, -1).index_select(0, padded.where)
     else:
-        delta = y.new_zeros(xs.shape[0], layer.width)
-        for slot, group in plan.groups:
-            if (weights := slots[slot]) is not None:
-                weights.add_to(delta[group], xs[group], scale)
-    plan.add_to(y[:, : layer.width], delta)
+        delta = _gathered(x, layer, scale, plan)
+    plan.add_to(y[:, : layer.width] if layer.width < y.shape[1] else y, delta)
+
+
+def _gathered(x: torch.Tensor, layer: LayerLoRA, scale: float, plan: RowGroups) -> torch.Tensor:
+    """Each group of gathered rows through its slot's adapter, in the step's buffers."""
+    scratch, width, inputs, like = plan.scratch, layer.width, x.shape[1], x
+    plan.gather(x)
+    delta = scratch.buffer("delta", width, like)
+    delta.zero_()
+    for slot, group in plan.groups:
+        if (weights := layer.slots[slot]) is None:
+            continue
+        rank = weights.shrink.shape[1]
+        h = scratch.view("h", rank, like, group)
+        torch.mm(scratch.view("x", inputs, like, group), weights.shrink, out=h)
+        if scale != 1.0:
+            h.mul_(scale)
+        for columns, ranks, b in weights.expand:
+            out = scratch.view("delta", width, like, group, columns)
+            out.addmm_(scratch.view("h", rank, like, group, ranks), b)
+    return delta
+
+
+def _rows(batch: torch.Tensor) -> torch.Tensor:
+    """``[..., width]`` as ``[rows, width]`` (a view; none made when it already is)."""
+    return batch if batch.dim() == 2 else batch.view(-1, batch.shape[-1])
 
 
 class PlannedPunicaWrapper(PunicaWrapperCPU):
@@ -336,8 +403,7 @@ class PlannedPunicaWrapper(PunicaWrapperCPU):
         buffer: tuple[torch.Tensor, ...] | None = None,
         **kwargs: Any,
     ) -> None:
-        flat_x = x.view(-1, x.shape[-1])
-        flat_y = y.view(-1, y.shape[-1])
+        flat_x, flat_y = _rows(x), _rows(y)
         plan = self._tokens
         if not (self._fits(flat_x, plan) and self._fits(flat_y, plan)) or buffer is not None:
             super().add_lora_linear(
@@ -360,8 +426,7 @@ class PlannedPunicaWrapper(PunicaWrapperCPU):
         buffer: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> None:
-        flat_x = x.view(-1, x.shape[-1])
-        flat_y = y.view(-1, y.shape[-1])
+        flat_x, flat_y = _rows(x), _rows(y)
         plan = self._requests
         if not (self._fits(flat_x, plan) and self._fits(flat_y, plan)) or buffer is not None:
             super().add_lora_logits(
