@@ -73,19 +73,6 @@ class StackedLoRA:
 
     shrink: torch.Tensor
     expand: tuple[Expansion, ...]
-    width: int
-
-    def apply(self, layout: torch.Tensor, slots: slice, scale: float) -> torch.Tensor:
-        """``[len(slots), depth, in]`` rows, each through its own slot's adapter ->
-        ``[len(slots), depth, width]``."""
-        h = torch.bmm(layout, self.shrink[slots])
-        if scale != 1.0:
-            h.mul_(scale)
-        out = layout.new_zeros(layout.shape[0], layout.shape[1], self.width)
-        for columns, ranks, b in self.expand:
-            # bmm, not baddbmm_ into the strided columns: on CPU that loops over the slots
-            out[:, :, columns] = torch.bmm(h[:, :, ranks], b[slots])
-        return out
 
 
 @dataclass(frozen=True)
@@ -120,7 +107,7 @@ class LayerLoRA:
                     stacked_b = b.new_zeros(len(self.slots), rank[start], b.shape[1])
                     expand[start] = (columns, slice(at[start], at[start] + rank[start]), stacked_b)
                 expand[start][2][slot, :r] = b
-        return StackedLoRA(shrink, tuple(expand[s] for s in sorted(expand)), self.width)
+        return StackedLoRA(shrink, tuple(expand[s] for s in sorted(expand)))
 
     @classmethod
     def of(

@@ -19,9 +19,12 @@ side, nothing for a layer its adapter skips). Every projection follows the plan:
 * many small groups (decode over many adapters): the rows laid out by slot,
   one ``bmm`` per stage over those slots' stacked weights;
 * otherwise (decode) the adapter rows are gathered in slot order, multiplied
-  group by group, and added back with one ``index_add_``. The gathered rows
-  and the slices of them each group reads live in buffers made once per step
-  (:class:`StepScratch`): every layer reuses them.
+  group by group, and added back with one ``index_add_``.
+
+The gathered and batched paths run a :class:`Program` per layer: its calls
+bound, once per plan, to buffers every layer shares (:class:`StepScratch`)
+and to the layer's weights. A decode batch keeps its plan from step to step
+until a request joins or leaves, so most steps only make those calls.
 
 Rows without an adapter (slot ``-1``) are never touched, which keeps the
 tenant isolation of :mod:`app.engine.punica_cpu`. Calls whose row count does
@@ -40,7 +43,9 @@ compiled extension would cost every install a toolchain.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -70,38 +75,47 @@ class Padded:
     where: torch.Tensor
 
 
-class StepScratch:
-    """Buffers that every layer of a step reuses, and views into them made once per step.
+@dataclass(frozen=True)
+class Program:
+    """One layer's LoRA under one plan, as calls bound to the step's buffers and the layer's
+    weights: built the first time the plan meets the layer, run as is after that (on this
+    engine, slicing a tensor costs about what a small matmul does). The calls read the
+    gathered rows (the buffer ``x``) and leave the layer's delta for them in ``delta``."""
 
-    On this engine slicing a tensor costs a few microseconds, about what a small matmul does,
-    and a decode step asks for the same slices of its gathered rows hundreds of times."""
+    calls: tuple[Callable[[], object], ...]
+    delta: torch.Tensor
+
+
+class StepScratch:
+    """Buffers and programs that every layer reuses while the plan stands: a decode batch
+    keeps its plan from step to step until a request joins or leaves."""
 
     def __init__(self, rows: int) -> None:
         self._rows = rows
-        self._tensors: dict[tuple[Any, ...], torch.Tensor] = {}
-
-    def view(
-        self, name: str, width: int, like: torch.Tensor, rows: slice, columns: slice | None = None
-    ) -> torch.Tensor:
-        """``rows`` (and ``columns``) of the step's ``[rows, width]`` buffer ``name``."""
-        key = (name, width, like.dtype, rows.start, columns and (columns.start, columns.stop))
-        view = self._tensors.get(key)
-        if view is None:
-            buffer = self.buffer(name, width, like)[rows]
-            view = self._tensors[key] = buffer if columns is None else buffer[:, columns]
-        return view
+        self._buffers: dict[tuple[str, int, torch.dtype], torch.Tensor] = {}
+        self._programs: dict[tuple[int, float], tuple[LayerLoRA, Program | None]] = {}
 
     def buffer(
         self, name: str, width: int, like: torch.Tensor, rows: int | None = None
     ) -> torch.Tensor:
-        """The step's ``[rows, width]`` buffer ``name`` (by default a row per adapter row),
-        zeros when first made."""
+        """The ``[rows, width]`` buffer ``name`` (by default a row per adapter row), zeros
+        when first made."""
         key = (name, width, like.dtype)
-        buffer = self._tensors.get(key)
+        buffer = self._buffers.get(key)
         if buffer is None:
             shape = (self._rows if rows is None else rows, width)
-            buffer = self._tensors[key] = like.new_zeros(shape)
+            buffer = self._buffers[key] = like.new_zeros(shape)
         return buffer
+
+    def program(
+        self, site: int, layer: LayerLoRA, scale: float, build: Callable[[], Program | None]
+    ) -> Program | None:
+        """The program for the layer at ``site`` (``None``: no adapter of the plan touches
+        it), built again when the layer's weights changed."""
+        known = self._programs.get((site, scale))
+        if known is None or known[0] is not layer:
+            known = self._programs[(site, scale)] = (layer, build())
+        return known[1]
 
 
 @dataclass(frozen=True)
@@ -113,7 +127,7 @@ class RowGroups:
     Rows without an adapter are in no group. ``runs`` (consecutive rows sharing a slot, in
     batch order) are set when computing each run in place is cheapest, ``padded`` when many
     small groups (a decode step over many adapters) are, batched; otherwise the groups are
-    gathered.
+    gathered. A plan, with its ``scratch``, stands while the rows' slots stay the same.
     """
 
     num_rows: int
@@ -122,13 +136,19 @@ class RowGroups:
     runs: tuple[tuple[int, slice], ...] | None = None
     padded: Padded | None = None
     scratch: StepScratch = field(default_factory=lambda: StepScratch(0), compare=False)
+    slot_per_row: torch.Tensor = field(default_factory=lambda: torch.empty(0), compare=False)
 
     @classmethod
-    def of(cls, slot_per_row: torch.Tensor) -> RowGroups:
+    def of(cls, slot_per_row: torch.Tensor, previous: RowGroups | None = None) -> RowGroups:
+        """The plan for rows in these slots (``-1``: no adapter); ``previous`` itself if it
+        was made for the same slots."""
+        if previous is not None and torch.equal(previous.slot_per_row, slot_per_row):
+            return previous
+        slot_per_row = slot_per_row.clone()  # vLLM rewrites its index buffers in place
         num_rows = slot_per_row.shape[0]
         positions = torch.nonzero(slot_per_row >= 0).squeeze(1)
         if not positions.numel():
-            return cls(num_rows, slice(0, 0), ())
+            return cls(num_rows, slice(0, 0), (), slot_per_row=slot_per_row)
         sorted_slots, order = torch.sort(slot_per_row[positions], stable=True)
         rows = positions[order]
         found, counts = torch.unique_consecutive(sorted_slots, return_counts=True)
@@ -145,7 +165,13 @@ class RowGroups:
         first, count = int(rows[0]), rows.numel()
         in_order = torch.equal(rows, torch.arange(first, first + count))
         rows_or_slice = slice(first, first + count) if in_order else rows
-        plan = cls(num_rows, rows_or_slice, tuple(groups), scratch=StepScratch(count))
+        plan = cls(
+            num_rows,
+            rows_or_slice,
+            tuple(groups),
+            scratch=StepScratch(count),
+            slot_per_row=slot_per_row,
+        )
         low, depth = groups[0][0], int(counts.max())
         span = groups[-1][0] + 1 - low
         if count >= MIN_RUN_ROWS * len(runs):
@@ -259,50 +285,85 @@ def _expand(
 
 
 def _lora_linear(
-    y: torch.Tensor, x: torch.Tensor, layer: LayerLoRA, scale: float, plan: RowGroups
+    y: torch.Tensor,
+    x: torch.Tensor,
+    layer: LayerLoRA,
+    scale: float,
+    plan: RowGroups,
+    site: int,
 ) -> None:
     """``y[row, slice_i] += scale * x[row] @ A_i[slot].T @ B_i[slot].T`` for every adapter
-    row and slice, the way the plan chose: in place per run of rows, one ``bmm`` per stage
-    over a span of slots, or per group of gathered rows, added back once."""
-    slots = layer.slots
+    row and slice, the way the plan chose: in place per run of rows, or on the gathered rows
+    (per group, or one ``bmm`` per stage over a span of slots), added back once."""
     if plan.runs is not None:
         for slot, run in plan.runs:
-            if (weights := slots[slot]) is not None:
+            if (weights := layer.slots[slot]) is not None:
                 weights.add_to(y[run], x[run], scale)
         return
-    if all(slots[slot] is None for slot, _ in plan.groups):
+    program = plan.scratch.program(site, layer, scale, lambda: _program(layer, scale, plan, x))
+    if program is None:
         return  # no adapter in the batch touches this layer
-    if (padded := plan.padded) is not None:
-        xs = plan.gather(x)
-        span = padded.slots.stop - padded.slots.start
-        # Padding places stay zero all step: only ``where`` is ever written.
-        layout = plan.scratch.buffer("layout", xs.shape[1], xs, rows=span * padded.depth)
-        layout.index_copy_(0, padded.where, xs)
-        out = layer.stacked.apply(layout.view(span, padded.depth, -1), padded.slots, scale)
-        delta = out.view(span * padded.depth, -1).index_select(0, padded.where)
-    else:
-        delta = _gathered(x, layer, scale, plan)
-    plan.add_to(y[:, : layer.width] if layer.width < y.shape[1] else y, delta)
-
-
-def _gathered(x: torch.Tensor, layer: LayerLoRA, scale: float, plan: RowGroups) -> torch.Tensor:
-    """Each group of gathered rows through its slot's adapter, in the step's buffers."""
-    scratch, width, inputs, like = plan.scratch, layer.width, x.shape[1], x
     plan.gather(x)
-    delta = scratch.buffer("delta", width, like)
-    delta.zero_()
+    for call in program.calls:
+        call()
+    plan.add_to(y[:, : layer.width] if layer.width < y.shape[1] else y, program.delta)
+
+
+def _program(layer: LayerLoRA, scale: float, plan: RowGroups, x: torch.Tensor) -> Program | None:
+    if all(layer.slots[slot] is None for slot, _ in plan.groups):
+        return None
+    return (_grouped if plan.padded is None else _batched)(layer, scale, plan, x)
+
+
+def _grouped(layer: LayerLoRA, scale: float, plan: RowGroups, x: torch.Tensor) -> Program:
+    """Each group of gathered rows through its slot's adapter: a matmul per stage."""
+    scratch, width = plan.scratch, layer.width
+    rows, delta = scratch.buffer("x", x.shape[1], x), scratch.buffer("delta", width, x)
+    calls: list[Callable[[], object]] = [delta.zero_]
     for slot, group in plan.groups:
         if (weights := layer.slots[slot]) is None:
             continue
-        rank = weights.shrink.shape[1]
-        h = scratch.view("h", rank, like, group)
-        torch.mm(scratch.view("x", inputs, like, group), weights.shrink, out=h)
+        h = scratch.buffer("h", weights.shrink.shape[1], x)[group]
+        calls.append(partial(torch.mm, rows[group], weights.shrink, out=h))
         if scale != 1.0:
-            h.mul_(scale)
+            calls.append(partial(h.mul_, scale))
         for columns, ranks, b in weights.expand:
-            out = scratch.view("delta", width, like, group, columns)
-            out.addmm_(scratch.view("h", rank, like, group, ranks), b)
-    return delta
+            calls.append(partial(delta[group, columns].addmm_, h[:, ranks], b))
+    return Program(tuple(calls), delta)
+
+
+def _batched(layer: LayerLoRA, scale: float, plan: RowGroups, x: torch.Tensor) -> Program:
+    """The gathered rows laid out by slot (zero padding), one ``bmm`` per stage over the
+    plan's span of slots from the layer's stacked weights, and the rows picked back out."""
+    padded, scratch, width = plan.padded, plan.scratch, layer.width
+    assert padded is not None
+    stacked, slots = layer.stacked, padded.slots
+    span, depth = slots.stop - slots.start, padded.depth
+    places = span * depth
+    layout = scratch.buffer("layout", x.shape[1], x, rows=places)
+    h = scratch.buffer("laid-out h", stacked.shrink.shape[2], x, rows=places).view(span, depth, -1)
+    # Named by the slices written: columns no slot's adapter touches stay zero.
+    covered = "".join(f",{columns.start}" for columns, _, _ in stacked.expand)
+    out = scratch.buffer(f"laid-out delta{covered}", width, x, rows=places)
+    delta = scratch.buffer("delta", width, x)
+    calls: list[Callable[[], object]] = [
+        partial(layout.index_copy_, 0, padded.where, scratch.buffer("x", x.shape[1], x)),
+        partial(torch.bmm, layout.view(span, depth, -1), stacked.shrink[slots], out=h),
+    ]
+    if scale != 1.0:
+        calls.append(partial(h.mul_, scale))
+    out_by_slot = out.view(span, depth, width)
+    for columns, ranks, b in stacked.expand:
+        if columns == slice(0, width):
+            calls.append(partial(torch.bmm, h[:, :, ranks], b[slots], out=out_by_slot))
+            continue
+        # bmm, not baddbmm_ into the strided columns: on CPU that loops over the slots
+        size = columns.stop - columns.start
+        part = scratch.buffer(f"laid-out slice{size}", size, x, rows=places).view(span, depth, -1)
+        calls.append(partial(torch.bmm, h[:, :, ranks], b[slots], out=part))
+        calls.append(partial(out_by_slot[:, :, columns].copy_, part))
+    calls.append(partial(torch.index_select, out, 0, padded.where, out=delta))
+    return Program(tuple(calls), delta)
 
 
 def _rows(batch: torch.Tensor) -> torch.Tensor:
@@ -331,8 +392,8 @@ class PlannedPunicaWrapper(PunicaWrapperCPU):
     ) -> None:
         super().update_metadata(mapping, lora_index_to_id, max_loras, vocab_size, **kwargs)
         self._layers.assign(lora_index_to_id)
-        self._tokens = RowGroups.of(self.token_lora_indices)
-        self._requests = RowGroups.of(self.sampler_indices)
+        self._tokens = RowGroups.of(self.token_lora_indices, self._tokens)
+        self._requests = RowGroups.of(self.sampler_indices, self._requests)
 
     def _fits(self, x: torch.Tensor, plan: RowGroups) -> bool:
         return x.shape[0] == plan.num_rows
@@ -413,7 +474,8 @@ class PlannedPunicaWrapper(PunicaWrapperCPU):
         if not plan.groups:
             return  # no row has an adapter
         layer = self._layers.of(lora_a_stacked, lora_b_stacked, output_slices)
-        _lora_linear(flat_y, flat_x.to(flat_y.dtype), layer, scale, plan)
+        site = id(lora_a_stacked[0])  # the layer: its first stack lives as long as it does
+        _lora_linear(flat_y, flat_x.to(flat_y.dtype), layer, scale, plan, site)
 
     def add_lora_logits(
         self,
@@ -437,4 +499,4 @@ class PlannedPunicaWrapper(PunicaWrapperCPU):
             return
         width = min(flat_y.shape[1], lora_b_stacked.shape[-2])
         layer = self._layers.of((lora_a_stacked,), (lora_b_stacked,), (width,))
-        _lora_linear(flat_y, flat_x.to(flat_y.dtype), layer, scale, plan)
+        _lora_linear(flat_y, flat_x.to(flat_y.dtype), layer, scale, plan, id(lora_a_stacked))

@@ -95,22 +95,32 @@ def test_lora_linear_matches_the_per_row_contract(gen: torch.Generator, slots: l
 
 @pytest.mark.parametrize("slots", BATCHES.values(), ids=BATCHES.keys())
 def test_every_layer_of_a_step_matches_the_contract(gen: torch.Generator, slots: list[int]) -> None:
-    """A step's layers share buffers: layers of other widths, one whose middle slice some
-    adapters skip, and the same shapes again with new inputs must not see each other's rows."""
+    """Layers share a plan's buffers, and a plan stands while the slots do: layers of other
+    widths, one whose middle slice some adapters skip, the same shapes again, and the next
+    step with new inputs must not see each other's rows."""
     skipping_k = (SLICES, {1: (3, 5)})  # slots 3 and 5 leave the middle slice alone
-    layers = [(SLICES, {}), ((IN_DIM,), {}), skipping_k, (SLICES, {}), ((IN_DIM,), {})]
-    planned = wrapper(slots)
-    for slices, skipped in layers:
+    shapes = [(SLICES, {}), ((IN_DIM,), {}), skipping_k, (SLICES, {}), ((IN_DIM,), {})]
+    layers = []
+    for slices, skipped in shapes:
         a = tuple(stacked(gen, MAX_RANK, IN_DIM, a=True) for _ in slices)
         b = tuple(stacked(gen, size, MAX_RANK, a=False) for size in slices)
         for index, skipping in skipped.items():
             a[index][list(skipping)] = 0
             b[index][list(skipping)] = 0
-        x = torch.randn(len(slots), IN_DIM, generator=gen)
-        y = torch.randn(len(slots), sum(slices), generator=gen)
-        want = reference_linear(y, x, a, b, 0.5, slots)
-        planned.add_lora_linear(y, x, a, b, 0.5, slices)
-        torch.testing.assert_close(y, want)
+        layers.append((a, b, slices))
+    planned = wrapper(slots)
+    plan = planned._tokens
+    for _step in range(2):
+        for a, b, slices in layers:
+            x = torch.randn(len(slots), IN_DIM, generator=gen)
+            y = torch.randn(len(slots), sum(slices), generator=gen)
+            want = reference_linear(y, x, a, b, 0.5, slots)
+            planned.add_lora_linear(y, x, a, b, 0.5, slices)
+            torch.testing.assert_close(y, want)
+        wrapper(slots, planned=planned)  # the next step: same slots, same plan
+        assert planned._tokens is plan
+    wrapper([*slots[1:], slots[0]], planned=planned)
+    assert planned._tokens is not plan or len(set(slots)) == 1
 
 
 @pytest.mark.parametrize("slots", BATCHES.values(), ids=BATCHES.keys())
