@@ -123,11 +123,11 @@ class RowGroups:
     """A step's rows by adapter slot.
 
     ``rows`` are the batch rows that have an adapter, ordered by slot (a slice when that is
-    already their order, so no copy is made); each group is a slot and its range of ``rows``.
-    Rows without an adapter are in no group. ``runs`` (consecutive rows sharing a slot, in
-    batch order) are set when computing each run in place is cheapest, ``padded`` when many
-    small groups (a decode step over many adapters) are, batched; otherwise the groups are
-    gathered. A plan, with its ``scratch``, stands while the rows' slots stay the same.
+    already their order: slicing instead of index ops); each group is a slot and its range
+    of ``rows``. Rows without an adapter are in no group. ``runs`` (consecutive rows sharing
+    a slot, in batch order) are set when computing each run in place is cheapest, ``padded``
+    when many small groups (a decode step over many adapters) are, batched; otherwise the
+    groups are gathered. A plan, with its ``scratch``, stands while the rows' slots stay the same.
     """
 
     num_rows: int
