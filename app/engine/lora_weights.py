@@ -21,7 +21,7 @@ and zero padding), so a request is computed with its own adapter or none.
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -58,11 +58,21 @@ class SlotLoRA:
 
     def add_to(self, out: torch.Tensor, rows: torch.Tensor, scale: float) -> None:
         """``out[:, slice_i] += scale * rows @ A_i.T @ B_i.T`` for every slice, in place."""
-        h = torch.mm(rows, self.shrink)
+        h = rows.new_empty(rows.shape[0], self.shrink.shape[1])
+        for call in self.calls(out, rows, h, scale):
+            call()
+
+    def calls(
+        self, out: torch.Tensor, rows: torch.Tensor, h: torch.Tensor, scale: float
+    ) -> list[Callable[[], object]]:
+        """:meth:`add_to` as calls bound to its tensors, with ``h`` (``[rows, total rank]``)
+        for the shrunk rows: bound once, run as often as the tensors are refilled."""
+        calls: list[Callable[[], object]] = [functools.partial(torch.mm, rows, self.shrink, out=h)]
         if scale != 1.0:
-            h.mul_(scale)
+            calls.append(functools.partial(h.mul_, scale))
         for columns, ranks, b in self.expand:
-            out[:, columns].addmm_(h[:, ranks], b)
+            calls.append(functools.partial(out[:, columns].addmm_, h[:, ranks], b))
+        return calls
 
 
 @dataclass(frozen=True)

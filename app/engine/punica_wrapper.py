@@ -324,11 +324,7 @@ def _grouped(layer: LayerLoRA, scale: float, plan: RowGroups, x: torch.Tensor) -
         if (weights := layer.slots[slot]) is None:
             continue
         h = scratch.buffer("h", weights.shrink.shape[1], x)[group]
-        calls.append(partial(torch.mm, rows[group], weights.shrink, out=h))
-        if scale != 1.0:
-            calls.append(partial(h.mul_, scale))
-        for columns, ranks, b in weights.expand:
-            calls.append(partial(delta[group, columns].addmm_, h[:, ranks], b))
+        calls += weights.calls(delta[group], rows[group], h, scale)
     return Program(tuple(calls), delta)
 
 
