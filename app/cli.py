@@ -34,22 +34,13 @@ def _settings_help() -> str:
 
 
 def serve(settings: Settings) -> None:
-    import uvicorn
-
+    from app import server
     from app.main import create_app
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        ssl_certfile=settings.ssl_certfile,
-        ssl_keyfile=settings.ssl_keyfile,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=30,
-    )
+    server.run(create_app(settings), settings)
 
 
 def prepare_model(settings: Settings, force: bool) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable
+from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from typing import Any
 
@@ -27,6 +28,10 @@ from app.tenancy.validation import BaseModelInfo
 from app.usage import UsageLedger
 
 logger = logging.getLogger(__name__)
+
+# How long shutdown waits for work handed to ``Gateway.background`` (quota reconciliations,
+# adapter retirements) before cancelling what is left.
+BACKGROUND_GRACE_SECONDS = 5.0
 
 
 class Gateway:
@@ -76,6 +81,26 @@ class Gateway:
         self._revision, self.registry = await load_registry(
             self.sessions, base_model_id=self.settings.base_model_id
         )
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The store watcher and the usage ledger's writer run until the block ends. Then
+        they stop, background work finishes (or is cancelled after a grace period) and the
+        last usage records are written: nothing still uses the store or the quota backend
+        when they close, so no connection is left open to keep the process alive."""
+        loops = [asyncio.create_task(self.watch_store()), asyncio.create_task(self.ledger.run())]
+        try:
+            yield
+        finally:
+            for loop in loops:
+                loop.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            if self._tasks:
+                _, late = await asyncio.wait(self._tasks, timeout=BACKGROUND_GRACE_SECONDS)
+                for task in late:
+                    task.cancel()
+                await asyncio.gather(*late, return_exceptions=True)
+            await self.ledger.flush()
 
     async def watch_store(self) -> None:
         """Follow changes made by other replicas; record key use off the hot path."""

@@ -58,10 +58,7 @@ def create_app(
             stack.push_async_callback(gateway.quota.close)
             await gateway.reload()
             app.state.gateway = gateway
-            for loop in (gateway.watch_store(), gateway.ledger.run()):
-                stack.callback(asyncio.create_task(loop).cancel)
-            # Runs first at exit (LIFO): the last records are written.
-            stack.push_async_callback(gateway.ledger.flush)
+            await stack.enter_async_context(gateway.running())
             # The engine loads in the background: the server answers /healthz
             # (and 503 elsewhere) while the model loads.
             starting = asyncio.create_task(_start_engine(stack, engine_factory, gateway))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,15 +27,10 @@ from app.cli import DEMO_TENANTS, apply_tenants, create_key, register_adapter
 from app.engine.base import Engine
 from app.main import create_app
 from app.settings import Settings
+from tests.support.ports import free_port
 
 ENGINE_START_TIMEOUT_S = 600
 MAX_MODEL_LEN = 1024
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

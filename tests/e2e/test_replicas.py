@@ -18,10 +18,10 @@ from app.settings import Settings
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
     MAX_MODEL_LEN,
-    free_port,
     gateway_process,
     long_stream,
 )
+from tests.support.ports import free_port
 from tests.support.redis_server import redis_server
 
 pytestmark = pytest.mark.slow

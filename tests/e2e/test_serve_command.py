@@ -20,7 +20,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from app.bootstrap.demo_adapters import DEMO_ADAPTERS
-from tests.e2e.conftest import free_port, gateway_process
+from tests.e2e.conftest import gateway_process
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,6 @@ import asyncio
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -21,6 +20,7 @@ from app.admin.service import AdapterStorage, AdminService
 from app.settings import EMBEDDED_MODEL_DIR
 from app.store.db import open_database
 from app.tenancy.validation import BaseModelInfo
+from tests.support.ports import free_port
 
 
 def _pg_bin(name: str) -> str:
@@ -44,9 +44,7 @@ def postgres_server() -> Iterator[str]:
     data = Path(tempfile.mkdtemp(prefix="lgw-pg-"))
     if os.geteuid() == 0:
         shutil.chown(data, "postgres", "postgres")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     subprocess.run(
         _as_postgres_user(
             [

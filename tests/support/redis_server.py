@@ -11,12 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from tests.support.ports import free_port
 
 
 def _wait_ready(port: int, process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:

@@ -1,0 +1,77 @@
+"""The server process exits once it has shut down, even when a thread would hold it."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import httpx
+
+from tests.support.ports import free_port
+
+# A gateway-shaped app: its lifespan's shutdown leaves a thread behind when told to.
+SERVER = textwrap.dedent(
+    """
+    import sys, threading
+    from contextlib import asynccontextmanager
+    from fastapi import FastAPI
+    from app import server
+    from app.settings import Settings
+
+    server.EXIT_DEADLINE_SECONDS = 2.0
+
+    def held_forever():
+        threading.Event().wait()
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        if sys.argv[2] == "leave-a-thread":
+            threading.Thread(target=held_forever).start()  # not a daemon: holds the exit
+
+    app = FastAPI(lifespan=lifespan)
+    server.run(app, Settings(_env_file=None, port=int(sys.argv[1]), log_level="warning"))
+    """
+)
+
+
+def serve_then_interrupt(how: str) -> tuple[int, str, float]:
+    """Start the server, stop it with SIGINT once it answers; its exit status, its stderr
+    and the seconds from the signal to its exit."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-c", SERVER, str(port), how], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert process.poll() is None, process.communicate()[1]
+            assert time.monotonic() < deadline, "the server did not start"
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/openapi.json")
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        _, stderr = process.communicate(timeout=30)
+        return process.returncode, stderr, time.monotonic() - interrupted
+    finally:
+        process.kill()
+
+
+def test_a_clean_shutdown_exits_at_once() -> None:
+    status, stderr, seconds = serve_then_interrupt("clean")
+    assert status == 0, stderr
+    assert seconds < 2.0
+    assert "Thread" not in stderr
+
+
+def test_a_thread_left_running_cannot_hold_the_process() -> None:
+    status, stderr, seconds = serve_then_interrupt("leave-a-thread")
+    assert status == 1
+    assert 2.0 <= seconds < 10.0
+    assert "in held_forever" in stderr  # every thread's stack, the culprit's among them
