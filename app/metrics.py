@@ -175,9 +175,9 @@ REQUEST_DURATION = Histogram(
 )
 QUOTA_REJECTIONS = Counter(
     "lora_gateway_quota_rejections",
-    "Requests refused by a quota, by tenant and limit (requests, tokens, concurrent, "
-    "budget, too_large).",
-    ["tenant", "limit"],
+    "Requests refused by a quota, by tenant, limit (requests, tokens, concurrent, "
+    "budget, too_large) and scope: whose limit it was, the tenant's or the key's own.",
+    ["tenant", "limit", "scope"],
 )
 QUOTA_UNCHECKED = Counter(
     "lora_gateway_quota_unchecked",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from functools import partial
 
 from vllm import CompletionOutput
 
@@ -16,6 +17,7 @@ from app.protocol import (
     ChatCompletionRequest,
     ChatDelta,
     ChatLogprobs,
+    Usage,
 )
 from app.serving import generation as gen
 from app.serving.logprobs import chat_logprobs
@@ -72,9 +74,11 @@ class ChatService:
     def stream(
         self, request: ChatCompletionRequest, generation: gen.Generation
     ) -> AsyncIterator[str]:
-        def chunk(choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
+        def chunk(
+            choices: list[ChatChunkChoice], usage: Usage | None = None
+        ) -> ChatCompletionChunk:
             return ChatCompletionChunk(
-                id=_completion_id(generation), model=request.model, choices=choices
+                id=_completion_id(generation), model=request.model, choices=choices, usage=usage
             )
 
         def delta(out: CompletionOutput) -> ChatCompletionChunk:
@@ -89,13 +93,6 @@ class ChatService:
                 ]
             )
 
-        def closing(completion_tokens: int) -> ChatCompletionChunk | None:
-            if not request.include_usage:
-                return None
-            final = chunk([])
-            final.usage = gen.usage(generation.prompt_tokens, completion_tokens)
-            return final
-
         opening = [
             chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
             for i in range(request.n)
@@ -104,7 +101,8 @@ class ChatService:
             gen.stream(self._engine, generation, self._tracker),
             opening=opening,
             chunk=delta,
-            closing=closing,
+            usage=partial(chunk, []) if request.include_usage else None,
+            prompt_tokens=generation.prompt_tokens,
         )
 
     @staticmethod

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from functools import partial
 
 from vllm import CompletionOutput
 
 from app.engine.base import Engine
-from app.protocol import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
+from app.protocol import (
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    Usage,
+)
 from app.serving import generation as gen
 from app.serving.logprobs import completion_logprobs
 from app.serving.sse import event_stream
@@ -60,8 +67,10 @@ class CompletionService:
         echo = self._echo(request, generation)
         offsets = dict.fromkeys(range(request.n), len(echo))
 
-        def chunk(choices: list[CompletionChoice]) -> Completion:
-            return Completion(id=_completion_id(generation), model=request.model, choices=choices)
+        def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> Completion:
+            return Completion(
+                id=_completion_id(generation), model=request.model, choices=choices, usage=usage
+            )
 
         def delta(out: CompletionOutput) -> Completion:
             logprobs = self._logprobs(request, out, offsets[out.index])
@@ -77,13 +86,6 @@ class CompletionService:
                 ]
             )
 
-        def closing(completion_tokens: int) -> Completion | None:
-            if not request.include_usage:
-                return None
-            final = chunk([])
-            final.usage = gen.usage(generation.prompt_tokens, completion_tokens)
-            return final
-
         opening = (
             [
                 chunk([CompletionChoice(index=i, text=echo, finish_reason=None)])
@@ -96,7 +98,8 @@ class CompletionService:
             gen.stream(self._engine, generation, self._tracker),
             opening=opening,
             chunk=delta,
-            closing=closing,
+            usage=partial(chunk, []) if request.include_usage else None,
+            prompt_tokens=generation.prompt_tokens,
         )
 
     def _echo(self, request: CompletionRequest, generation: gen.Generation) -> str:

@@ -10,6 +10,8 @@ from pydantic import BaseModel
 from vllm import CompletionOutput, RequestOutput
 
 from app.errors import GatewayError
+from app.protocol import Usage
+from app.serving.generation import usage as token_usage
 
 logger = logging.getLogger(__name__)
 
@@ -25,9 +27,11 @@ async def event_stream(
     *,
     opening: Iterable[BaseModel],
     chunk: Callable[[CompletionOutput], BaseModel],
-    closing: Callable[[int], BaseModel | None],
+    usage: Callable[[Usage], BaseModel] | None,
+    prompt_tokens: int,
 ) -> AsyncIterator[str]:
-    """``opening`` events, one ``chunk`` per delta, ``closing(completion_tokens)``, [DONE].
+    """``opening`` events, one ``chunk`` per delta, then (when the client asked for it) the
+    ``usage`` chunk, and [DONE].
 
     An error once the response has started can only be reported in-band:
     it becomes one OpenAI-shaped error event before [DONE].
@@ -46,9 +50,8 @@ async def event_stream(
         logger.exception("stream failed")
         yield f"data: {_error_json(GatewayError('The server had an error while streaming.'))}\n\n"
     else:
-        last = closing(completion_tokens)
-        if last is not None:
-            yield event(last)
+        if usage is not None:
+            yield event(usage(token_usage(prompt_tokens, completion_tokens)))
     yield DONE
 
 

@@ -115,11 +115,10 @@ class RequestTracker:
         )
         try:
             reservation = await self._quota.reserve(subjects, worst_case, generation.request_id)
-        except QuotaExceeded as exc:
-            metrics.QUOTA_REJECTIONS.labels(tenant.id, exc.limit).inc()
-            raise
-        except QuotaTooLarge:
-            metrics.QUOTA_REJECTIONS.labels(tenant.id, "too_large").inc()
+        except (QuotaExceeded, QuotaTooLarge) as exc:
+            limit = "too_large" if isinstance(exc, QuotaTooLarge) else exc.limit
+            scope = "tenant" if exc.subject == tenant.id else "key"
+            metrics.QUOTA_REJECTIONS.labels(tenant.id, limit, scope).inc()
             raise
         if reservation.unchecked:
             metrics.QUOTA_UNCHECKED.labels(tenant.id).inc()

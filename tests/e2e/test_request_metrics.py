@@ -34,8 +34,15 @@ def test_requests_tokens_latency_and_rejections_per_tenant(gateway: LiveGateway)
         admin.post("/tenants", json={"id": "observed", "name": "O", "allow_base_model": True})
         admin.put("/tenants/observed/quota", json={"requests_per_minute": 2})
         key = admin.post("/tenants/observed/keys", json={}).json()["key"]
+        metered = admin.post("/tenants/observed/keys", json={}).json()
+        admin.put(f"/keys/{metered['id']}/quota", json={"tokens_per_minute": 5})
     client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=key, max_retries=0)
     base = gateway.settings.base_model_id
+    # Refused by the key's own limit before the tenant's is spent: it consumes nothing.
+    with pytest.raises(openai.BadRequestError):
+        client.with_options(api_key=metered["key"]).chat.completions.create(
+            model=base, messages=MESSAGES, max_tokens=6
+        )
     answer = client.chat.completions.create(model=base, messages=MESSAGES, max_tokens=6)
     chunks = list(
         client.chat.completions.create(
@@ -59,7 +66,9 @@ def test_requests_tokens_latency_and_rejections_per_tenant(gateway: LiveGateway)
     assert value(found, "lora_gateway_requests_total", **chat, status="rate_limit_exceeded") == 1
     unknown = {**tenant, "model": "(unknown)", "endpoint": "chat.completions"}
     assert value(found, "lora_gateway_requests_total", **unknown, status="model_not_found") == 1
-    assert value(found, "lora_gateway_quota_rejections_total", **tenant, limit="requests") == 1
+    rejections = "lora_gateway_quota_rejections_total"
+    assert value(found, rejections, **tenant, limit="requests", scope="tenant") == 1
+    assert value(found, rejections, **tenant, limit="too_large", scope="key") == 1
 
     usages = [answer.usage, chunks[-1].usage]
     assert all(u is not None for u in usages)
