@@ -35,7 +35,9 @@ def test_requests_tokens_latency_and_rejections_per_tenant(gateway: LiveGateway)
         admin.put("/tenants/observed/quota", json={"requests_per_minute": 2})
         key = admin.post("/tenants/observed/keys", json={}).json()["key"]
         metered = admin.post("/tenants/observed/keys", json={}).json()
-        admin.put(f"/keys/{metered['id']}/quota", json={"tokens_per_minute": 5})
+        quota = {"tokens_per_minute": 5}
+        put = admin.put(f"/tenants/observed/keys/{metered['id']}/quota", json=quota)
+        assert put.status_code == 200, put.text
     client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=key, max_retries=0)
     base = gateway.settings.base_model_id
     # Refused by the key's own limit before the tenant's is spent: it consumes nothing.
