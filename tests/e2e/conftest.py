@@ -27,7 +27,7 @@ from app.cli import DEMO_TENANTS, apply_tenants, create_key, register_adapter
 from app.engine.base import Engine
 from app.main import create_app
 from app.settings import Settings
-from tests.support.ports import free_port
+from tests.support.servers import free_port, wait_until_ready
 
 ENGINE_START_TIMEOUT_S = 600
 MAX_MODEL_LEN = 1024
@@ -93,17 +93,10 @@ def running_gateway(settings: Settings, keys: dict[str, str]) -> Iterator[LiveGa
     thread = threading.Thread(target=server.run, name="gateway", daemon=True)
     thread.start()
     base_url = f"http://127.0.0.1:{settings.port}"
-    deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
     try:
-        while True:
-            try:
-                if httpx.get(f"{base_url}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise RuntimeError("the gateway did not become ready")
-            time.sleep(0.5)
+        wait_until_ready(
+            f"{base_url}/readyz", alive=thread.is_alive, timeout=ENGINE_START_TIMEOUT_S
+        )
         yield LiveGateway(base_url, app, settings, keys)
     finally:
         server.should_exit = True
@@ -120,16 +113,12 @@ def gateway_process(
         [sys.executable, "-m", "app.cli", "serve"], env=env, start_new_session=True
     )
     try:
-        deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
-        while True:
-            assert server.poll() is None, "the gateway exited"
-            assert time.monotonic() < deadline, "the gateway did not become ready"
-            try:
-                if (http or httpx).get(f"{base_url}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
+        wait_until_ready(
+            f"{base_url}/readyz",
+            alive=lambda: server.poll() is None,
+            timeout=ENGINE_START_TIMEOUT_S,
+            http=http,
+        )
         yield server
     finally:
         os.killpg(server.pid, signal.SIGINT)

@@ -21,8 +21,8 @@ from tests.e2e.conftest import (
     gateway_process,
     long_stream,
 )
-from tests.support.ports import free_port
 from tests.support.redis_server import redis_server
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from cryptography.x509.oid import NameOID
 
 from app.bootstrap.demo_adapters import DEMO_ADAPTERS
 from tests.e2e.conftest import gateway_process
-from tests.support.ports import free_port
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.slow
 

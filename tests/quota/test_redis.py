@@ -15,7 +15,7 @@ from app.quota import Limits, QuotaBackendUnavailable, QuotaExceeded
 from app.quota.limits import period_id
 from app.quota.redis import RedisBackend
 from tests.quota.test_backends import TENANT, crowd
-from tests.support.ports import free_port
+from tests.support.servers import free_port
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from app.admin.service import AdapterStorage, AdminService
 from app.settings import EMBEDDED_MODEL_DIR
 from app.store.db import open_database
 from app.tenancy.validation import BaseModelInfo
-from tests.support.ports import free_port
+from tests.support.servers import free_port
 
 
 def _pg_bin(name: str) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.ports import free_port
+from tests.support.servers import free_port
 
 
 def _wait_ready(port: int, process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:

@@ -8,9 +8,7 @@ import sys
 import textwrap
 import time
 
-import httpx
-
-from tests.support.ports import free_port
+from tests.support.servers import free_port, wait_until_ready
 
 # A gateway-shaped app: its lifespan's shutdown leaves a thread behind when told to.
 SERVER = textwrap.dedent(
@@ -49,15 +47,8 @@ def serve_then_interrupt(how: str) -> tuple[int, str, float]:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert process.poll() is None, process.communicate()[1]
-            assert time.monotonic() < deadline, "the server did not start"
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/openapi.json")
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        url = f"http://127.0.0.1:{port}/openapi.json"
+        wait_until_ready(url, alive=lambda: process.poll() is None, timeout=30)
         process.send_signal(signal.SIGINT)
         interrupted = time.monotonic()
         _, stderr = process.communicate(timeout=30)
