@@ -1,18 +1,97 @@
-"""OpenAI wire models: what clients send and what they get back."""
+"""OpenAI wire models: what clients send and what they get back.
+
+A request is refused (400 naming the field) rather than served differently from what it
+asks: fields of OpenAI's API this server does not honour are listed in
+``UNSUPPORTED_FIELDS``, and values the engine would reject are bounded here, where the
+error can still name the field.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 MAX_STOP_SEQUENCES = 4
+MAX_USER_LENGTH = 256
+# The engine's transport (MessagePack) carries signed 64-bit integers at most.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# vLLM samples greedily below this temperature (vllm.sampling_params._SAMPLING_EPS).
+GREEDY_TEMPERATURE = 1e-5
+
+# Fields of OpenAI's chat and text completion APIs that this server does not honour yet,
+# each with the values besides null that mean "off" (SDKs send such defaults). Any other
+# value is refused with a 400 naming the field: a client asking for JSON mode or tools must
+# never get a 200 that silently ignored it. Supporting a field means deleting it here.
+UNSUPPORTED_FIELDS: Mapping[str, tuple[object, ...]] = {
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "parallel_tool_calls": (True,),
+    "functions": ([],),
+    "function_call": ("none",),
+    "response_format": ({"type": "text"},),
+    "logit_bias": ({},),
+    "audio": (),
+    "modalities": (["text"],),
+    "prediction": (),
+    "web_search_options": (),
+    "reasoning_effort": ("none",),
+    "verbosity": ("medium",),
+    "service_tier": ("auto", "default"),
+    "store": (False,),
+    "best_of": (1,),  # text completions only
+    "suffix": ("",),  # text completions only
+}
+# Parts of messages that only make sense with tool calling or audio output.
+_UNSUPPORTED_MESSAGE_FIELDS: Mapping[str, tuple[object, ...]] = {
+    "tool_calls": ([],),
+    "function_call": (),
+    "audio": (),
+}
+_TOOL_ROLES = ("tool", "function")
+
+
+def _refusal(model: str, errors: list[InitErrorDetails]) -> ValidationError:
+    # Raised from a "before" validator, a ValidationError keeps its own locations (nested
+    # under the enclosing field's), so the 400 names the offending field.
+    return ValidationError.from_exception_data(model, errors)
+
+
+def _unsupported(name: str, value: object, message: str) -> InitErrorDetails:
+    return InitErrorDetails(
+        type=PydanticCustomError("unsupported_parameter", message), loc=(name,), input=value
+    )
+
+
+def _shape_error(message: str) -> PydanticCustomError:
+    # A union field's own errors are located at one of its members ("prompt.str"); a check
+    # of the shape first keeps the location at the field.
+    return PydanticCustomError("invalid_type", message)
+
+
+def _active(data: Mapping[str, Any], fields: Mapping[str, tuple[object, ...]]) -> list[str]:
+    return [
+        name
+        for name, off in fields.items()
+        if data.get(name) is not None and not any(data[name] == value for value in off)
+    ]
 
 
 class OpenAIModel(BaseModel):
-    # Clients send fields we do not act on (`user`, `metadata`, ...): accept them.
-    model_config = ConfigDict(extra="ignore")
+    # Clients send fields outside OpenAI's API (other servers' extensions): ignore those.
+    # JSON has no NaN or infinity, but Python's parser accepts them: refuse them.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class TextPart(OpenAIModel):
@@ -25,6 +104,44 @@ class ChatMessage(OpenAIModel):
     content: str | list[TextPart] | None = None
     name: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_tool_calling(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        role = data.get("role")
+        if role in _TOOL_ROLES:
+            message = f"`{role}` messages are not supported: this server has no tool calling"
+            raise _refusal(cls.__name__, [_unsupported("role", role, message)])
+        message = "`{}` in messages is not supported: this server has no tool calling or audio"
+        errors = [
+            _unsupported(name, data[name], message.format(name))
+            for name in _active(data, _UNSUPPORTED_MESSAGE_FIELDS)
+        ]
+        if errors:
+            raise _refusal(cls.__name__, errors)
+        return data
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_only(cls, content: Any) -> Any:
+        if content is None or isinstance(content, str):
+            return content
+        if not isinstance(content, list):
+            raise _shape_error("`content` must be a string or a list of text parts")
+        for index, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+            if kind != "text":
+                raise PydanticCustomError(
+                    "unsupported_content",
+                    "content part {index} is of type '{kind}'; only text parts are supported",
+                    {"index": index, "kind": str(kind)},
+                )
+            if not isinstance(part.get("text"), str):
+                message = f"content part {index} needs a string `text`"
+                raise _shape_error(message)
+        return content
+
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
@@ -35,23 +152,71 @@ class StreamOptions(OpenAIModel):
     include_usage: bool = False
 
 
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+TokenCount = Annotated[int, Field(ge=1, le=INT64_MAX)]
+
+
 class SamplingFields(OpenAIModel):
-    """Fields shared by chat and text completions."""
+    """Fields shared by chat and text completions; null means the field's default."""
 
     model: str
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     n: Annotated[int, Field(ge=1, le=16)] = 1
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
-    seed: int | None = None
+    max_tokens: TokenCount | None = None
+    stop: str | list[str] | None = None
+    seed: Int64 | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Kept for the usage ledger; it changes nothing in the answer.
+    user: Annotated[str, Field(max_length=MAX_USER_LENGTH)] | None = None
     # vLLM's extensions, as its own server takes them (extra_body in the openai client).
     ignore_eos: bool = False
-    min_tokens: Annotated[int, Field(ge=0)] = 0
+    min_tokens: Annotated[int, Field(ge=0, le=INT64_MAX)] = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        errors = [
+            _unsupported(name, data[name], f"`{name}` is not supported by this server; omit it")
+            for name in _active(data, UNSUPPORTED_FIELDS)
+        ]
+        if errors:
+            raise _refusal(cls.__name__, errors)
+        # OpenAI's API takes null for "use the default"; dropping nulls lets every field
+        # keep one non-null type and default.
+        return {key: value for key, value in data.items() if value is not None}
+
+    @field_validator("n")
+    @classmethod
+    def _n_needs_sampling(cls, n: int, info: ValidationInfo) -> int:
+        temperature = info.data.get("temperature")
+        if n > 1 and temperature is not None and temperature < GREEDY_TEMPERATURE:
+            raise PydanticCustomError(
+                "greedy_n",
+                "`n` must be 1 when `temperature` is 0: greedy sampling gives one answer",
+            )
+        return n
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_strings(cls, stop: Any) -> Any:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise _shape_error("`stop` must be a string or a list of strings")
+        if len(stops) > MAX_STOP_SEQUENCES:
+            raise PydanticCustomError(
+                "too_many_stops",
+                "at most {limit} stop sequences are allowed",
+                {"limit": MAX_STOP_SEQUENCES},
+            )
+        if "" in stops:
+            raise PydanticCustomError("empty_stop", "stop sequences must not be empty strings")
+        return stop
 
     @property
     def stop_sequences(self) -> list[str]:
@@ -66,15 +231,18 @@ class SamplingFields(OpenAIModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: TokenCount | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
 
-    @model_validator(mode="after")
-    def _check(self) -> ChatCompletionRequest:
-        if self.top_logprobs and not self.logprobs:
-            raise ValueError("`top_logprobs` requires `logprobs` to be true")
-        return self
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, top: int | None, info: ValidationInfo) -> int | None:
+        if top and not info.data.get("logprobs"):
+            raise PydanticCustomError(
+                "top_logprobs_without_logprobs", "`top_logprobs` requires `logprobs` to be true"
+            )
+        return top
 
     @property
     def completion_limit(self) -> int | None:
@@ -86,10 +254,26 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | Annotated[list[int], Field(min_length=1)]
+    prompt: str | list[int]
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: bool = False
-    max_tokens: Annotated[int, Field(ge=1)] | None = 16
+    max_tokens: TokenCount | None = 16
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, prompt: Any) -> Any:
+        if isinstance(prompt, list) and any(isinstance(item, (str, list)) for item in prompt):
+            raise _shape_error(
+                "`prompt` must be one string or one list of token ids; send one request per prompt"
+            )
+        token_ids = isinstance(prompt, list) and all(
+            isinstance(item, int) and not isinstance(item, bool) for item in prompt
+        )
+        if not (isinstance(prompt, str) or token_ids):
+            raise _shape_error("`prompt` must be a string or a list of token ids (integers)")
+        if not prompt:
+            raise PydanticCustomError("empty_prompt", "`prompt` must not be empty")
+        return prompt
 
     @property
     def completion_limit(self) -> int | None:
