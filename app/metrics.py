@@ -185,6 +185,13 @@ QUOTA_UNCHECKED = Counter(
     "unreachable and quota_fail_open is set.",
     ["tenant"],
 )
+QUOTA_BACKEND_ERRORS = Counter(
+    "lora_gateway_quota_backend_errors",
+    "Quota store operations (reserve, precheck, reconcile, renew, usage) that failed, by "
+    "reason (unreachable, timeout, read_only, out_of_memory, error_reply, unexpected_reply); "
+    "each was handled by quota_fail_open.",
+    ["operation", "reason"],
+)
 
 ADAPTER_SWAPS = Counter(
     "lora_gateway_adapter_swaps",
@@ -205,6 +212,15 @@ ADAPTER_TIER = Gauge(
     multiprocess_mode="livemax",
 )
 
+# -- access: recorded in the gateway process -----------------------------------
+
+ADMIN_AUTH_FAILURES = Counter(
+    "lora_gateway_admin_auth_failures",
+    "Admin API requests refused for a missing or invalid admin token, by whether "
+    "an audit record was written (audited: yes, or no when throttled).",
+    ["audited"],
+)
+
 METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
     ADAPTER_USES,
     ADAPTER_SWAPS,
@@ -222,6 +238,8 @@ METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
     REQUEST_DURATION,
     QUOTA_REJECTIONS,
     QUOTA_UNCHECKED,
+    ADMIN_AUTH_FAILURES,
+    QUOTA_BACKEND_ERRORS,
 )
 
 

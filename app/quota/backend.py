@@ -1,9 +1,12 @@
 """The quota engine's interface: :class:`QuotaBackend`, its :class:`Reservation`, and
 :func:`backend_from_url`, which picks the storage (``memory://`` or ``redis://``).
 
-A backend implements four storage primitives (``_reserve``, ``_reconcile``, ``_renew``,
-``_usage``); this module adds what every backend shares: argument checks, the errors and their
-messages, the rate-limit headers, and the fail-open policy when the store is unreachable.
+A backend implements five storage primitives (``_reserve``, ``_precheck``, ``_reconcile``,
+``_renew``, ``_usage``); this module adds what every backend shares: argument checks, the errors
+and their messages, the rate-limit headers, and one policy for every store failure: a storage
+primitive raises :class:`QuotaBackendUnavailable` for any failure of its store (not only an
+unreachable one), which is counted and logged (:mod:`app.quota.outage`) and then fails open or
+closed as ``fail_open`` says; settling and renewing never raise it into a request.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from urllib.parse import urlsplit
 from app.quota.errors import QuotaBackendUnavailable, QuotaExceeded, QuotaTooLarge
 from app.quota.headers import format_duration, rate_limit_headers, retry_headers
 from app.quota.limits import LimitKind, Limits, Usage
+from app.quota.outage import OutageLog
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +34,9 @@ RECONCILE_WINDOW_S = 86_400
 
 CONCURRENCY_RETRY_S = 1.0
 """The suggested retry after a concurrency refusal: no one knows when a request will finish."""
+
+PRECHECK_TOKENS = 1
+"""What :meth:`QuotaBackend.precheck` assumes a request costs: every request has a prompt."""
 
 
 @dataclass(frozen=True)
@@ -114,8 +121,9 @@ class QuotaBackend(ABC):
     ``lease_seconds``: a holder that disappears loses its slot when the lease runs out, and a
     live one keeps it with :meth:`renew`.
 
-    When the store is unreachable, ``fail_open`` admits requests unchecked (flagged on the
-    reservation) instead of raising :class:`QuotaBackendUnavailable`; either way it is logged.
+    When the store fails, ``fail_open`` admits requests unchecked (flagged on the
+    reservation) instead of raising :class:`QuotaBackendUnavailable`; either way the failure
+    is counted (``lora_gateway_quota_backend_errors``) and logged.
     """
 
     def __init__(self, *, fail_open: bool = False, lease_seconds: float = 60.0) -> None:
@@ -123,7 +131,29 @@ class QuotaBackend(ABC):
             raise ValueError("lease_seconds must be positive")
         self.fail_open = fail_open
         self.lease_seconds = lease_seconds
-        self._down = False
+        self._outage = OutageLog(fail_open=fail_open)
+
+    async def precheck(self, subjects: Subjects) -> None:
+        """Refuse early, before the request's size is known, what :meth:`reserve` would
+        certainly refuse: a requests-per-minute limit or a concurrency limit already reached,
+        or a tokens-per-minute limit or budget without room for a single token.
+
+        Raises the :class:`QuotaExceeded` (headers, ``Retry-After``) that :meth:`reserve`
+        would; commits nothing, so passing it admits nothing: :meth:`reserve` follows. A failed
+        store fails open (passes) or closed (:class:`QuotaBackendUnavailable`), as reserve does.
+        """
+        pairs = tuple(subjects)
+        _check_request(pairs, 0)
+        if not pairs:
+            return
+        try:
+            refused = await self._guard("precheck", self._precheck(pairs))
+        except QuotaBackendUnavailable:
+            if not self.fail_open:
+                raise
+            return
+        if refused is not None:
+            raise _exceeded(pairs, None, refused)
 
     async def reserve(
         self, subjects: Subjects, tokens: int, reservation_id: str | None = None
@@ -132,9 +162,10 @@ class QuotaBackend(ABC):
 
         Raises :class:`QuotaExceeded` (429) when a limit is reached, :class:`QuotaTooLarge` (400)
         when ``tokens`` alone exceed a subject's tokens per minute or budget,
-        :class:`QuotaBackendUnavailable` (503) when the store is unreachable and the backend
-        fails closed, and ``ValueError`` for a duplicate subject or reservation id. On any error
-        nothing was charged.
+        :class:`QuotaBackendUnavailable` (503) when the store fails and the backend fails
+        closed, and ``ValueError`` for a duplicate subject or reservation id. On any error
+        nothing was charged (a store that failed may have applied it all, or nothing; the
+        leases then expire).
         """
         pairs = tuple(subjects)
         rid = reservation_id if reservation_id is not None else uuid.uuid4().hex
@@ -146,7 +177,7 @@ class QuotaBackend(ABC):
         except QuotaBackendUnavailable:
             if not self.fail_open:
                 raise
-            logger.debug("quota store unreachable: admitting %s unchecked", rid)
+            logger.debug("quota store failed: admitting %s unchecked", rid)
             return Reservation(rid, (), tokens, 0, unchecked=True)
         if isinstance(outcome, Refused):
             raise _exceeded(pairs, tokens, outcome)
@@ -163,7 +194,8 @@ class QuotaBackend(ABC):
 
         Idempotent: only the first call settles. A refund is not given to a tokens-per-minute
         limit that has emptied since the reservation (the charge has already drained away).
-        Never raises for an unreachable store (it is logged; the leases then expire).
+        Never raises for a failed store (it is counted and logged; the leases then expire and
+        the reserved tokens stay charged).
         """
         if actual_tokens < 0:
             raise ValueError("actual_tokens must not be negative")
@@ -178,7 +210,8 @@ class QuotaBackend(ABC):
         """Extend this reservation's own concurrency leases by ``lease_seconds`` from now.
 
         Returns whether every lease was still held; an expired or released lease is not
-        revived, and ``False`` also means the store could not be reached.
+        revived. ``False`` also means the store failed: that is counted and logged, never
+        raised, so a caller renewing periodically just tries again next period.
         """
         if reservation.unchecked or not reservation.charges:
             return True
@@ -203,6 +236,11 @@ class QuotaBackend(ABC):
         atomic step. ``ValueError`` if ``rid`` is already in use."""
 
     @abstractmethod
+    async def _precheck(self, subjects: Subjects) -> Refused | None:
+        """Check every limit of every subject as :meth:`_reserve` would for a request of
+        ``PRECHECK_TOKENS``; change nothing. ``None`` when all pass."""
+
+    @abstractmethod
     async def _reconcile(self, reservation: Reservation, actual_tokens: int) -> None:
         """Release the leases; the first time only, move the charges to ``actual_tokens``."""
 
@@ -215,20 +253,12 @@ class QuotaBackend(ABC):
         """Read a subject's consumption."""
 
     async def _guard(self, operation: str, call: Awaitable[T]) -> T:
-        # Log once when the store goes away and once when it is back, not once per request.
         try:
             result = await call
         except QuotaBackendUnavailable as exc:
-            if not self._down:
-                self._down = True
-                mode = "admitting unchecked" if self.fail_open else "refusing requests"
-                logger.error(
-                    "quota store unreachable during %s (%s): %s", operation, mode, exc.__cause__
-                )
+            self._outage.failed(operation, exc.reason, exc.__cause__)
             raise
-        if self._down:
-            self._down = False
-            logger.warning("quota store reachable again")
+        self._outage.succeeded()
         return result
 
 
@@ -268,15 +298,17 @@ def _headers(subjects: Subjects, levels: Sequence[Levels]) -> dict[str, str]:
     return rate_limit_headers(requests, tokens)
 
 
-def _exceeded(subjects: Subjects, tokens: int, refused: Refused) -> QuotaExceeded:
+def _exceeded(subjects: Subjects, tokens: int | None, refused: Refused) -> QuotaExceeded:
+    """The refusal to report; ``tokens`` is ``None`` when the request's size is not known."""
     headers = _headers(subjects, refused.levels)
+    requested = "" if tokens is None else f", Requested {tokens}"
     spent = [v for v in refused.violations if v.limit == "budget"]
     if spent:
         v = spent[0]
         subject, limits = subjects[v.index]
         return QuotaExceeded(
             f"You exceeded the token budget of {subject}: Limit {limits.token_budget} per "
-            f"{limits.budget_period} (UTC), Used {v.used:.0f}, Requested {tokens}. "
+            f"{limits.budget_period} (UTC), Used {v.used:.0f}{requested}. "
             f"It renews at the start of the next {limits.budget_period}.",
             limit="budget",
             subject=subject,
@@ -295,10 +327,11 @@ def _exceeded(subjects: Subjects, tokens: int, refused: Refused) -> QuotaExceede
     else:
         name = "requests per min (RPM)" if v.limit == "requests" else "tokens per min (TPM)"
         limit = limits.requests_per_minute if v.limit == "requests" else limits.tokens_per_minute
-        requested = 1 if v.limit == "requests" else tokens
+        if v.limit == "requests":
+            requested = ", Requested 1"
         message = (
             f"Rate limit reached for {subject} on {name}: Limit {limit}, "
-            f"Used {math.ceil(v.used - 1e-6)}, Requested {requested}. "
+            f"Used {math.ceil(v.used - 1e-6)}{requested}. "
             f"Please try again in {format_duration(wait)}."
         )
     return QuotaExceeded(

@@ -57,12 +57,19 @@ class QuotaTooLarge(BadRequestError):
 
 
 class QuotaBackendUnavailable(GatewayError):
-    """The quota store cannot be reached and the backend fails closed (503)."""
+    """The quota store failed (unreachable, timed out, read-only after a failover, out of
+    memory, an unexpected reply) and the backend fails closed (503).
+
+    ``reason`` names the failure for metrics and logs; the client's message does not."""
 
     status_code = 503
     code = "quota_backend_unavailable"
 
     def __init__(
-        self, message: str = "Rate limiting is temporarily unavailable. Please retry shortly."
+        self,
+        message: str = "Rate limiting is temporarily unavailable. Please retry shortly.",
+        *,
+        reason: str = "unreachable",
     ) -> None:
         super().__init__(message)
+        self.reason = reason

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.quota.backend import (
+    PRECHECK_TOKENS,
     RECONCILE_WINDOW_S,
     Admitted,
     Levels,
@@ -65,35 +66,9 @@ class MemoryBackend(QuotaBackend):
             self._forget_stale(now)
             if rid in self._open:
                 raise ValueError(f"reservation id {rid!r} is in use")
-            plans: list[_Plan] = []
-            violations: list[Violation] = []
-            for index, (subject, limits) in enumerate(subjects):
-                plan = _Plan()
-                plans.append(plan)
-                if limits.requests_per_minute is not None:
-                    plan.requests = self._current(
-                        "requests", subject, limits.requests_per_minute, now
-                    )
-                    wait = wait_seconds(plan.requests[0], 1, limits.requests_per_minute)
-                    if wait > 0:
-                        violations.append(Violation(index, "requests", wait, plan.requests[0]))
-                if limits.tokens_per_minute is not None:
-                    plan.tokens = self._current("tokens", subject, limits.tokens_per_minute, now)
-                    wait = wait_seconds(plan.tokens[0], tokens, limits.tokens_per_minute)
-                    if wait > 0:
-                        violations.append(Violation(index, "tokens", wait, plan.tokens[0]))
-                if limits.max_concurrent is not None:
-                    live = len(self._live_leases(subject, now))
-                    if live >= limits.max_concurrent:
-                        violations.append(Violation(index, "concurrent", None, live))
-                if limits.token_budget is not None and limits.budget_period is not None:
-                    plan.period = period_id(limits.budget_period, now)
-                    plan.budget_used = self._budget_used(subject, plan.period)
-                    if plan.budget_used + tokens > limits.token_budget:
-                        violations.append(Violation(index, "budget", None, plan.budget_used))
-            levels = [_levels(plan) for plan in plans]
-            if violations:
-                return Refused(tuple(violations), tuple(levels))
+            plans, refused = self._check(subjects, tokens, now)
+            if refused is not None:
+                return refused
 
             lease_until = now + round(self.lease_seconds * 1_000_000)
             after: list[Levels] = []
@@ -116,6 +91,42 @@ class MemoryBackend(QuotaBackend):
                 )
             self._open[rid] = now + RECONCILE_WINDOW_S * 1_000_000
             return Admitted(now, tuple(plan.period for plan in plans), tuple(after))
+
+    async def _precheck(self, subjects: Subjects) -> Refused | None:
+        with self._lock:
+            return self._check(subjects, PRECHECK_TOKENS, self._now_us())[1]
+
+    def _check(
+        self, subjects: Subjects, tokens: int, now: int
+    ) -> tuple[list[_Plan], Refused | None]:
+        """Every limit of every subject against a request of ``tokens``; charges nothing."""
+        plans: list[_Plan] = []
+        violations: list[Violation] = []
+        for index, (subject, limits) in enumerate(subjects):
+            plan = _Plan()
+            plans.append(plan)
+            if limits.requests_per_minute is not None:
+                plan.requests = self._current("requests", subject, limits.requests_per_minute, now)
+                wait = wait_seconds(plan.requests[0], 1, limits.requests_per_minute)
+                if wait > 0:
+                    violations.append(Violation(index, "requests", wait, plan.requests[0]))
+            if limits.tokens_per_minute is not None:
+                plan.tokens = self._current("tokens", subject, limits.tokens_per_minute, now)
+                wait = wait_seconds(plan.tokens[0], tokens, limits.tokens_per_minute)
+                if wait > 0:
+                    violations.append(Violation(index, "tokens", wait, plan.tokens[0]))
+            if limits.max_concurrent is not None:
+                live = len(self._live_leases(subject, now))
+                if live >= limits.max_concurrent:
+                    violations.append(Violation(index, "concurrent", None, live))
+            if limits.token_budget is not None and limits.budget_period is not None:
+                plan.period = period_id(limits.budget_period, now)
+                plan.budget_used = self._budget_used(subject, plan.period)
+                if plan.budget_used + tokens > limits.token_budget:
+                    violations.append(Violation(index, "budget", None, plan.budget_used))
+        if not violations:
+            return plans, None
+        return plans, Refused(tuple(violations), tuple(_levels(plan) for plan in plans))
 
     async def _reconcile(self, reservation: Reservation, actual_tokens: int) -> None:
         with self._lock:

@@ -7,11 +7,17 @@ Keys, under ``key_prefix``: ``rq:<subject>`` / ``tk:<subject>`` (requests / toke
 hashes), ``cc:<subject>`` (concurrency leases: a sorted set of reservation ids scored by expiry),
 ``bg:<subject>:<period>`` (tokens charged in a budget period), ``rs:<id>`` (an open reservation,
 which makes reconcile idempotent). Every key expires on its own.
+
+Every failure of Redis becomes :class:`QuotaBackendUnavailable` with a ``reason``: not only an
+unreachable server or a timeout, but a replica that became read-only in a failover, a server
+out of memory, any error reply, and a reply the scripts would never give.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from typing import Any
 
@@ -20,9 +26,16 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import (
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+)
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.quota.backend import (
+    PRECHECK_TOKENS,
     RECONCILE_WINDOW_S,
     Admitted,
     Levels,
@@ -35,21 +48,50 @@ from app.quota.backend import (
 from app.quota.errors import QuotaBackendUnavailable
 from app.quota.limits import Limits, Usage
 
-_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+SCRIPTS = ("reserve", "precheck", "reconcile", "renew", "usage")
 
 
 def lua_source(name: str) -> str:
-    """A script from ``app/quota/lua``, with the shared ``common.lua`` in front."""
+    """A script from ``app/quota/lua``, with the shared ``common.lua`` in front (after the
+    script's ``#!lua`` flags line, which Redis reads only as the first line)."""
     folder = resources.files("app.quota").joinpath("lua")
     common = folder.joinpath("common.lua").read_text(encoding="utf-8")
-    return common + "\n" + folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    script = folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    if script.startswith("#!"):
+        flags, _, body = script.partition("\n")
+        return f"{flags}\n{common}\n{body}"
+    return common + "\n" + script
+
+
+def failure_reason(exc: BaseException) -> str:
+    """A bounded name for what went wrong, for the metric's ``reason`` label."""
+    if isinstance(exc, RedisTimeoutError):
+        return "timeout"
+    if isinstance(exc, (RedisConnectionError, OSError)):
+        return "unreachable"
+    if isinstance(exc, ReadOnlyError) or str(exc).find("READONLY") >= 0:
+        return "read_only"
+    if isinstance(exc, OutOfMemoryError) or str(exc).find("OOM") >= 0:
+        return "out_of_memory"
+    if isinstance(exc, ResponseError):
+        return "error_reply"
+    return "unexpected_reply"
+
+
+@contextmanager
+def _store_failures() -> Iterator[None]:
+    """Re-raise every failure of Redis, or of a reply, as :class:`QuotaBackendUnavailable`."""
+    try:
+        yield
+    except (RedisError, OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+        raise QuotaBackendUnavailable(reason=failure_reason(exc)) from exc
 
 
 class RedisBackend(QuotaBackend):
     """Quota state in Redis (a single server or a primary; not Redis Cluster).
 
-    Unreachable means a connection error or a timeout; the client does not retry, so a request
-    waits at most ``socket_timeout`` before the fail-open or fail-closed policy applies.
+    The client does not retry, so a request waits at most ``socket_timeout`` before the
+    fail-open or fail-closed policy applies.
     """
 
     def __init__(
@@ -64,8 +106,7 @@ class RedisBackend(QuotaBackend):
         self._client = client
         self._prefix = key_prefix
         self._scripts: dict[str, AsyncScript] = {
-            name: client.register_script(lua_source(name))
-            for name in ("reserve", "reconcile", "renew", "usage")
+            name: client.register_script(lua_source(name)) for name in SCRIPTS
         }
 
     @classmethod
@@ -96,15 +137,13 @@ class RedisBackend(QuotaBackend):
         return f"{self._prefix}{kind}:{name}"
 
     async def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
-        try:
+        with _store_failures():
             return await self._scripts[script](keys=keys, args=args)
-        except _UNREACHABLE as exc:
-            raise QuotaBackendUnavailable() from exc
 
-    async def _reserve(self, rid: str, tokens: int, subjects: Subjects) -> Admitted | Refused:
-        keys = [self._key("rs", rid)]
-        args: list[Any] = [rid, tokens, round(self.lease_seconds * 1_000_000)]
-        args.append(RECONCILE_WINDOW_S * 1000)
+    def _subject_keys(self, subjects: Subjects) -> tuple[list[str], list[Any]]:
+        """The keys and arguments ``check_subjects`` (``lua/common.lua``) reads per subject."""
+        keys: list[str] = []
+        args: list[Any] = []
         for subject, limits in subjects:
             keys += [
                 self._key("rq", subject),
@@ -119,18 +158,30 @@ class RedisBackend(QuotaBackend):
                 limits.token_budget or 0,
                 limits.budget_period or "",
             ]
-        result = json.loads(await self._run("reserve", keys, args))
+        return keys, args
+
+    async def _reserve(self, rid: str, tokens: int, subjects: Subjects) -> Admitted | Refused:
+        subject_keys, subject_args = self._subject_keys(subjects)
+        keys = [self._key("rs", rid), *subject_keys]
+        args: list[Any] = [rid, tokens, round(self.lease_seconds * 1_000_000)]
+        args += [RECONCILE_WINDOW_S * 1000, *subject_args]
+        result = _decode(await self._run("reserve", keys, args))
         if result.get("duplicate"):
             raise ValueError(f"reservation id {rid!r} is in use")
-        levels = tuple(Levels(requests, tokens) for requests, tokens in result["levels"])
-        if "violations" in result:
-            violations = tuple(
-                Violation(index - 1, limit, wait, used)
-                for index, limit, wait, used in result["violations"]
-            )
-            return Refused(violations, levels)
-        periods = tuple(period or None for period in result["periods"])
-        return Admitted(int(result["now"]), periods, levels)
+        with _store_failures():
+            refused = _refused(result, subjects)
+            if refused is not None:
+                return refused
+            periods = tuple(period or None for period in result["periods"])
+            if len(periods) != len(subjects):
+                raise ValueError(f"{len(periods)} periods for {len(subjects)} subjects")
+            return Admitted(int(result["now"]), periods, _levels(result, subjects))
+
+    async def _precheck(self, subjects: Subjects) -> Refused | None:
+        keys, args = self._subject_keys(subjects)
+        result = _decode(await self._run("precheck", keys, [PRECHECK_TOKENS, *args]))
+        with _store_failures():
+            return _refused(result, subjects)
 
     async def _reconcile(self, reservation: Reservation, actual_tokens: int) -> None:
         keys = [self._key("rs", reservation.id)]
@@ -160,7 +211,8 @@ class RedisBackend(QuotaBackend):
             return True
         lease_us = round(self.lease_seconds * 1_000_000)
         held = await self._run("renew", keys, [reservation.id, lease_us])
-        return int(held) == len(keys)
+        with _store_failures():
+            return int(held) == len(keys)
 
     async def _usage(self, subject: str, limits: Limits) -> Usage:
         keys = [
@@ -171,11 +223,41 @@ class RedisBackend(QuotaBackend):
         ]
         period = limits.budget_period if limits.token_budget is not None else None
         args = [limits.requests_per_minute or 0, limits.tokens_per_minute or 0, period or ""]
-        result = json.loads(await self._run("usage", keys, args))
-        return Usage(
-            requests=result.get("requests"),
-            tokens=result.get("tokens"),
-            concurrent=int(result["concurrent"]),
-            budget_used=result.get("budget_used"),
-            budget_period=result.get("period"),
-        )
+        result = _decode(await self._run("usage", keys, args))
+        with _store_failures():
+            return Usage(
+                requests=result.get("requests"),
+                tokens=result.get("tokens"),
+                concurrent=int(result["concurrent"]),
+                budget_used=result.get("budget_used"),
+                budget_period=result.get("period"),
+            )
+
+
+def _decode(reply: Any) -> dict[str, Any]:
+    """A script's JSON reply, as an object."""
+    with _store_failures():
+        result = json.loads(reply)
+        if not isinstance(result, dict):
+            raise TypeError(f"not a JSON object: {reply!r}")
+        return result
+
+
+def _levels(result: dict[str, Any], subjects: Subjects) -> tuple[Levels, ...]:
+    levels = tuple(Levels(requests, tokens) for requests, tokens in result["levels"])
+    if len(levels) != len(subjects):
+        raise ValueError(f"{len(levels)} levels for {len(subjects)} subjects")
+    return levels
+
+
+def _refused(result: dict[str, Any], subjects: Subjects) -> Refused | None:
+    """The refusal a script reported, ``None`` when every limit passed."""
+    levels = _levels(result, subjects)
+    if "violations" not in result:
+        return None
+    violations = tuple(
+        Violation(index - 1, limit, wait, used) for index, limit, wait, used in result["violations"]
+    )
+    if not violations or not all(0 <= v.index < len(subjects) for v in violations):
+        raise ValueError(f"violations out of range: {result['violations']!r}")
+    return Refused(violations, levels)

@@ -403,3 +403,87 @@ async def test_no_subjects_or_no_limits_admit(backend: QuotaBackend) -> None:
     assert dict(unlimited.headers) == {}
     assert await backend.renew(unlimited)
     await backend.reconcile(unlimited, 5)
+
+
+# -- precheck: refuse early what reserve would refuse, commit nothing ----------------------------
+
+
+async def test_precheck_commits_nothing(backend: QuotaBackend, clock: Clock) -> None:
+    key_limits = Limits(requests_per_minute=2, max_concurrent=2)
+    subjects = [(TENANT, TENANT_LIMITS), (KEY, key_limits)]
+    for _ in range(5):
+        await backend.precheck(subjects)
+    usage = await backend.usage(TENANT, TENANT_LIMITS)
+    assert (usage.requests, usage.tokens, usage.concurrent, usage.budget_used) == (0, 0, 0, 0)
+    assert (await backend.usage(KEY, key_limits)).concurrent == 0
+    # A precheck before each reservation changes nothing: the key's two requests still fit.
+    for _ in range(2):
+        await backend.precheck(subjects)
+        await backend.reserve(subjects, 100)
+    with pytest.raises(QuotaExceeded) as reserve_refused:
+        await backend.reserve(subjects, 100)
+    with pytest.raises(QuotaExceeded) as precheck_refused:
+        await backend.precheck(subjects)
+    for refused in (reserve_refused.value, precheck_refused.value):
+        assert (refused.limit, refused.subject) == ("requests", KEY)
+    assert set(reserve_refused.value.headers) == set(precheck_refused.value.headers)
+    if clock.exact:  # a real clock moves on between the two refusals
+        assert reserve_refused.value.message == precheck_refused.value.message
+        assert reserve_refused.value.headers == precheck_refused.value.headers
+    usage = await backend.usage(TENANT, TENANT_LIMITS)
+    assert usage.requests == pytest.approx(2, abs=0.05)
+    assert usage.budget_used == 200
+
+
+@pytest.mark.parametrize(
+    ("key_limits", "first", "limit"),
+    [
+        (Limits(requests_per_minute=1), 10, "requests"),
+        (Limits(max_concurrent=1), 10, "concurrent"),
+        (Limits(tokens_per_minute=100), 100, "tokens"),
+        (Limits(token_budget=100, budget_period="day"), 100, "budget"),
+    ],
+    ids=["requests", "concurrent", "tokens", "budget"],
+)
+async def test_precheck_refuses_a_limit_already_reached(
+    backend: QuotaBackend, key_limits: Limits, first: int, limit: str
+) -> None:
+    subjects = [(TENANT, TENANT_LIMITS), (KEY, key_limits)]
+    await backend.precheck(subjects)
+    holder = await backend.reserve(subjects, first)
+    with pytest.raises(QuotaExceeded) as refused:
+        await backend.precheck(subjects)
+    error = refused.value
+    assert (error.status_code, error.limit, error.subject) == (429, limit, KEY)
+    if limit == "budget":
+        assert error.headers["x-should-retry"] == "false"
+        assert error.code == "insufficient_quota"
+    else:
+        assert int(error.headers["retry-after"]) >= 1
+        assert error.code == "rate_limit_exceeded"
+    assert "Requested" not in error.message or limit == "requests"
+    if limit == "concurrent":
+        await backend.reconcile(holder, first)
+        await backend.precheck(subjects)  # the slot is free again
+
+
+@pytest.mark.parametrize(
+    "key_limits",
+    [Limits(tokens_per_minute=100), Limits(token_budget=100, budget_period="month")],
+    ids=["tokens", "budget"],
+)
+async def test_precheck_passes_while_one_token_still_fits(
+    backend: QuotaBackend, key_limits: Limits
+) -> None:
+    subjects = [(KEY, key_limits)]
+    await backend.reserve(subjects, 99)
+    await backend.precheck(subjects)
+    with pytest.raises(QuotaExceeded):
+        await backend.reserve(subjects, 2)  # reserve, knowing the size, still decides
+
+
+async def test_precheck_without_subjects_or_limits_passes(backend: QuotaBackend) -> None:
+    await backend.precheck([])
+    await backend.precheck([(TENANT, Limits())])
+    with pytest.raises(ValueError, match="duplicate"):
+        await backend.precheck([(TENANT, Limits()), (TENANT, Limits())])

@@ -80,3 +80,60 @@ end
 
 -- A budget count outlives its period (and the reconcile window) before it expires.
 local BUDGET_TTL_S = {day = 2 * 86400, month = 32 * 86400}
+
+-- Check `n` subjects against a request of `cost` tokens; changes nothing (reserve.lua and
+-- precheck.lua share it, so both refuse alike). Per subject i, KEYS[k+1..k+4] from
+-- k = key_base + 4 * (i - 1): requests bucket, tokens bucket, lease set, budget key prefix
+-- (the period id is appended); ARGV[a+1..a+5] from a = arg_base + 5 * (i - 1): rpm, tpm,
+-- max concurrent, budget (0: unset), budget period ('' unset).
+-- Returns the subjects as found, the violations {i, limit, wait or null, used} and the
+-- levels {rpm, tpm} (null where unset).
+local function check_subjects(n, key_base, arg_base, cost, now)
+  local subjects = {}
+  local violations = {}
+  local levels = {}
+  for i = 1, n do
+    local k = key_base + 4 * (i - 1)
+    local a = arg_base + 5 * (i - 1)
+    local s = {
+      rpm = tonumber(ARGV[a + 1]), tpm = tonumber(ARGV[a + 2]), conc = tonumber(ARGV[a + 3]),
+      budget = tonumber(ARGV[a + 4]), period = ARGV[a + 5],
+      rkey = KEYS[k + 1], tkey = KEYS[k + 2], ckey = KEYS[k + 3], period_id = '',
+    }
+    local level = {cjson.null, cjson.null}
+    if s.rpm > 0 then
+      s.r, s.rd = bucket_load(s.rkey, s.rpm, now)
+      level[1] = s.r
+      local wait = wait_seconds(s.r, 1, s.rpm)
+      if wait > 0 then
+        table.insert(violations, {i, 'requests', wait, s.r})
+      end
+    end
+    if s.tpm > 0 then
+      s.t, s.td = bucket_load(s.tkey, s.tpm, now)
+      level[2] = s.t
+      local wait = wait_seconds(s.t, cost, s.tpm)
+      if wait > 0 then
+        table.insert(violations, {i, 'tokens', wait, s.t})
+      end
+    end
+    if s.conc > 0 then
+      -- Live leases only: an expired one has a score at or before now.
+      local live = redis.call('ZCOUNT', s.ckey, '(' .. fmt(now), '+inf')
+      if live >= s.conc then
+        table.insert(violations, {i, 'concurrent', cjson.null, live})
+      end
+    end
+    if s.budget > 0 then
+      s.period_id = period_id(s.period, now)
+      s.bkey = KEYS[k + 4] .. s.period_id
+      s.used = tonumber(redis.call('GET', s.bkey) or '0')
+      if s.used + cost > s.budget then
+        table.insert(violations, {i, 'budget', cjson.null, s.used})
+      end
+    end
+    subjects[i] = s
+    levels[i] = level
+  end
+  return subjects, violations, levels
+end

@@ -16,53 +16,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return cjson.encode({duplicate = true})
 end
 
-local subjects = {}
-local violations = {}
-local levels = {}
-for i = 1, n do
-  local k = 1 + 4 * (i - 1)
-  local a = 4 + 5 * (i - 1)
-  local s = {
-    rpm = tonumber(ARGV[a + 1]), tpm = tonumber(ARGV[a + 2]), conc = tonumber(ARGV[a + 3]),
-    budget = tonumber(ARGV[a + 4]), period = ARGV[a + 5],
-    rkey = KEYS[k + 1], tkey = KEYS[k + 2], ckey = KEYS[k + 3], period_id = '',
-  }
-  local level = {cjson.null, cjson.null}
-  if s.rpm > 0 then
-    s.r, s.rd = bucket_load(s.rkey, s.rpm, now)
-    level[1] = s.r
-    local wait = wait_seconds(s.r, 1, s.rpm)
-    if wait > 0 then
-      table.insert(violations, {i, 'requests', wait, s.r})
-    end
-  end
-  if s.tpm > 0 then
-    s.t, s.td = bucket_load(s.tkey, s.tpm, now)
-    level[2] = s.t
-    local wait = wait_seconds(s.t, cost, s.tpm)
-    if wait > 0 then
-      table.insert(violations, {i, 'tokens', wait, s.t})
-    end
-  end
-  if s.conc > 0 then
-    redis.call('ZREMRANGEBYSCORE', s.ckey, '-inf', fmt(now))
-    local live = redis.call('ZCARD', s.ckey)
-    if live >= s.conc then
-      table.insert(violations, {i, 'concurrent', cjson.null, live})
-    end
-  end
-  if s.budget > 0 then
-    s.period_id = period_id(s.period, now)
-    s.bkey = KEYS[k + 4] .. s.period_id
-    s.used = tonumber(redis.call('GET', s.bkey) or '0')
-    if s.used + cost > s.budget then
-      table.insert(violations, {i, 'budget', cjson.null, s.used})
-    end
-  end
-  subjects[i] = s
-  levels[i] = level
-end
-
+local subjects, violations, levels = check_subjects(n, 1, 4, cost, now)
 if #violations > 0 then
   return cjson.encode({violations = violations, levels = levels})
 end
@@ -79,6 +33,7 @@ for i = 1, n do
     levels[i][2] = s.t + cost
   end
   if s.conc > 0 then
+    redis.call('ZREMRANGEBYSCORE', s.ckey, '-inf', fmt(now))
     redis.call('ZADD', s.ckey, fmt(now + lease_us), id)
     leases_expire(s.ckey)
   end
