@@ -56,7 +56,7 @@ class Gateway:
         )
         self.admin_tokens = settings.admin_tokens()
         self.in_flight = InFlight()
-        self.ledger = UsageLedger(sessions)
+        self.ledger = UsageLedger(sessions, backlog_max=settings.usage_backlog_max)
         self.quota = backend_from_url(
             settings.quota_url,
             fail_open=settings.quota_fail_open,
@@ -100,7 +100,7 @@ class Gateway:
                 for task in late:
                     task.cancel()
                 await asyncio.gather(*late, return_exceptions=True)
-            await self.ledger.flush()
+            await self.ledger.close()
 
     async def watch_store(self) -> None:
         """Follow changes made by other replicas; record key use off the hot path."""

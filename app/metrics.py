@@ -193,6 +193,23 @@ QUOTA_BACKEND_ERRORS = Counter(
     ["operation", "reason"],
 )
 
+# -- the usage ledger: recorded in the gateway process -------------------------
+
+USAGE_RECORDS = Counter(
+    "lora_gateway_usage_records",
+    "Usage records by what became of them: written to the store; dropped (the backlog "
+    "reached usage_backlog_max while the store was down); rejected (the store refused the "
+    "record itself; logged in full); duplicate (already written); logged (not written at "
+    "shutdown; logged in full).",
+    ["outcome"],
+)
+USAGE_PENDING = Gauge(
+    "lora_gateway_usage_records_pending",
+    "Usage records not yet written: queued, or in the write under way.",
+    ["state"],
+    multiprocess_mode="livesum",
+)
+
 ADAPTER_SWAPS = Counter(
     "lora_gateway_adapter_swaps",
     "Moves of one adapter version up a tier (load or activate); with "
@@ -240,6 +257,8 @@ METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
     QUOTA_UNCHECKED,
     ADMIN_AUTH_FAILURES,
     QUOTA_BACKEND_ERRORS,
+    USAGE_RECORDS,
+    USAGE_PENDING,
 )
 
 

@@ -77,6 +77,12 @@ class Settings(BaseSettings):
     registry_poll_seconds: float = Field(
         0.5, gt=0, description="How often to look for changes made by other replicas."
     )
+    usage_backlog_max: int = Field(
+        100_000,
+        ge=1,
+        description="Usage records kept in memory while the store cannot be written; past "
+        "that the oldest are dropped, counted and logged (about 1 KiB each).",
+    )
 
     # Quotas
     quota_url: str = Field(

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import gateway as gateway_module
+from app import usage as usage_module
 from app.gateway import Gateway
 from app.settings import Settings
 from app.tenancy.validation import BaseModelInfo
-from app.usage import usage_totals
+from app.usage import UsageRecord, usage_totals
 from tests.store.test_usage import DAY, record
 
 
@@ -44,3 +47,61 @@ async def test_shutdown_leaves_nothing_running_and_nothing_unwritten(
     assert asyncio.all_tasks() == {asyncio.current_task()}  # the rest cancelled, and done
     (total,) = await usage_totals(sessions, "acme", start=None, end=None, group_by=None)
     assert total.requests == 1  # the last record written
+
+
+async def test_a_write_under_way_at_shutdown_keeps_its_batch(
+    sessions: async_sessionmaker[AsyncSession],
+    base_model: BaseModelInfo,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(usage_module, "FLUSH_SECONDS", 0.05)
+    settings = Settings(_env_file=None, adapter_root=tmp_path)
+    gateway = Gateway(settings, sessions, base_model)
+    writing, release = asyncio.Event(), asyncio.Event()
+    insert = gateway.ledger._insert
+
+    async def slow_insert(records: Iterable[UsageRecord]) -> None:
+        writing.set()  # a slow store: the write is under way when shutdown begins
+        await release.wait()
+        await insert(records)
+
+    monkeypatch.setattr(gateway.ledger, "_insert", slow_insert)
+    for n in range(10):
+        gateway.ledger.record(record(n, model="base", key="k", day=DAY, prompt=3, completion=2))
+    async with gateway.running():
+        await writing.wait()
+        asyncio.get_running_loop().call_later(0.2, release.set)
+
+    (total,) = await usage_totals(sessions, "acme", start=None, end=None, group_by=None)
+    assert (total.requests, gateway.ledger.pending) == (10, 0)
+
+
+async def test_a_store_stuck_at_shutdown_cannot_hold_it_and_loses_nothing(
+    sessions: async_sessionmaker[AsyncSession],
+    base_model: BaseModelInfo,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(usage_module, "FLUSH_SECONDS", 0.05)
+    monkeypatch.setattr(usage_module, "CLOSE_TIMEOUT_SECONDS", 0.3)
+    settings = Settings(_env_file=None, adapter_root=tmp_path)
+    gateway = Gateway(settings, sessions, base_model)
+    writing = asyncio.Event()
+
+    async def stuck_insert(records: Iterable[UsageRecord]) -> None:
+        writing.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(gateway.ledger, "_insert", stuck_insert)
+    for n in range(10):
+        gateway.ledger.record(record(n, model="base", key="k", day=DAY, prompt=3, completion=2))
+    with caplog.at_level(logging.ERROR, logger="app.usage"):
+        async with gateway.running():
+            await writing.wait()
+    logged = [r.getMessage() for r in caplog.records]
+    ids = [m.split('"request_id": "')[1].split('"')[0] for m in logged if "unwritten" in m]
+    assert ids == [f"r{n}" for n in range(10)]  # every one, in the log, for replay
+    assert gateway.ledger.pending == 0
+    assert asyncio.all_tasks() == {asyncio.current_task()}

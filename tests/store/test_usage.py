@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+import pytest
+from prometheus_client import REGISTRY
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
-from app.usage import UsageLedger, UsageRecord, UsageTotal, usage_totals
+from app.usage import UsageLedger, UsageRecord, UsageTotal, store_is_down, usage_totals
+from tests.support.servers import free_port
 
 DAY = datetime(2026, 11, 1, 12, tzinfo=timezone.utc)
 
@@ -64,3 +73,114 @@ async def test_records_are_written_in_batches_and_totalled(
     assert (await usage_totals(sessions, "other", start=None, end=None, group_by=None))[
         0
     ].requests == 0
+
+
+def counted(outcome: str) -> float:
+    value = REGISTRY.get_sample_value("lora_gateway_usage_records_total", {"outcome": outcome})
+    return value or 0.0
+
+
+def pending_gauge() -> float:
+    return sum(
+        REGISTRY.get_sample_value("lora_gateway_usage_records_pending", {"state": state}) or 0.0
+        for state in ("queued", "writing")
+    )
+
+
+async def total_requests(sessions: async_sessionmaker[AsyncSession]) -> int:
+    (total,) = await usage_totals(sessions, "acme", start=None, end=None, group_by=None)
+    return total.requests
+
+
+async def test_a_record_the_store_refuses_is_set_aside_and_blocks_nothing(
+    sessions: async_sessionmaker[AsyncSession], caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = UsageLedger(sessions)
+    poison = replace(record(2, model="base", key="k", day=DAY, prompt=1, completion=1))
+    object.__setattr__(poison, "tenant_id", None)  # NOT NULL: refused whatever the batch
+    rejected = counted("rejected")
+    for n in (1, 2, 3):
+        ledger.record(
+            poison if n == 2 else record(n, model="b", key="k", day=DAY, prompt=1, completion=1)
+        )
+    with caplog.at_level(logging.ERROR, logger="app.usage"):
+        assert await ledger.flush() == 2
+    assert counted("rejected") == rejected + 1
+    assert ledger.pending == 0
+    assert any('"request_id": "r2"' in r.getMessage() for r in caplog.records)  # replayable
+    ledger.record(record(4, model="b", key="k", day=DAY, prompt=1, completion=1))
+    assert await ledger.flush() == 1
+    assert await total_requests(sessions) == 3
+
+
+async def test_a_record_written_twice_is_billed_once(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    # A write reported failed after it committed is retried; the retry must not bill twice
+    # nor be taken for a poison record.
+    ledger = UsageLedger(sessions)
+    first = record(1, model="b", key="k", day=DAY, prompt=1, completion=1)
+    ledger.record(first)
+    await ledger.flush()
+    duplicate, rejected = counted("duplicate"), counted("rejected")
+    ledger.record(first)
+    ledger.record(record(2, model="b", key="k", day=DAY, prompt=1, completion=1))
+    assert await ledger.flush() == 1
+    assert (counted("duplicate"), counted("rejected")) == (duplicate + 1, rejected)
+    assert await total_requests(sessions) == 2
+
+
+@pytest.fixture
+async def down_sessions(
+    database_url: str, tmp_path: Path
+) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    """Sessions on a store of the same kind that cannot be reached."""
+    if database_url.startswith("sqlite"):
+        url = f"sqlite+aiosqlite:///{tmp_path / 'absent' / 'store.db'}"
+    else:
+        url = f"postgresql+asyncpg://postgres@127.0.0.1:{free_port()}/absent"
+    engine = create_async_engine(url)
+    yield async_sessionmaker(engine)
+    await engine.dispose()
+
+
+async def test_while_the_store_is_down_the_backlog_is_kept_bounded_and_logged(
+    down_sessions: async_sessionmaker[AsyncSession], caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = UsageLedger(down_sessions, backlog_max=3, close_timeout=5)
+    dropped = counted("dropped")
+    with caplog.at_level(logging.ERROR, logger="app.usage"):
+        for n in range(5):
+            ledger.record(record(n, model="b", key="k", day=DAY, prompt=1, completion=1))
+        for _ in range(2):
+            with pytest.raises(Exception):  # noqa: B017 - whatever the driver raises
+                await ledger.flush()
+        assert (ledger.pending, pending_gauge()) == (3, 3)
+        assert counted("dropped") == dropped + 2  # the two oldest
+        logged = counted("logged")
+        await ledger.close()  # still down at shutdown: what is left goes to the log
+    full = [r.getMessage() for r in caplog.records if "backlog full" in r.getMessage()]
+    # At once when it starts, then at most once a minute, and at shutdown.
+    assert len(full) == 2
+    assert "r0 to r0" in full[0] and "r1 to r1" in full[1]
+    unwritten = [
+        r.getMessage()
+        for r in caplog.records
+        if r.getMessage().startswith("unwritten usage record ")
+    ]
+    assert [
+        json.loads(m.removeprefix("unwritten usage record "))["request_id"] for m in unwritten
+    ] == [
+        "r2",
+        "r3",
+        "r4",
+    ]
+    assert counted("logged") == logged + 3
+    assert (ledger.pending, pending_gauge()) == (0, 0)
+
+
+def test_store_down_or_record_refused() -> None:
+    assert store_is_down(OperationalError("INSERT", {}, Exception("database is locked")))
+    assert store_is_down(ConnectionRefusedError())
+    assert not store_is_down(IntegrityError("INSERT", {}, Exception("NOT NULL")))
+    assert not store_is_down(OverflowError("int too large"))
