@@ -13,7 +13,7 @@ from app import __version__
 from app.api import health, metrics, openai
 from app.api.admin import router as admin_router
 from app.api.errors import install_error_handlers
-from app.api.middleware import RequestIdMiddleware
+from app.api.middleware import EarlyRefusalMiddleware, RequestIdMiddleware
 from app.engine.base import Engine
 from app.gateway import Gateway
 from app.metrics import multiprocess_dir
@@ -58,6 +58,12 @@ def create_app(
             stack.push_async_callback(gateway.quota.close)
             await gateway.reload()
             app.state.gateway = gateway
+            if settings.metrics_port is not None:
+                # Before the engine: its metrics are scraped from the first sample on.
+                metrics_app = metrics.metrics_only_app(settings, gateway, app.state.metrics_dir)
+                app.state.metrics_address = await stack.enter_async_context(
+                    metrics.metrics_listener(metrics_app, settings)
+                )
             await stack.enter_async_context(gateway.running())
             # The engine loads in the background: the server answers /healthz
             # (and 503 elsewhere) while the model loads.
@@ -74,6 +80,16 @@ def create_app(
         version=__version__,
         description="Multi-tenant, OpenAI-compatible LoRA serving over one vLLM engine.",
         lifespan=lifespan,
+        docs_url="/docs" if settings.docs else None,
+        redoc_url="/redoc" if settings.docs else None,
+        openapi_url="/openapi.json" if settings.docs else None,
+    )
+    # The last added runs first: every answer, early refusals included, has an id.
+    app.add_middleware(
+        EarlyRefusalMiddleware,
+        max_request_bytes=settings.max_request_bytes,
+        max_upload_bytes=settings.max_adapter_bytes,
+        metrics_token=settings.metrics_token.get_secret_value() if settings.metrics_token else None,
     )
     app.add_middleware(RequestIdMiddleware)
     install_error_handlers(app)

@@ -105,6 +105,27 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level."
     )
+    max_request_bytes: int = Field(
+        8 << 20,
+        ge=1024,
+        description="Largest request body, in bytes (adapter uploads: max_adapter_bytes); "
+        "a larger one is refused with 413 before it is read.",
+    )
+    docs: bool = Field(
+        True, description="Serve /docs, /redoc and /openapi.json (turn off in production)."
+    )
+    metrics_token: SecretStr | None = Field(
+        None,
+        description="Bearer token for GET /metrics (an admin token is accepted too); "
+        "required on the API port, and on the metrics port when set.",
+    )
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Also serve /metrics on this port (bound to host), open unless "
+        "metrics_token is set.",
+    )
 
     @field_validator("max_lora_rank", mode="before")
     @classmethod
@@ -118,6 +139,8 @@ class Settings(BaseSettings):
             raise ValueError("max_cpu_loras must be >= max_loras")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise ValueError("ssl_certfile and ssl_keyfile must be given together")
+        if self.metrics_port is not None and self.metrics_port == self.port != 0:
+            raise ValueError("metrics_port must differ from port")
         return self
 
     def admin_tokens(self) -> list[str]:

@@ -136,13 +136,15 @@ class AdminService:
                 session.add(_audit(actor, action, target, "ok"))
         except GatewayError as exc:
             await self.audit(actor, action, target, "rejected", exc.message)
+            mark_audited(exc)
             raise
         except AdapterError as exc:
             await self.audit(actor, action, target, "rejected", str(exc))
-            raise BadRequestError(str(exc)) from exc
+            raise mark_audited(BadRequestError(str(exc))) from exc
         except IntegrityError as exc:
             await self.audit(actor, action, target, "rejected", "concurrent change")
-            raise ConflictError(f"`{target}` was changed concurrently; retry.") from exc
+            conflict = ConflictError(f"`{target}` was changed concurrently; retry.")
+            raise mark_audited(conflict) from exc
         await self._on_change()
 
     async def audit(
@@ -449,6 +451,20 @@ class AdminService:
                     await self.delete_tenant(actor, tenant.id)
                     changes.append(f"deleted tenant {tenant.id}")
         return changes
+
+
+_AUDITED = "_lora_gateway_audited"
+
+
+def mark_audited(error: GatewayError) -> GatewayError:
+    """Note that ``error``'s rejection is already in the audit log (the HTTP layer,
+    which audits the admin requests the service never saw, then leaves it alone)."""
+    setattr(error, _AUDITED, True)
+    return error
+
+
+def was_audited(error: BaseException) -> bool:
+    return bool(getattr(error, _AUDITED, False))
 
 
 def _audit(actor: str, action: str, target: str, outcome: str, detail: str = "") -> AuditRow:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hmac
+from collections.abc import Iterable
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -18,9 +20,22 @@ def get_gateway(request: Request) -> Gateway:
 GatewayDep = Annotated[Gateway, Depends(get_gateway)]
 
 
-def bearer_token(request: Request) -> str | None:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+def parse_bearer(authorization: str) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header value, if it is one."""
+    scheme, _, token = authorization.partition(" ")
     return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def bearer_token(request: Request) -> str | None:
+    return parse_bearer(request.headers.get("authorization", ""))
+
+
+def matches_any(token: str | None, accepted: Iterable[str]) -> bool:
+    """Whether ``token`` is one of ``accepted``, compared in constant time: every
+    accepted token is compared, so the time taken says nothing about which one matched."""
+    given = (token or "").encode()
+    matches = [hmac.compare_digest(given, candidate.encode()) for candidate in accepted]
+    return bool(given) and any(matches)
 
 
 def authenticate(request: Request, gateway: GatewayDep) -> Principal:

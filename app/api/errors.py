@@ -1,4 +1,8 @@
-"""Every failure leaves as OpenAI's error shape, never FastAPI's default ``detail``."""
+"""Every failure leaves as OpenAI's error shape, never FastAPI's default ``detail``.
+
+On admin routes, a refusal by validation (400) and a server error (500) are
+audited here unless the admin service has already audited it.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +11,32 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException
 
+from app.admin.service import was_audited
+from app.api.admin.auditing import is_admin_path, record_admin_failure
 from app.errors import BadRequestError, GatewayError
 
 logger = logging.getLogger(__name__)
 
+# Set in a request's state once the request-size limit has cut its body off: the
+# middleware that did so answers (413) and audits it.
+BODY_CUT_OFF = "body_cut_off"
+
 
 def render(exc: GatewayError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+async def _audit_admin(request: Request, status_code: int, detail: str) -> None:
+    path = get_route_path(request.scope)
+    cut_off = request.scope.get("state", {}).get(BODY_CUT_OFF, False)
+    if not is_admin_path(path) or cut_off or (status_code != 400 and status_code < 500):
+        return
+    outcome = "rejected" if status_code < 500 else "error"
+    gateway = getattr(request.app.state, "gateway", None)
+    await record_admin_failure(gateway, request.scope, path, outcome, detail)
 
 
 def _param(loc: tuple[int | str, ...]) -> str | None:
@@ -26,6 +47,8 @@ def _param(loc: tuple[int | str, ...]) -> str | None:
 
 async def _gateway_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GatewayError)
+    if not was_audited(exc):
+        await _audit_admin(request, exc.status_code, exc.message)
     return render(exc)
 
 
@@ -38,6 +61,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         message = "We could not parse the JSON body of your request."
     elif param:
         message = f"Invalid value for '{param}': {message}"
+    await _audit_admin(request, 400, message)
     return render(BadRequestError(message, param=param))
 
 
@@ -48,11 +72,14 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     error.error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
     if exc.status_code == 404:
         error.message = f"Unknown request URL: {request.method} {request.url.path}."
+    await _audit_admin(request, error.status_code, error.message)
     return render(error)
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error on %s %s", request.method, request.url.path)
+    # The exception's text stays in the log: it may hold anything.
+    await _audit_admin(request, 500, f"unhandled {type(exc).__name__}")
     return render(GatewayError("The server had an error while processing your request."))
 
 

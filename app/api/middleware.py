@@ -4,9 +4,27 @@ from __future__ import annotations
 
 import uuid
 
+from starlette._utils import get_route_path
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.api.admin.auditing import (
+    AuthFailureThrottle,
+    is_admin_path,
+    record_admin_failure,
+    record_auth_failure,
+)
+from app.api.admin.deps import INVALID_ADMIN_TOKEN
+from app.api.deps import matches_any, parse_bearer
+from app.api.errors import BODY_CUT_OFF, render
+from app.errors import AuthenticationError, BadRequestError, GatewayError
+from app.gateway import Gateway
+
 REQUEST_ID_HEADER = b"x-request-id"
+ADAPTER_UPLOAD_PATH = "/admin/v1/adapters"
+# Room for the multipart envelope around an uploaded archive: boundaries, part
+# headers and the `name` field (whose own size Starlette caps at 1 MiB).
+MULTIPART_OVERHEAD_BYTES = 2 << 20
 
 
 class RequestIdMiddleware:
@@ -32,3 +50,168 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+class RequestTooLargeError(BadRequestError):
+    status_code = 413
+    code = "request_too_large"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"The request body is larger than the limit of {limit} bytes.")
+
+
+class EarlyRefusalMiddleware:
+    """Refuses, before the body is read, a request the routes would refuse after
+    reading it: the engine shares this process, so an unauthenticated client must
+    not be able to make it read and parse hundreds of megabytes.
+
+    * ``/v1/*`` without a valid tenant key, ``/admin/v1/*`` without an admin
+      token, ``/metrics`` without the metrics token (or an admin token): the
+      same 401 (or 403) the route's dependency would give. A refused admin token
+      is audited (throttled) and counted. The dependencies still authenticate:
+      this only answers early.
+    * A body over its limit: 413, at once from ``Content-Length``, or as soon as
+      a chunked body passes it. Adapter uploads (multipart ``POST
+      /admin/v1/adapters``) have their own limit, ``max_adapter_bytes``.
+
+    Refusals close the connection, so the server does not drain the rest of the
+    body. Before the lifespan has attached a gateway, tenant and admin paths are
+    left to the routes. On the dedicated metrics listener (``metrics_listener``),
+    ``/metrics`` needs no credentials unless a metrics token is set, and every
+    other path is left to the routes (it has none: 404).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_request_bytes: int,
+        max_upload_bytes: int,
+        metrics_token: str | None,
+        metrics_listener: bool = False,
+    ) -> None:
+        self.app = app
+        self._max_request_bytes = max_request_bytes
+        self._max_upload_bytes = max_upload_bytes
+        self._metrics_tokens = [metrics_token] if metrics_token else []
+        self._metrics_listener = metrics_listener
+        self._throttle = AuthFailureThrottle()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = get_route_path(scope)
+        headers = Headers(scope=scope)
+        gateway: Gateway | None = getattr(getattr(scope.get("app"), "state", None), "gateway", None)
+        refusal = await self._check_credentials(scope, path, headers, gateway)
+        limit = self._body_limit(scope, path, headers)
+        if refusal is None and _content_length(headers) > limit:
+            refusal = RequestTooLargeError(limit)
+            if is_admin_path(path):
+                await record_admin_failure(gateway, scope, path, "rejected", refusal.message)
+        if refusal is not None:
+            await _refuse(refusal, scope, send)
+            return
+        if await self._within_limit(scope, receive, send, limit) and is_admin_path(path):
+            message = RequestTooLargeError(limit).message
+            await record_admin_failure(gateway, scope, path, "rejected", message)
+
+    async def _check_credentials(
+        self, scope: Scope, path: str, headers: Headers, gateway: Gateway | None
+    ) -> GatewayError | None:
+        token = parse_bearer(headers.get("authorization", ""))
+        if path == "/metrics":
+            if self._metrics_listener and not self._metrics_tokens:
+                return None
+            accepted = [*self._metrics_tokens, *(gateway.admin_tokens if gateway else [])]
+            return None if matches_any(token, accepted) else _invalid_metrics_token()
+        if gateway is None or self._metrics_listener:
+            return None
+        if path.startswith("/v1/"):
+            try:
+                gateway.registry.authenticate(token)
+            except GatewayError as exc:
+                return exc
+        elif is_admin_path(path) and not matches_any(token, gateway.admin_tokens):
+            await record_auth_failure(gateway, self._throttle, scope, path, token)
+            return AuthenticationError(INVALID_ADMIN_TOKEN)
+        return None
+
+    def _body_limit(self, scope: Scope, path: str, headers: Headers) -> int:
+        is_upload = (
+            scope["method"] == "POST"
+            and path == ADAPTER_UPLOAD_PATH
+            and headers.get("content-type", "").startswith("multipart/form-data")
+        )
+        if is_upload:
+            return self._max_upload_bytes + MULTIPART_OVERHEAD_BYTES
+        return self._max_request_bytes
+
+    async def _within_limit(self, scope: Scope, receive: Receive, send: Send, limit: int) -> bool:
+        """Run the app, cutting the body off once it passes ``limit`` bytes: from
+        then on, whatever the app answers to the cut-off body becomes the 413
+        (and its error handlers see ``BODY_CUT_OFF`` in the request's state).
+        Whether it was cut off."""
+        too_large = RequestTooLargeError(limit)
+        received = 0
+        exceeded = responded = False
+
+        async def counting_receive() -> Message:
+            nonlocal received, exceeded
+            if exceeded:
+                raise too_large
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    exceeded = True
+                    scope.setdefault("state", {})[BODY_CUT_OFF] = True
+                    raise too_large
+            return message
+
+        async def replacing_send(message: Message) -> None:
+            nonlocal responded
+            if exceeded:
+                if not responded:
+                    responded = True
+                    await _refuse(too_large, scope, send)
+                return
+            if message["type"] == "http.response.start":
+                responded = True
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, replacing_send)
+        except Exception:
+            # The app gave up on the body we cut off (FastAPI answers most such
+            # failures itself, and replacing_send has turned that into the 413).
+            if not exceeded:
+                raise
+            if not responded:
+                responded = True
+                await _refuse(too_large, scope, send)
+        return exceeded
+
+
+def _invalid_metrics_token() -> AuthenticationError:
+    return AuthenticationError(
+        "GET /metrics needs `Authorization: Bearer <metrics token>` (or an admin token)."
+    )
+
+
+def _content_length(headers: Headers) -> int:
+    value = headers.get("content-length", "")
+    return int(value) if value.isdigit() else 0
+
+
+async def _refuse(error: GatewayError, scope: Scope, send: Send) -> None:
+    response = render(error)
+    # The server would otherwise read (and discard) the rest of the body to
+    # keep the connection: close it instead.
+    response.headers["connection"] = "close"
+    await response(scope, _nothing_to_receive, send)
+
+
+async def _nothing_to_receive() -> Message:
+    raise RuntimeError("a refused request's body is never read")

@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import hashlib
-import hmac
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from app.admin.service import AdminService
-from app.api.deps import GatewayDep, bearer_token
+from app.api.deps import GatewayDep, bearer_token, matches_any
 from app.errors import AuthenticationError
+
+INVALID_ADMIN_TOKEN = "Invalid admin token."
+
+
+def actor_name(token: str) -> str:
+    """The audit name of an admin token: a hash prefix, never the token."""
+    return "admin:" + hashlib.sha256(token.encode()).hexdigest()[:12]
 
 
 def admin_actor(request: Request, gateway: GatewayDep) -> str:
-    """The audit name of the calling admin token (a hash prefix, never the token)."""
-    token = (bearer_token(request) or "").encode()
-    matches = [hmac.compare_digest(token, t.encode()) for t in gateway.admin_tokens]
-    if not token or not any(matches):
-        raise AuthenticationError("Invalid admin token.")
-    return "admin:" + hashlib.sha256(token).hexdigest()[:12]
+    """The audit name of the calling admin token; 401 unless it is one."""
+    token = bearer_token(request)
+    if token is None or not matches_any(token, gateway.admin_tokens):
+        raise AuthenticationError(INVALID_ADMIN_TOKEN)
+    return actor_name(token)
 
 
 def admin_service(gateway: GatewayDep) -> AdminService:
