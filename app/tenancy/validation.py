@@ -10,12 +10,15 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import lzma
 import math
 import os
 import re
 import shutil
 import stat
+import struct
 import tarfile
+import time
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -24,6 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
+import regex
 from safetensors import SafetensorError, safe_open
 
 from app.tenancy.adapters import CONFIG_FILE, WEIGHTS_FILE, AdapterError, content_sha256
@@ -59,8 +63,29 @@ _TAR_KINDS = {
     tarfile.BLKTYPE: "block device",
     tarfile.FIFOTYPE: "FIFO",
 }
-_UNPACK_ERRORS = (OSError, EOFError, zlib.error, zipfile.BadZipFile, tarfile.TarError)
+# What corrupt archives raise from zipfile, tarfile and their decompressors (ValueError
+# covers undecodable member names, NotImplementedError unsupported compression methods).
+_UNPACK_ERRORS = (
+    OSError,
+    EOFError,
+    ValueError,
+    NotImplementedError,
+    zlib.error,
+    lzma.LZMAError,
+    struct.error,
+    zipfile.BadZipFile,
+    tarfile.TarError,
+)
 _CHUNK = 1 << 20
+# A string target_modules is a regular expression run against every module name of the base
+# model: it is compiled with `regex`, whose matcher can be stopped, and all its matches
+# together get this many seconds, so a pattern that backtracks catastrophically is refused
+# instead of holding a thread (and the GIL) for minutes.
+TARGET_PATTERN_BUDGET_S = 0.5
+MAX_TARGET_PATTERN_LENGTH = 1000
+# Central directory bytes allowed per member: its fixed 46 bytes plus a generous name, extra
+# field and comment. zipfile parses (and keeps) the whole directory before any check can run.
+_ZIP_DIRECTORY_BYTES_PER_MEMBER = 4096
 
 # An archive member: name, declared size, "file", "directory" or what else it is, and an opener.
 _Member = tuple[str, int, str, Callable[[], IO[bytes]]]
@@ -136,9 +161,9 @@ def validate_adapter_dir(
             f"the adapter was trained for base model {claimed!r}, "
             f"but this server serves {_model_name(base.name_or_path)!r}"
         )
-    targets = config.get("target_modules")
-    targeted = _check_targets(targets, list(base.modules) or list(base.linear_shapes), base)
-    _check_tensors(directory / WEIGHTS_FILE, base, rank, targets)
+    select = _TargetSelector(config.get("target_modules"))
+    targeted = _check_targets(select, list(base.modules) or list(base.linear_shapes), base)
+    _check_tensors(directory / WEIGHTS_FILE, base, rank, select)
     suffixes = tuple(sorted({module.rsplit(".", 1)[-1] for module in targeted}))
     return ValidatedAdapter(rank, alpha, suffixes, size, content_sha256(directory))
 
@@ -222,37 +247,73 @@ def _same_model(claimed: str, ours: str) -> bool:
     return claimed == ours or _model_name(claimed).lower() == _model_name(ours).lower()
 
 
-def _is_targeted(module: str, targets: str | list[str]) -> bool:
-    """PEFT's rule: a string is a full-match regex; a list entry matches a dotted suffix."""
-    if isinstance(targets, str):
-        return re.fullmatch(targets, module) is not None
-    return any(module == target or module.endswith(f".{target}") for target in targets)
+class _TargetSelector:
+    """PEFT's reading of target_modules: a string is a regular expression that must match a
+    whole module name; a list entry matches a module name or its last dotted components.
+
+    A pattern's matches share one time budget (``TARGET_PATTERN_BUDGET_S``) and run with the
+    GIL released; ``AdapterError`` says when it is spent.
+    """
+
+    def __init__(self, targets: object) -> None:
+        self.names: tuple[str, ...] = ()
+        self.pattern: Any = None
+        if isinstance(targets, str) and targets:
+            if len(targets) > MAX_TARGET_PATTERN_LENGTH:
+                raise AdapterError(
+                    f"the target_modules regex is over {MAX_TARGET_PATTERN_LENGTH} characters; "
+                    "list the module names instead"
+                )
+            try:
+                self.pattern = regex.compile(targets)
+            except regex.error as exc:
+                raise AdapterError(
+                    f"target_modules {targets!r} is not a valid regex: {exc}"
+                ) from exc
+        elif isinstance(targets, list) and targets:
+            if not all(isinstance(target, str) and target for target in targets):
+                raise AdapterError(
+                    f"target_modules must be a list of module names, not {targets!r}"
+                )
+            self.names = tuple(targets)
+        else:
+            raise AdapterError("target_modules is missing or empty")
+        self._deadline = time.monotonic() + TARGET_PATTERN_BUDGET_S
+        self._decided: dict[str, bool] = {}
+
+    def __call__(self, module: str) -> bool:
+        if self.pattern is None:
+            return any(module == name or module.endswith(f".{name}") for name in self.names)
+        if module not in self._decided:
+            timeout = max(self._deadline - time.monotonic(), 0.0)
+            try:
+                found = self.pattern.fullmatch(module, timeout=timeout, concurrent=True)
+            except TimeoutError as exc:
+                raise AdapterError(
+                    f"the target_modules regex {self.pattern.pattern!r} takes too long to match "
+                    "the base model's module names; list the module names instead"
+                ) from exc
+            self._decided[module] = found is not None
+        return self._decided[module]
 
 
-def _check_targets(targets: object, universe: list[str], base: BaseModelInfo) -> list[str]:
+def _check_targets(select: _TargetSelector, universe: list[str], base: BaseModelInfo) -> list[str]:
     available = f"(linear layers: {', '.join(sorted(base.linear_shapes))})"
-    if isinstance(targets, str) and targets:
-        try:
-            targeted = [module for module in universe if _is_targeted(module, targets)]
-        except re.error as exc:
-            raise AdapterError(f"target_modules {targets!r} is not a valid regex: {exc}") from exc
-        if not targeted:
-            raise AdapterError(
-                f"target_modules regex {targets!r} matches no linear layer of the base model "
-                f"{available}"
-            )
-        return targeted
-    if not isinstance(targets, list) or not targets:
-        raise AdapterError("target_modules is missing or empty")
-    if not all(isinstance(target, str) and target for target in targets):
-        raise AdapterError(f"target_modules must be a list of module names, not {targets!r}")
-    unknown = [t for t in targets if not any(_is_targeted(m, [t]) for m in universe)]
+    targeted = [module for module in universe if select(module)]
+    if select.pattern is not None and not targeted:
+        raise AdapterError(
+            f"target_modules regex {select.pattern.pattern!r} matches no linear layer of the "
+            f"base model {available}"
+        )
+    unknown = [
+        name for name in select.names if not any(_TargetSelector([name])(m) for m in universe)
+    ]
     if unknown:
         raise AdapterError(
             "target_modules names modules that are not linear layers of the base model: "
             f"{', '.join(unknown)} {available}"
         )
-    return [module for module in universe if _is_targeted(module, targets)]
+    return targeted
 
 
 def _module_shape(module: str, base: BaseModelInfo) -> tuple[int, int]:
@@ -270,7 +331,7 @@ def _module_shape(module: str, base: BaseModelInfo) -> tuple[int, int]:
     return shape
 
 
-def _check_tensors(path: Path, base: BaseModelInfo, rank: int, targets: Any) -> None:
+def _check_tensors(path: Path, base: BaseModelInfo, rank: int, select: _TargetSelector) -> None:
     try:
         with safe_open(path, framework="np") as handle:
             header = {
@@ -288,7 +349,7 @@ def _check_tensors(path: Path, base: BaseModelInfo, rank: int, targets: Any) -> 
             )
         module, kind = match["module"], match["kind"]
         out_features, in_features = _module_shape(module, base)
-        if not _is_targeted(module, targets):
+        if not select(module):
             raise AdapterError(f"tensor {name!r} adapts {module}, which target_modules excludes")
         if dtype not in TENSOR_DTYPES:
             allowed = ", ".join(TENSOR_DTYPES)
@@ -336,6 +397,8 @@ def extract_archive(
     if any(destination.iterdir()):
         raise AdapterError(f"cannot unpack {filename!r}: the destination is not empty")
     try:
+        if is_zip:
+            _check_zip_directory(archive, max_files)
         # Pass one checks every member before pass two writes any: tar headers sit among data.
         for target in (None, destination):
             _Unpacker(target, max_bytes, max_files).unpack(archive, is_zip=is_zip)
@@ -348,8 +411,49 @@ def extract_archive(
         if not created:
             destination.mkdir()
         if isinstance(exc, _UNPACK_ERRORS) and not isinstance(exc, AdapterError):
-            raise AdapterError(f"{filename!r} could not be unpacked: {exc}") from exc
+            # OS errors name the files they failed on: server paths, never shown.
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            reason = _without_paths(reason, archive, destination)
+            raise AdapterError(f"{filename!r} could not be unpacked: {reason}") from exc
         raise
+
+
+def _without_paths(text: str, *paths: Path) -> str:
+    for path in paths:
+        for form in {str(path.resolve()), str(path)}:
+            text = text.replace(form, "<upload>")
+    return text
+
+
+def _check_zip_directory(archive: Path, max_files: int) -> None:
+    """Refuse a zip whose central directory is too large before zipfile reads all of it.
+
+    zipfile parses every entry into memory when it opens an archive (about 600 bytes per
+    entry): a 1 GiB upload of empty entries would take gigabytes and a minute. This reads the
+    end-of-central-directory record (zip64's when present) where zipfile does.
+    """
+    with archive.open("rb") as file:
+        size = file.seek(0, os.SEEK_END)
+        # zipfile's search: a record without comment at the very end, else the last one.
+        tail_start = max(size - 22 - 0xFFFF, 0)
+        file.seek(tail_start)
+        tail = file.read()
+        at = len(tail) - 22
+        if not (at >= 0 and tail[at:].startswith(b"PK\x05\x06") and tail.endswith(b"\0\0")):
+            at = tail.rfind(b"PK\x05\x06")
+        if at < 0 or len(tail) - at < 22:
+            raise zipfile.BadZipFile("no end-of-central-directory record")
+        entries, directory_size = struct.unpack_from("<10xHI", tail, at)
+        locator = tail_start + at - 20
+        if locator >= 56:
+            file.seek(locator)
+            if file.read(4) == b"PK\x06\x07":
+                file.seek(locator - 56)
+                record = file.read(56)
+                if record[:4] == b"PK\x06\x06":
+                    entries, directory_size = struct.unpack_from("<32xQQ", record)
+    if entries > max_files or directory_size > max_files * _ZIP_DIRECTORY_BYTES_PER_MEMBER:
+        raise AdapterError(f"the archive has more than {max_files} members")
 
 
 class _Unpacker:
@@ -358,6 +462,8 @@ class _Unpacker:
     def __init__(self, target: Path | None, max_bytes: int, max_files: int) -> None:
         self.target, self.max_bytes, self.max_files = target, max_bytes, max_files
         self.seen: set[tuple[str, ...]] = set()
+        self.files: set[tuple[str, ...]] = set()
+        self.directories: set[tuple[str, ...]] = set()
         self.declared = self.written = 0
 
     def unpack(self, archive: Path, *, is_zip: bool) -> None:
@@ -385,6 +491,8 @@ class _Unpacker:
                 raise AdapterError(f"archive member {name!r} is a {kind}, not a file or directory")
             if "\\" in name or "\0" in name:
                 raise AdapterError(f"archive member {name!r}: backslashes and NULs are not allowed")
+            if not name.isprintable():
+                raise AdapterError(f"archive member {name!r}: names must be printable UTF-8 text")
             if name.startswith("/") or re.match(r"[A-Za-z]:", name):
                 raise AdapterError(f"archive member {name!r} has an absolute path")
             parts = tuple(part for part in name.split("/") if part not in ("", "."))
@@ -394,7 +502,9 @@ class _Unpacker:
                 raise AdapterError(f"archive member {name!r} has no file name")
             if parts and parts in self.seen:
                 raise AdapterError(f"archive member {name!r} appears more than once")
-            self.seen.add(parts)
+            if any(len(part.encode()) > 255 for part in parts):
+                raise AdapterError(f"archive member {name!r} has a name over 255 bytes")
+            self._place(name, parts, kind)
             self.declared += size
             if size < 0 or self.declared > self.max_bytes:
                 raise self._too_big()
@@ -403,6 +513,20 @@ class _Unpacker:
             elif self.target is not None:
                 with open_member() as source:
                     self._write(source, self.target.joinpath(*parts), size)
+
+    def _place(self, name: str, parts: tuple[str, ...], kind: str) -> None:
+        """Refuse a name that is a file and a directory at once (``a`` and ``a/b``)."""
+        parents = [parts[:end] for end in range(1, len(parts))]
+        for parent in parents:
+            if parent in self.files:
+                raise AdapterError(
+                    f"archive member {name!r} is inside {'/'.join(parent)!r}, which is a file"
+                )
+        if kind == "file" and parts in self.directories:
+            raise AdapterError(f"archive member {name!r} is both a file and a directory")
+        self.seen.add(parts)
+        self.directories.update(parents)
+        (self.files if kind == "file" else self.directories).add(parts)
 
     def _write(self, source: IO[bytes], path: Path, declared: int) -> None:
         # Headers can lie about sizes, so the bytes actually written are what count.

@@ -10,9 +10,13 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
+import re
+import shutil
 import stat
 import struct
 import tarfile
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +26,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from app.tenancy import validation
 from app.tenancy.adapters import AdapterError, content_sha256
 from app.tenancy.validation import BaseModelInfo, extract_archive, validate_adapter_dir
 
@@ -478,3 +483,225 @@ def test_non_empty_destination_is_refused_and_kept(tmp_path: Path) -> None:
         extract_archive(archive, "a.zip", tmp_path / "unpacked", max_bytes=MAX_BYTES)
     assert (tmp_path / "unpacked" / "keep").read_text() == "mine"
     assert os.listdir(tmp_path / "unpacked") == ["keep"]
+
+
+# Hostile input: every refusal is an AdapterError that shows no server path, in bounded time.
+
+EVIL_PATTERN = "(?:[\\w.]+)+!"  # catastrophic backtracking for Python's re on every name
+
+
+@pytest.mark.timeout(20)
+def test_backtracking_target_pattern_is_evaluated_in_bounded_time(
+    tmp_path: Path, base: BaseModelInfo
+) -> None:
+    started = time.monotonic()
+    rejects(make_adapter(tmp_path, target_modules=EVIL_PATTERN), base, "matches no linear layer")
+    assert time.monotonic() - started < 2 * validation.TARGET_PATTERN_BUDGET_S + 1
+
+
+def test_target_pattern_over_its_time_budget_is_refused(
+    tmp_path: Path, base: BaseModelInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(validation, "TARGET_PATTERN_BUDGET_S", 0.0)
+    directory = make_adapter(tmp_path, target_modules=r".*\.self_attn\.(q_proj|v_proj)")
+    rejects(directory, base, "target_modules regex .* takes too long.*list the module names")
+
+
+@pytest.mark.parametrize(
+    ("targets", "match"),
+    [
+        ("q_proj|" * 200, "target_modules regex is over 1000 characters"),
+        ("(unclosed", "target_modules '\\(unclosed' is not a valid regex"),
+        ([1, 2], "target_modules must be a list of module names"),
+        ({"q_proj": True}, "target_modules is missing or empty"),
+    ],
+)
+def test_bad_target_modules_are_refused(
+    tmp_path: Path, base: BaseModelInfo, targets: object, match: str
+) -> None:
+    rejects(make_adapter(tmp_path, target_modules=targets), base, match)
+
+
+def refusal_message(archive: Path, destination: Path, **limits: int) -> str:
+    with pytest.raises(AdapterError) as caught:
+        extract_archive(archive, archive.name, destination, **{"max_bytes": MAX_BYTES, **limits})
+    assert left_nothing(destination)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("kind", ["zip", "tgz"])
+@pytest.mark.parametrize(
+    ("names", "match"),
+    [
+        (["a", "a/b"], "'a/b' is inside 'a', which is a file"),
+        (["a/b", "a"], "'a' is both a file and a directory"),
+        (["x/a", "x/a/b/c"], "inside 'x/a', which is a file"),
+    ],
+)
+def test_a_name_that_is_a_file_and_a_directory_is_refused_without_server_paths(
+    tmp_path: Path, kind: str, names: list[str], match: str
+) -> None:
+    archive = build(kind, tmp_path / "a", [(name, b"x") for name in names])
+    message = refusal_message(archive, tmp_path / "unpacked")
+    assert re.search(match, message) and str(tmp_path) not in message
+
+
+def set_zip_utf8_name(path: Path, old: bytes, new: bytes) -> None:
+    """Rename a member to raw bytes ``new`` and flag its name as UTF-8 (bit 11)."""
+    data = bytearray(path.read_bytes().replace(old, new))
+    for signature, flags_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        start = data.find(signature)
+        while start >= 0:
+            flags = struct.unpack_from("<H", data, start + flags_at)[0]
+            struct.pack_into("<H", data, start + flags_at, flags | 0x800)
+            start = data.find(signature, start + 1)
+    path.write_bytes(bytes(data))
+
+
+def hostile_archives(tmp_path: Path) -> dict[str, tuple[Path, dict[str, int]]]:
+    """Archives an attacker might upload, each refused for its own reason."""
+    members = adapter_members(tmp_path)
+    archives: dict[str, tuple[Path, dict[str, int]]] = {}
+
+    def add(label: str, path: Path, **limits: int) -> None:
+        archives[label] = (path, limits)
+
+    for kind in ("zip", "tgz"):
+        for label, name in [
+            ("absolute", "/etc/cron.d/x"),
+            ("dotdot", "../../x"),
+            ("drive", "C:/x"),
+            ("backslash", "..\\x"),
+            ("control characters", "README\x1b[2J.md"),
+            ("long name", "n" * 300),
+        ]:
+            add(
+                f"{kind}: {label}",
+                build(kind, tmp_path / f"{kind}-{label}", [*members, (name, b"x")]),
+            )
+        add(
+            f"{kind}: file and directory",
+            build(kind, tmp_path / f"{kind}-fd", [("a", b""), ("a/b", b"")]),
+        )
+        bomb = [*members, ("bomb.bin", bytes(4 * MAX_BYTES))]
+        add(f"{kind}: bomb by size", build(kind, tmp_path / f"{kind}-bomb", bomb))
+        many = [*members, *((f"f{i}", b"") for i in range(70))]
+        add(f"{kind}: too many files", build(kind, tmp_path / f"{kind}-many", many))
+        truncated = build(kind, tmp_path / f"{kind}-cut", members)
+        truncated.write_bytes(truncated.read_bytes()[:-100])
+        add(f"{kind}: truncated", truncated)
+    for tar_kind, link in [
+        (tarfile.SYMTYPE, "/etc/passwd"),
+        (tarfile.LNKTYPE, "/etc/passwd"),
+        (tarfile.CHRTYPE, ""),
+        (tarfile.BLKTYPE, ""),
+        (tarfile.FIFOTYPE, ""),
+    ]:
+        special = tarfile.TarInfo("README.md")
+        special.type, special.linkname = tar_kind, link
+        add(f"tgz: {special.type!r}", build_tar(tmp_path / f"t{tar_kind!r}.tgz", members, special))
+    non_utf8 = tarfile.TarInfo("READ\udcffME.md")
+    add("tgz: non-UTF-8 name", build_tar(tmp_path / "nonutf8.tgz", members, non_utf8))
+    utf8_flagged = build_zip(tmp_path / "nonutf8.zip", [*members, ("READXME.md", b"x")])
+    set_zip_utf8_name(utf8_flagged, b"READXME.md", b"READ\xffME.md")
+    add("zip: non-UTF-8 name", utf8_flagged)
+    symlink = build_zip(
+        tmp_path / "link.zip",
+        [*members, ("README.md", b"/etc/passwd")],
+        {"README.md": stat.S_IFLNK | 0o777},
+    )
+    add("zip: symlink", symlink)
+    device = build_zip(
+        tmp_path / "dev.zip", [*members, ("README.md", b"")], {"README.md": stat.S_IFCHR | 0o666}
+    )
+    add("zip: device", device)
+    with pytest.warns(UserWarning, match="Duplicate name"):
+        add("zip: duplicate", build_zip(tmp_path / "dup.zip", [*members, members[0]]))
+    lying = build_zip(tmp_path / "lying.zip", [*members, ("z", bytes(10 << 20))])
+    lie_about_sizes(lying, b"z", 1000)
+    add("zip: bomb with lying sizes", lying)
+    nested = build_zip(tmp_path / "inner.zip", members)
+    add(
+        "zip: nested archive",
+        build_zip(tmp_path / "nested.zip", [("inner.zip", nested.read_bytes())]),
+    )
+    encrypted = build_zip(tmp_path / "enc.zip", members)
+    data = bytearray(encrypted.read_bytes())
+    central = data.find(b"PK\x01\x02")
+    data[central + 8] |= 1
+    encrypted.write_bytes(bytes(data))
+    add("zip: encrypted", encrypted)
+    add("zip: compression method 99", zip_with_method(tmp_path / "m99.zip", 99))
+    add("zip: lzma garbage", zip_with_method(tmp_path / "lzma.zip", zipfile.ZIP_LZMA))
+    return archives
+
+
+def zip_with_method(path: Path, method: int) -> Path:
+    """A zip whose only member claims ``method`` but holds stored (uncompressed) bytes."""
+    build_zip(path, [("README.md", b"hello" * 100)])
+    data = bytearray(path.read_bytes())
+    for signature, method_at in ((b"PK\x03\x04", 8), (b"PK\x01\x02", 10)):
+        start = data.find(signature)
+        struct.pack_into("<H", data, start + method_at, method)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_hostile_archives_are_refused_without_server_paths(tmp_path: Path) -> None:
+    outcomes = {}
+    for label, (archive, limits) in hostile_archives(tmp_path).items():
+        destination = tmp_path / "unpacked"
+        try:
+            extract_archive(archive, archive.name, destination, max_bytes=MAX_BYTES, **limits)
+        except AdapterError as exc:
+            outcomes[label] = str(exc)
+        else:  # unpacked: only validation can refuse it
+            outcomes[label] = "unpacked"
+            shutil.rmtree(destination)
+        assert left_nothing(destination) or outcomes[label] == "unpacked"
+    leaks = {label: message for label, message in outcomes.items() if str(tmp_path) in message}
+    assert not leaks
+    assert [label for label, message in outcomes.items() if message == "unpacked"] == [
+        "zip: nested archive"  # unpacked as a file; the directory check refuses inner.zip
+    ]
+
+
+@pytest.mark.parametrize("kind", ["zip", "tgz"])
+def test_corrupted_archives_only_ever_raise_adapter_errors(tmp_path: Path, kind: str) -> None:
+    """Random byte flips anywhere: refused or unpacked, never another exception or a path."""
+    pristine = build(kind, tmp_path / "a", adapter_members(tmp_path)).read_bytes()
+    rng = random.Random(14)
+    for attempt in range(300):
+        data = bytearray(pristine)
+        for _ in range(rng.randint(1, 8)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        archive = tmp_path / f"fuzz.{kind}"
+        archive.write_bytes(bytes(data))
+        destination = tmp_path / f"out{attempt}"
+        try:
+            extract_archive(archive, archive.name, destination, max_bytes=MAX_BYTES)
+        except AdapterError as exc:
+            assert str(tmp_path) not in str(exc)
+            assert left_nothing(destination)
+
+
+def test_zip_directory_larger_than_the_member_limit_is_refused_before_parsing(
+    tmp_path: Path,
+) -> None:
+    members = [*adapter_members(tmp_path), *((f"file-{i:04d}", b"") for i in range(300))]
+    archive = build_zip(tmp_path / "a.zip", members)
+    data = bytearray(archive.read_bytes())
+    record = data.rfind(b"PK\x05\x06")
+    struct.pack_into("<HH", data, record + 8, 1, 1)  # claims one entry
+    archive.write_bytes(bytes(data))
+    parsed = []
+    original = zipfile.ZipFile.__init__
+
+    def spy(self: zipfile.ZipFile, *args: Any, **kwargs: Any) -> None:
+        parsed.append(args)
+        original(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(zipfile.ZipFile, "__init__", spy)
+        rejects_archive(archive, "more than 3 members", max_files=3)
+    assert not parsed
