@@ -1,4 +1,12 @@
-"""Database connections and start-up migrations."""
+"""Database connections and start-up migrations.
+
+SQLite is set up for more than one process writing at once (the server, and the CLI an operator
+runs beside it): write-ahead logging, so readers and the writer do not block each other; a busy
+timeout, so a writer waits for another's transaction instead of failing with "database is
+locked"; and every transaction begun IMMEDIATE, so one that reads and then writes takes the
+write lock before it reads (a deferred one could only fail, not wait, if another process wrote
+in between).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +21,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+SQLITE_BUSY_TIMEOUT_MS = 15_000
 
 
 def alembic_config() -> Config:
@@ -27,10 +36,18 @@ def _upgrade(connection: Connection) -> None:
     command.upgrade(config, "head")
 
 
-def _enable_sqlite_foreign_keys(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+def _configure_sqlite(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+    # The driver's own BEGIN (deferred) is turned off: _begin_immediate issues ours.
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA journal_mode=WAL")  # stored in the file; a no-op in memory
     cursor.close()
+
+
+def _begin_immediate(connection: Connection) -> None:
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def create_engine(url: str) -> AsyncEngine:
@@ -39,7 +56,8 @@ def create_engine(url: str) -> AsyncEngine:
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(url)
-        event.listen(engine.sync_engine, "connect", _enable_sqlite_foreign_keys)
+        event.listen(engine.sync_engine, "connect", _configure_sqlite)
+        event.listen(engine.sync_engine, "begin", _begin_immediate)
         return engine
     return create_async_engine(url, pool_pre_ping=True)
 

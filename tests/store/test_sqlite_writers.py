@@ -1,0 +1,96 @@
+"""Processes share one SQLite store (the server, and the CLI an operator runs beside it): two
+writing at once, or one writing while another holds a long read, never fail with "database is
+locked"."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from sqlalchemy import func, select, text
+
+from app.store.db import open_database
+from app.store.tables import UsageRow
+
+# Each transaction reads, then writes: the pattern of the admin service (check, then insert)
+# that a deferred transaction cannot survive when another process writes in between.
+WRITER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from datetime import datetime, timezone
+    from sqlalchemy import func, select
+    from app.store.db import open_database
+    from app.store.tables import UsageRow
+
+    async def main(url, tag, count):
+        now = datetime.now(timezone.utc)
+        async with open_database(url) as sessions:
+            for n in range(count):
+                async with sessions.begin() as session:
+                    await session.scalar(select(func.count(UsageRow.id)))
+                    session.add(UsageRow(
+                        request_id=f"{tag}-{n}", tenant_id="t", key_id="k", endpoint="e",
+                        model="m", adapter=None, adapter_version=None, prompt_tokens=1,
+                        completion_tokens=1, status="ok", latency_ms=1, started_at=now,
+                        finished_at=now,
+                    ))
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+    """
+)
+WRITES = 150
+
+
+def migrated(path: Path) -> str:
+    url = f"sqlite+aiosqlite:///{path}"
+
+    async def migrate() -> None:
+        async with open_database(url):
+            pass
+
+    asyncio.run(migrate())
+    return url
+
+
+def start_writer(url: str, tag: str, count: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER, url, tag, str(count)], stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_two_processes_write_one_sqlite_store_at_once(tmp_path: Path) -> None:
+    url = migrated(tmp_path / "store.db")
+    writers = [start_writer(url, tag, WRITES) for tag in ("server", "cli")]
+    for process in writers:
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr
+
+    async def check() -> tuple[int, str]:
+        async with open_database(url) as sessions, sessions() as session:
+            rows = await session.scalar(select(func.count(UsageRow.id)))
+            mode = await session.scalar(text("PRAGMA journal_mode"))
+            return int(rows or 0), str(mode)
+
+    assert asyncio.run(check()) == (2 * WRITES, "wal")
+
+
+def test_a_long_read_does_not_hold_up_a_writer(tmp_path: Path) -> None:
+    # Sqlite's default busy wait is 5 s: a usage report reading for longer would make the
+    # server's writes fail, without write-ahead logging.
+    url = migrated(tmp_path / "store.db")
+    report = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
+    report.execute("BEGIN")
+    report.execute("SELECT count(*) FROM usage").fetchall()  # holds its snapshot until COMMIT
+    started = time.monotonic()
+    try:
+        _, stderr = start_writer(url, "server", 20).communicate(timeout=300)
+    finally:
+        report.execute("COMMIT")
+        report.close()
+    assert "database is locked" not in stderr
+    assert time.monotonic() - started < 5.0
