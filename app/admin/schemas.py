@@ -2,17 +2,40 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
-from app.tenancy.manifests import TENANT_ID_PATTERN
+from app.errors import BadRequestError
+from app.tenancy.manifests import ADAPTER_NAME_PATTERN as ADAPTER_NAME_PATTERN
+from app.tenancy.manifests import (
+    GRANT_ALIAS_PATTERN,
+    GRANT_ALIAS_RULE,
+    TENANT_ID_PATTERN,
+    AdapterName,
+)
 
-ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 Name = Annotated[str, Field(min_length=1, max_length=200)]
-AdapterName = Annotated[str, Field(pattern=ADAPTER_NAME_PATTERN)]
 Positive = Annotated[int, Field(ge=1)]
+MAX_ADAPTER_PATH_LENGTH = 1024
+
+
+def check_grant_alias(alias: str, base_model_id: str) -> str:
+    """``alias`` if a grant may use it; else a 400 naming ``alias``.
+
+    The base model's id is refused: the tenant's requests for it would be ambiguous.
+    """
+    if re.fullmatch(GRANT_ALIAS_PATTERN, alias) is None:
+        shown = alias if len(alias) <= 40 else f"{alias[:40]}... ({len(alias)} characters)"
+        raise BadRequestError(f"Invalid alias {shown!r}: {GRANT_ALIAS_RULE}.", param="alias")
+    if alias == base_model_id:
+        raise BadRequestError(
+            f"The alias `{alias}` is the base model's id; choose another.", param="alias"
+        )
+    return alias
 
 
 class Strict(BaseModel):
@@ -85,7 +108,22 @@ class AdapterRegister(Strict):
     )
 
     name: AdapterName
-    path: str = Field(description="Directory relative to the adapter root.")
+    path: str = Field(
+        min_length=1,
+        max_length=MAX_ADAPTER_PATH_LENGTH,
+        description="Directory relative to the adapter root.",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _printable(cls, path: str) -> str:
+        # A NUL makes every filesystem call fail; other control characters have no place in
+        # a directory name and would garble the audit log.
+        if not path.isprintable():
+            raise PydanticCustomError(
+                "invalid_path", "the path must not contain control characters such as NUL"
+            )
+        return path
 
 
 class AdapterVersionOut(Out):

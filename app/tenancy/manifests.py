@@ -15,11 +15,25 @@ Keys are never declared: they are issued (and shown once) by the API or CLI.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 TENANT_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+# A grant alias is what tenants send as `model`, and it appears in URLs, metric labels and
+# the usage ledger: letters, digits and `. _ - : @` (OpenAI's fine-tune ids use colons),
+# starting with a letter or digit; no slashes (one URL path segment), whitespace, control
+# characters or commas. 100 characters at most: the store's column width.
+MAX_ALIAS_LENGTH = 100
+GRANT_ALIAS_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9._:@-]{{0,{MAX_ALIAS_LENGTH - 1}}}$"
+GRANT_ALIAS_RULE = (
+    f"an alias is 1 to {MAX_ALIAS_LENGTH} letters, digits and . _ - : @, "
+    "starting with a letter or digit"
+)
+GrantAlias = Annotated[str, Field(pattern=GRANT_ALIAS_PATTERN, description=GRANT_ALIAS_RULE)]
+AdapterName = Annotated[str, Field(pattern=ADAPTER_NAME_PATTERN)]
 
 
 class ManifestError(ValueError):
@@ -33,7 +47,7 @@ class TenantManifest(BaseModel):
     name: str
     allow_base_model: bool = False
     enabled: bool = True
-    adapters: dict[str, str] = Field(default_factory=dict)
+    adapters: dict[GrantAlias, AdapterName] = Field(default_factory=dict)
 
 
 def load_manifests(directory: Path) -> list[TenantManifest]:

@@ -4,6 +4,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+import yaml
 
 from app.errors import AuthenticationError, ModelNotFoundError, PermissionDeniedError
 from app.tenancy import keys
@@ -102,3 +103,23 @@ def test_repository_demo_manifests_load() -> None:
     assert set(by_id) == {"acme-legal", "st-marys", "callcenter", "demo-all"}
     assert by_id["demo-all"].allow_base_model
     assert not by_id["acme-legal"].allow_base_model
+
+
+@pytest.mark.parametrize(
+    ("alias", "adapter"),
+    [
+        ("a" * 300, "legal_advisor"),
+        ("my legal", "legal_advisor"),
+        ("a,b", "legal_advisor"),
+        ("org/legal", "legal_advisor"),
+        ("-x", "legal_advisor"),
+        ("legal", "../etc"),
+    ],
+)
+def test_manifest_aliases_and_adapter_names_are_checked(
+    tmp_path: Path, alias: str, adapter: str
+) -> None:
+    manifest = {"id": "acme", "name": "ACME", "adapters": {alias: adapter}}
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(manifest))
+    with pytest.raises(ManifestError, match="adapters"):
+        load_manifests(tmp_path)
