@@ -23,7 +23,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.bench.adapters import make_random_adapter
 from app.cli import register_adapter
 from app.settings import EMBEDDED_MODEL_DIR
-from tests.e2e.conftest import LiveGateway, make_settings, prepare_store, running_gateway
+from tests.e2e.conftest import (
+    ADMIN_TOKEN,
+    LiveGateway,
+    make_settings,
+    prepare_store,
+    running_gateway,
+)
 from tests.engine.lru_walkthrough import (
     ACTIVATIONS,
     EVICTIONS,
@@ -96,7 +102,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
 
 
 def scrape(live: LiveGateway) -> tuple[str, Samples]:
-    response = httpx.get(f"{live.base_url}/metrics")
+    # /metrics names every tenant: only for the metrics token or an admin token.
+    credentials = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    response = httpx.get(f"{live.base_url}/metrics", headers=credentials)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     samples = {

@@ -7,7 +7,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import LiveGateway
+from tests.e2e.conftest import ADMIN_TOKEN, LiveGateway
 
 pytestmark = pytest.mark.slow
 
@@ -15,7 +15,9 @@ MESSAGES = [{"role": "user", "content": "Name a colour."}]
 
 
 def samples(gateway: LiveGateway) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    text = httpx.get(f"{gateway.base_url}/metrics").text
+    # /metrics names every tenant: only for the metrics token or an admin token.
+    credentials = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    text = httpx.get(f"{gateway.base_url}/metrics", headers=credentials).text
     return {
         (s.name, frozenset(s.labels.items())): s.value
         for family in text_string_to_metric_families(text)
