@@ -488,7 +488,10 @@ class _Unpacker:
             if count > self.max_files:
                 raise AdapterError(f"the archive has more than {self.max_files} members")
             if kind not in ("file", "directory"):
-                raise AdapterError(f"archive member {name!r} is a {kind}, not a file or directory")
+                article = "an" if kind[0] in "aeiou" else "a"
+                raise AdapterError(
+                    f"archive member {name!r} is {article} {kind}, not a file or directory"
+                )
             if "\\" in name or "\0" in name:
                 raise AdapterError(f"archive member {name!r}: backslashes and NULs are not allowed")
             if not name.isprintable():
