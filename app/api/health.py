@@ -1,4 +1,8 @@
-"""Probes: ``/healthz`` (the process answers) and ``/readyz`` (the engine serves)."""
+"""Probes: ``/healthz`` (the process answers) and ``/readyz`` (the engine serves).
+
+``/readyz`` says whether the engine is starting, failed to start or stopped, never why: the
+cause (an exception's text, with paths and versions) is in the log, not on an unauthenticated
+endpoint."""
 
 from __future__ import annotations
 
@@ -21,6 +25,5 @@ async def readyz(gateway: GatewayDep) -> JSONResponse:
     try:
         await gateway.engine.check_health()
     except EngineUnavailableError as exc:
-        detail = gateway.startup_error or exc.message
-        return JSONResponse({"status": "unavailable", "detail": detail}, status_code=503)
+        return JSONResponse({"status": "unavailable", "detail": exc.message}, status_code=503)
     return JSONResponse({"status": "ready"})

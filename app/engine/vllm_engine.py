@@ -9,13 +9,17 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import vllm
 from vllm import AsyncEngineArgs, AsyncLLMEngine, RequestOutput, SamplingParams
+from vllm.exceptions import VLLMValidationError
 from vllm.inputs.engine import tokens_input
 from vllm.lora.request import LoRARequest
-from vllm.v1.engine.exceptions import EngineDeadError
+from vllm.platforms import current_platform
+from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from app.engine.vllm_plugin import ENV_VAR as ISOLATION_FIX_ENV
-from app.errors import EngineUnavailableError
+from app.engine.vllm_plugin import require_isolation_fix
+from app.errors import BadRequestError, EngineUnavailableError
 from app.settings import Settings
 from app.tenancy.adapters import Adapter
 
@@ -67,6 +71,10 @@ class VLLMEngine:
         adapter: Adapter | None,
         cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
+        """The engine's outputs; its refusal of the request, before any output, is a
+        :class:`BadRequestError` (400) naming the parameter where vLLM does; a dead engine is
+        :class:`EngineUnavailableError` (503)."""
+        produced = False
         try:
             async for output in self._llm.generate(
                 tokens_input(list(prompt_token_ids), cache_salt=cache_salt),
@@ -74,9 +82,15 @@ class VLLMEngine:
                 request_id,
                 lora_request=lora_request(adapter) if adapter is not None else None,
             ):
+                produced = True
                 yield output
         except EngineDeadError as exc:
             raise EngineUnavailableError("The inference engine is not running.") from exc
+        except (VLLMValidationError, EngineGenerateError, ValueError, OverflowError) as exc:
+            refusal = None if produced else _request_refusal(exc)
+            if refusal is None:
+                raise
+            raise refusal from exc
 
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)
@@ -94,9 +108,37 @@ class VLLMEngine:
         return self._llm.get_num_unfinished_requests()
 
 
+def _request_refusal(exc: BaseException) -> BadRequestError | None:
+    """What vLLM's refusal of a request says, as a 400; ``None`` for a failure that is not
+    about the request. vLLM wraps what its input processing raises, other than its own
+    validation errors, in ``EngineGenerateError``; ``ValueError`` there is its "bad input"
+    (its OpenAI server answers 400 to it too), ``OverflowError`` a number too large to send to
+    the engine core (a seed of 2**64)."""
+    if isinstance(exc, EngineGenerateError):
+        cause = exc.__cause__
+        if cause is None or isinstance(cause, EngineGenerateError):
+            return None
+        return _request_refusal(cause)
+    if isinstance(exc, VLLMValidationError):
+        message = str(exc.args[0]) if exc.args else "The request was refused by the engine."
+        return BadRequestError(message, param=exc.parameter)
+    if isinstance(exc, OverflowError):
+        return BadRequestError(f"A number in the request is out of range: {exc}")
+    if isinstance(exc, ValueError):
+        return BadRequestError(str(exc) or "The request was refused by the engine.")
+    return None
+
+
 @asynccontextmanager
 async def start_vllm_engine(settings: Settings) -> AsyncIterator[VLLMEngine]:
-    """The running engine; shut down (child processes included) on exit."""
+    """The running engine; shut down (child processes included) on exit.
+
+    Refuses to start (:class:`~app.engine.vllm_plugin.IsolationFixUnavailable`) on CPU when
+    the isolation fix would not be active in the engine's processes."""
+    isolation = require_isolation_fix(
+        settings.isolation_fix, is_cpu=current_platform.is_cpu(), vllm_version=vllm.__version__
+    )
+    logger.info("CPU punica isolation fix: %s", isolation)
     # Our vLLM plugin runs inside the engine's child processes, which inherit
     # the environment at spawn: that is how this setting reaches it.
     os.environ[ISOLATION_FIX_ENV] = "1" if settings.isolation_fix else "0"

@@ -10,7 +10,9 @@ plans each step's adapter grouping once instead of in every layer. It also
 instruments vLLM's LoRA caches for :mod:`app.engine.residency`'s metrics.
 
 Applied only on vLLM 0.32.x on the CPU platform; ``LORA_GATEWAY_ISOLATION_FIX=0``
-(or ``false``) turns it off.
+(or ``false``) turns it off. On CPU the fix is a correctness requirement, so the gateway checks
+before it starts the engine that the plugin will be loaded in the engine's processes
+(:func:`require_isolation_fix`) and refuses to start otherwise.
 """
 
 from __future__ import annotations
@@ -18,10 +20,15 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable, Iterable, Mapping
+from importlib import metadata
 
 logger = logging.getLogger("lora_gateway.vllm_plugin")
 
 ENV_VAR = "LORA_GATEWAY_ISOLATION_FIX"
+PLUGIN_GROUP = "vllm.general_plugins"
+PLUGIN_NAME = "lora_gateway"
+PLUGIN_TARGET = f"{__name__}:register"
 PATCHED_OPS = (
     "bgmv_expand",
     "bgmv_expand_slice",
@@ -111,3 +118,65 @@ def register() -> None:
         punica_cpu.__name__,
         PlannedPunicaWrapper.__qualname__,
     )
+
+
+class IsolationFixUnavailable(RuntimeError):
+    """The CPU isolation fix would not be active in vLLM's processes: base-model requests
+    batched with adapter requests could be computed with another tenant's adapter."""
+
+
+def _installed_plugins() -> Iterable[metadata.EntryPoint]:
+    return metadata.entry_points(group=PLUGIN_GROUP)
+
+
+def require_isolation_fix(
+    enabled: bool,
+    *,
+    is_cpu: bool,
+    vllm_version: str,
+    find_plugins: Callable[[], Iterable[metadata.EntryPoint]] = _installed_plugins,
+    environ: Mapping[str, str] = os.environ,
+) -> str:
+    """Check, before the engine starts, that vLLM will load this plugin and that it will
+    apply the fix; the outcome (``not-cpu``, ``disabled``, ``active``) or
+    :class:`IsolationFixUnavailable` with what to do about it.
+
+    ``enabled`` false (``LORA_GATEWAY_ISOLATION_FIX=0``) is the one explicit override; it is
+    logged as a warning."""
+    if not is_cpu:
+        return "not-cpu"
+    if not enabled:
+        logger.warning(
+            "CPU punica isolation fix turned off (%s=0): base-model requests batched with "
+            "adapter requests may be computed with another tenant's adapter",
+            ENV_VAR,
+        )
+        return "disabled"
+    override = f"Set {ENV_VAR}=0 only to demonstrate the bug."
+    if not _AFFECTED_VERSION.match(vllm_version):
+        raise IsolationFixUnavailable(
+            f"the CPU isolation fix supports vLLM 0.32.x, not {vllm_version}: install the "
+            f"vLLM version this gateway pins. {override}"
+        )
+    found = [ep for ep in find_plugins() if ep.name == PLUGIN_NAME]
+    if not found or found[0].value.replace(" ", "") != PLUGIN_TARGET:
+        raise IsolationFixUnavailable(
+            f"the entry point {PLUGIN_GROUP}: {PLUGIN_NAME} = {PLUGIN_TARGET} is not installed "
+            f"(found {[ep.value for ep in found] or 'none'}), so vLLM would not load the CPU "
+            f"isolation fix: reinstall the gateway (pip install -e .). {override}"
+        )
+    allowed = environ.get("VLLM_PLUGINS")
+    if allowed is not None and PLUGIN_NAME not in allowed.split(","):
+        raise IsolationFixUnavailable(
+            f"VLLM_PLUGINS={allowed!r} leaves out {PLUGIN_NAME!r}, so vLLM would not load the "
+            f"CPU isolation fix: add it or unset VLLM_PLUGINS. {override}"
+        )
+    try:
+        loaded = found[0].load()
+    except Exception as exc:
+        raise IsolationFixUnavailable(
+            f"the plugin {PLUGIN_TARGET} cannot be loaded: {exc!r}"
+        ) from exc
+    if loaded is not register:
+        raise IsolationFixUnavailable(f"{PLUGIN_TARGET} loads {loaded!r}, not this plugin")
+    return "active"

@@ -69,3 +69,66 @@ def test_a_thread_left_running_cannot_hold_the_process() -> None:
     assert status == 1
     assert DEADLINE_SECONDS <= seconds < DEADLINE_SECONDS + 10
     assert "in held_forever" in stderr  # every thread's stack, the culprit's among them
+
+
+# A gateway-shaped app whose engine dies (or never starts) once it is serving.
+DYING = textwrap.dedent(
+    """
+    import asyncio, sys, time
+    from contextlib import asynccontextmanager
+    from types import SimpleNamespace
+    from fastapi import FastAPI
+    from app import server
+    from app.errors import EngineUnavailableError
+    from app.settings import Settings
+
+    server.WATCH_SECONDS = 0.1
+    started = time.monotonic()
+
+    class Engine:
+        async def check_health(self):
+            if time.monotonic() - started > 1.0:
+                raise EngineUnavailableError("The inference engine is not running.")
+
+    class Gateway:
+        startup_error = "RuntimeError: no model" if sys.argv[2] == "never-starts" else None
+
+        @property
+        def engine(self):
+            if self.startup_error is not None:
+                raise EngineUnavailableError("The inference engine failed to start.")
+            return Engine()
+
+    @asynccontextmanager
+    async def lifespan(app):
+        app.state.gateway = Gateway()
+        yield
+
+    app = FastAPI(lifespan=lifespan)
+    server.run(app, Settings(_env_file=None, port=int(sys.argv[1]), log_level="warning"))
+    """
+)
+
+
+def serve_until_it_stops(how: str) -> tuple[int, str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-c", DYING, str(port), how], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _, stderr = process.communicate(timeout=30)
+        return process.returncode, stderr
+    finally:
+        process.kill()
+
+
+def test_a_dead_engine_stops_the_server_with_a_failure_status() -> None:
+    status, stderr = serve_until_it_stops("dies")
+    assert status == 4, stderr
+    assert "the inference engine died" in stderr
+
+
+def test_an_engine_that_failed_to_start_stops_the_server() -> None:
+    status, stderr = serve_until_it_stops("never-starts")
+    assert status == 3, stderr
+    assert "failed to start" in stderr
