@@ -63,6 +63,7 @@ class Gateway:
             lease_seconds=settings.quota_lease_seconds,
         )
         self.tracker = RequestTracker(
+            lambda: self.registry,
             self.in_flight,
             self.ledger,
             self.quota,
@@ -101,6 +102,7 @@ class Gateway:
                     task.cancel()
                 await asyncio.gather(*late, return_exceptions=True)
             await self.ledger.close()
+            self.tracker.close()
 
     async def watch_store(self) -> None:
         """Follow changes made by other replicas; record key use off the hot path."""
@@ -119,11 +121,12 @@ class Gateway:
         self._used_keys.add(principal.key_id)
         return principal
 
-    def background(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` after the response; failures are logged."""
+    def background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``work`` as a task that shutdown waits for; failures are logged."""
         task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._finished)
+        return task
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -154,8 +157,8 @@ class Gateway:
 
     @property
     def chat(self) -> ChatService:
-        return ChatService(self.engine, self.tracker)
+        return ChatService(self.engine)
 
     @property
     def completions(self) -> CompletionService:
-        return CompletionService(self.engine, self.tracker)
+        return CompletionService(self.engine)

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
-from app import metrics
 from app.api.deps import CurrentPrincipal, GatewayDep, RequestId
-from app.api.streaming import EventStreamResponse, cancel_on_disconnect
-from app.errors import GatewayError
-from app.gateway import Gateway
+from app.api.streaming import CompletionResponse
 from app.protocol import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -21,9 +17,6 @@ from app.protocol import (
     ModelCard,
     ModelList,
 )
-from app.serving.chat import ChatService
-from app.serving.completions import CompletionService
-from app.tenancy.models import Principal
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -36,62 +29,24 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-async def serve(
-    service: ChatService | CompletionService,
-    body: Any,
-    request: Request,
-    gateway: Gateway,
-    principal: Principal,
-    request_id: str,
-) -> Response:
-    """Resolve, admit (quota), run; the reservation is settled however it ends."""
-    try:
-        target = gateway.registry.resolve(principal.tenant, body.model)
-        generation = await gateway.tracker.admit(
-            service.prepare(body, principal, target, request_id)
-        )
-    except GatewayError as exc:
-        # Requests the engine never saw; the tracker counts the others.
-        granted = body.model in principal.tenant.adapters or (
-            body.model == gateway.registry.base_model_id and principal.tenant.allow_base_model
-        )
-        model = body.model if granted else metrics.UNKNOWN_MODEL
-        status = exc.code or exc.error_type
-        metrics.REQUESTS.labels(principal.tenant.id, model, service.endpoint, status).inc()
-        raise
-    # Settles only a request that never reached the engine (its run settles it).
-    unstarted = partial(gateway.tracker.settle, generation, 0)
-    if body.stream:
-        return EventStreamResponse(
-            service.stream(body, generation), headers=generation.headers, on_close=unstarted
-        )
-    try:
-        result = await cancel_on_disconnect(request, service.complete(body, generation))
-    finally:
-        unstarted()
-    return JSONResponse(result.model_dump(mode="json"), headers=generation.headers)
-
-
 @router.post("/chat/completions", response_model=ChatCompletion, responses=ERROR_RESPONSES)
 async def create_chat_completion(
     body: ChatCompletionRequest,
-    request: Request,
     gateway: GatewayDep,
     principal: CurrentPrincipal,
     request_id: RequestId,
 ) -> Response:
-    return await serve(gateway.chat, body, request, gateway, principal, request_id)
+    return CompletionResponse(gateway.tracker, gateway.chat, body, principal, request_id)
 
 
 @router.post("/completions", response_model=Completion, responses=ERROR_RESPONSES)
 async def create_completion(
     body: CompletionRequest,
-    request: Request,
     gateway: GatewayDep,
     principal: CurrentPrincipal,
     request_id: RequestId,
 ) -> Response:
-    return await serve(gateway.completions, body, request, gateway, principal, request_id)
+    return CompletionResponse(gateway.tracker, gateway.completions, body, principal, request_id)
 
 
 def _card(entry_id: str, parent: str | None, owner: str) -> ModelCard:

@@ -1,60 +1,126 @@
-"""Responses that stop the work behind them when the client goes away."""
+"""Responses that run a completion request's lifecycle and stop its work when the client
+goes away."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import TypeVar
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from typing import Generic, TypeVar
 
 import anyio
-from fastapi import Request
-from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Message, Receive, Scope, Send
+
+from app.api.errors import render
+from app.errors import GatewayError
+from app.serving.tracking import ClientDisconnected, Request, RequestTracker, Service
+from app.tenancy.models import Principal
 
 T = TypeVar("T")
 
 
+class CompletionResponse(Response, Generic[Request]):
+    """The answer to a completion request, JSON or SSE, produced inside
+    :meth:`RequestTracker.track`: the request is admitted before the first byte is sent and
+    settled once after the last, whichever way it ends. A refusal (404, 429, 400...) is
+    rendered here, since the route has already returned this response."""
+
+    def __init__(
+        self,
+        tracker: RequestTracker,
+        service: Service[Request],
+        request: Request,
+        principal: Principal,
+        request_id: str,
+    ) -> None:
+        super().__init__()
+        self._tracker = tracker
+        self._service = service
+        self._request = request
+        self._principal = principal
+        self._request_id = request_id
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def send_started(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        service, request = self._service, self._request
+        try:
+            async with self._tracker.track(
+                service, request, self._principal, self._request_id
+            ) as run:
+                if request.stream:
+                    events = service.stream(request, run)
+                    await EventStreamResponse(events, headers=run.headers)(
+                        scope, receive, send_started
+                    )
+                    return
+                result = await cancel_on_disconnect(receive, service.complete(request, run))
+                headers = run.headers
+        except ClientDisconnected:
+            return
+        except GatewayError as exc:
+            if started:
+                raise
+            await render(exc)(scope, receive, send)
+            return
+        await JSONResponse(result.model_dump(mode="json"), headers=headers)(scope, receive, send)
+
+
 class EventStreamResponse(StreamingResponse):
     """An SSE response whose body iterator is cancelled as soon as the client
-    disconnects, not at the next write: closing our generator closes the
-    engine's, which aborts the engine request at once, even while queued."""
+    disconnects, not at the next write, and always closed before this returns."""
 
     media_type = "text/event-stream"
 
     def __init__(
-        self,
-        content: AsyncIterator[str],
-        *,
-        headers: Mapping[str, str] | None = None,
-        on_close: Callable[[], None] | None = None,
+        self, content: AsyncIterator[str], *, headers: Mapping[str, str] | None = None
     ) -> None:
         super().__init__(content, headers=headers)
-        self._on_close = on_close
+        self._events = content
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        connected = True
+
+        async def send_while_connected(message: Message) -> None:
+            # A cancelled scope only stops a task at a suspension point: a generator whose
+            # next output is always ready, writing to a closed connection (which returns at
+            # once), would never reach one.
+            if not connected:
+                raise ClientDisconnected
+            await send(message)
+
         try:
             async with anyio.create_task_group() as group:
 
                 async def stream_then_stop() -> None:
-                    await self.stream_response(send)
+                    with contextlib.suppress(ClientDisconnected):
+                        await self.stream_response(send_while_connected)
                     group.cancel_scope.cancel()
 
                 group.start_soon(stream_then_stop)
                 await self.listen_for_disconnect(receive)
+                connected = False
                 group.cancel_scope.cancel()
         finally:
-            # Even when the body never started (the client left first).
-            if self._on_close is not None:
-                self._on_close()
+            # Cancelled mid-write, the generator is only suspended: close it now, not
+            # whenever the garbage collector finds it.
+            await self._events.aclose()  # type: ignore[attr-defined]
 
 
-async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work`` unless the client disconnects first; then cancel it."""
+async def cancel_on_disconnect(receive: Receive, work: Awaitable[T]) -> T:
+    """Await ``work`` unless the client disconnects first; then cancel it and raise
+    :class:`ClientDisconnected`."""
     task = asyncio.ensure_future(work)
 
     async def watch() -> None:
         while True:
-            message = await request.receive()
+            message = await receive()
             if message["type"] == "http.disconnect":
                 task.cancel()
                 return
@@ -62,5 +128,9 @@ async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
     watcher = asyncio.ensure_future(watch())
     try:
         return await task
+    except asyncio.CancelledError:
+        if watcher.done() and not watcher.cancelled():
+            raise ClientDisconnected from None
+        raise
     finally:
         watcher.cancel()

@@ -22,16 +22,15 @@ from app.protocol import (
 from app.serving import generation as gen
 from app.serving.logprobs import chat_logprobs
 from app.serving.sse import event_stream
-from app.serving.tracking import RequestTracker
+from app.serving.tracking import Run
 from app.tenancy.models import ModelTarget, Principal
 
 
 class ChatService:
     endpoint = "chat.completions"
 
-    def __init__(self, engine: Engine, tracker: RequestTracker) -> None:
-        self._engine = engine
-        self._tracker = tracker
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
 
     def prepare(
         self,
@@ -44,16 +43,15 @@ class ChatService:
             {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
             for m in request.messages
         ]
-        tokenizer = self._engine.tokenizer
+        tokenizer = self.engine.tokenizer
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         prompt = tokenizer.encode(text, add_special_tokens=False)
-        params = gen.sampling_params(request, len(prompt), self._engine.max_model_len)
+        params = gen.sampling_params(request, len(prompt), self.engine.max_model_len)
         return gen.Generation(request_id, self.endpoint, principal, target, prompt, params)
 
-    async def complete(
-        self, request: ChatCompletionRequest, generation: gen.Generation
-    ) -> ChatCompletion:
-        outputs = await gen.run(self._engine, generation, self._tracker)
+    async def complete(self, request: ChatCompletionRequest, run: Run) -> ChatCompletion:
+        generation = run.generation
+        outputs = await gen.collect(run.outputs(), generation.params.n)
         choices = [
             ChatChoice(
                 index=out.index,
@@ -71,9 +69,9 @@ class ChatService:
             usage=gen.usage(generation.prompt_tokens, completion_tokens),
         )
 
-    def stream(
-        self, request: ChatCompletionRequest, generation: gen.Generation
-    ) -> AsyncIterator[str]:
+    def stream(self, request: ChatCompletionRequest, run: Run) -> AsyncIterator[str]:
+        generation = run.generation
+
         def chunk(
             choices: list[ChatChunkChoice], usage: Usage | None = None
         ) -> ChatCompletionChunk:
@@ -98,7 +96,7 @@ class ChatService:
             for i in range(request.n)
         ]
         return event_stream(
-            gen.stream(self._engine, generation, self._tracker),
+            run.outputs(),
             opening=opening,
             chunk=delta,
             usage=partial(chunk, []) if request.include_usage else None,

@@ -8,6 +8,7 @@ from functools import partial
 from vllm import CompletionOutput
 
 from app.engine.base import Engine
+from app.errors import BadRequestError
 from app.protocol import (
     Completion,
     CompletionChoice,
@@ -18,16 +19,15 @@ from app.protocol import (
 from app.serving import generation as gen
 from app.serving.logprobs import completion_logprobs
 from app.serving.sse import event_stream
-from app.serving.tracking import RequestTracker
+from app.serving.tracking import Run
 from app.tenancy.models import ModelTarget, Principal
 
 
 class CompletionService:
     endpoint = "completions"
 
-    def __init__(self, engine: Engine, tracker: RequestTracker) -> None:
-        self._engine = engine
-        self._tracker = tracker
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
 
     def prepare(
         self,
@@ -37,14 +37,21 @@ class CompletionService:
         request_id: str,
     ) -> gen.Generation:
         if isinstance(request.prompt, str):
-            prompt = self._engine.tokenizer.encode(request.prompt)
+            prompt = self.engine.tokenizer.encode(request.prompt)
         else:
             prompt = list(request.prompt)
-        params = gen.sampling_params(request, len(prompt), self._engine.max_model_len)
+            vocabulary = len(self.engine.tokenizer)
+            if not all(0 <= token < vocabulary for token in prompt):
+                raise BadRequestError(
+                    f"Token ids in `prompt` must be between 0 and {vocabulary - 1}.",
+                    param="prompt",
+                )
+        params = gen.sampling_params(request, len(prompt), self.engine.max_model_len)
         return gen.Generation(request_id, self.endpoint, principal, target, prompt, params)
 
-    async def complete(self, request: CompletionRequest, generation: gen.Generation) -> Completion:
-        outputs = await gen.run(self._engine, generation, self._tracker)
+    async def complete(self, request: CompletionRequest, run: Run) -> Completion:
+        generation = run.generation
+        outputs = await gen.collect(run.outputs(), generation.params.n)
         echo = self._echo(request, generation)
         choices = [
             CompletionChoice(
@@ -63,7 +70,8 @@ class CompletionService:
             usage=gen.usage(generation.prompt_tokens, completion_tokens),
         )
 
-    def stream(self, request: CompletionRequest, generation: gen.Generation) -> AsyncIterator[str]:
+    def stream(self, request: CompletionRequest, run: Run) -> AsyncIterator[str]:
+        generation = run.generation
         echo = self._echo(request, generation)
         offsets = dict.fromkeys(range(request.n), len(echo))
 
@@ -95,7 +103,7 @@ class CompletionService:
             else []
         )
         return event_stream(
-            gen.stream(self._engine, generation, self._tracker),
+            run.outputs(),
             opening=opening,
             chunk=delta,
             usage=partial(chunk, []) if request.include_usage else None,
@@ -107,7 +115,7 @@ class CompletionService:
             return ""
         if isinstance(request.prompt, str):
             return request.prompt
-        return str(self._engine.tokenizer.decode(list(generation.prompt_token_ids)))
+        return str(self.engine.tokenizer.decode(list(generation.prompt_token_ids)))
 
     @staticmethod
     def _logprobs(

@@ -1,17 +1,17 @@
-"""What chat and text completions share: sampling, limits, running a request."""
+"""What chat and text completions share: the prepared request, sampling, limits, and
+merging the engine's deltas into whole choices."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterable, Sequence
+from dataclasses import dataclass, field
 
 from vllm import CompletionOutput, RequestOutput, SamplingParams
+from vllm.logprobs import LogprobsOnePosition
 from vllm.sampling_params import RequestOutputKind
 
-from app.engine.base import Engine
 from app.errors import BadRequestError, ContextLengthExceededError, EngineUnavailableError
 from app.protocol import ChatCompletionRequest, CompletionRequest, Usage
-from app.serving.tracking import Admission, RequestTracker
 from app.tenancy.models import ModelTarget, Principal
 
 CompletionLike = ChatCompletionRequest | CompletionRequest
@@ -27,16 +27,10 @@ class Generation:
     target: ModelTarget
     prompt_token_ids: Sequence[int]
     params: SamplingParams
-    admission: Admission | None = None
 
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
-
-    @property
-    def headers(self) -> dict[str, str]:
-        """The ``x-ratelimit-*`` headers of the response."""
-        return dict(self.admission.reservation.headers) if self.admission else {}
 
 
 def completion_budget(prompt_tokens: int, requested: int | None, max_model_len: int) -> int:
@@ -95,41 +89,41 @@ def finish_reason(reason: str | None) -> str | None:
     return None if reason is None else ("length" if reason == "length" else "stop")
 
 
-async def run(
-    engine: Engine, generation: Generation, tracker: RequestTracker
-) -> list[CompletionOutput]:
-    """Run to the end; every choice's text, tokens and logprobs, by index."""
-    choices: dict[int, CompletionOutput] = {}
-    async for output in stream(engine, generation, tracker):
+@dataclass
+class _Choice:
+    """One choice's deltas, gathered in lists: appending stays linear in the output."""
+
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[LogprobsOnePosition] | None = None
+    finish_reason: str | None = None
+
+    def add(self, delta: CompletionOutput) -> None:
+        self.text.append(delta.text)
+        self.token_ids.extend(delta.token_ids)
+        if delta.logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(delta.logprobs)  # type: ignore[arg-type]
+        self.finish_reason = delta.finish_reason
+
+    def output(self, index: int) -> CompletionOutput:
+        return CompletionOutput(
+            index=index,
+            text="".join(self.text),
+            token_ids=self.token_ids,
+            cumulative_logprob=None,
+            logprobs=self.logprobs,
+            finish_reason=self.finish_reason,
+        )
+
+
+async def collect(outputs: AsyncIterable[RequestOutput], n: int) -> list[CompletionOutput]:
+    """Every choice's text, tokens and logprobs, by index, once the request has ended."""
+    choices: dict[int, _Choice] = {}
+    async for output in outputs:
         for delta in output.outputs:
-            whole = choices.setdefault(
-                delta.index,
-                CompletionOutput(
-                    index=delta.index, text="", token_ids=[], cumulative_logprob=None, logprobs=None
-                ),
-            )
-            whole.text += delta.text
-            whole.token_ids = [*whole.token_ids, *delta.token_ids]
-            if delta.logprobs is not None:
-                whole.logprobs = [*(whole.logprobs or []), *delta.logprobs]
-            whole.finish_reason = delta.finish_reason
-    if len(choices) != generation.params.n:
+            choices.setdefault(delta.index, _Choice()).add(delta)
+    if len(choices) != n:
         raise EngineUnavailableError("The engine ended the request early.")
-    return [choices[i] for i in sorted(choices)]
-
-
-async def stream(
-    engine: Engine, generation: Generation, tracker: RequestTracker
-) -> AsyncIterator[RequestOutput]:
-    with tracker.track(generation) as progress:
-        async for output in engine.generate(
-            generation.prompt_token_ids,
-            generation.params,
-            generation.request_id,
-            generation.target.adapter,
-            # A tenant's cached prefixes never serve another tenant: no timing
-            # side channel reveals what others have asked.
-            cache_salt=generation.principal.tenant.id,
-        ):
-            progress.observe(output)
-            yield output
+    return [choices[i].output(i) for i in sorted(choices)]

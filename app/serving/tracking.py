@@ -1,47 +1,90 @@
-"""What happens around every engine request: quota admission and settlement,
-in-flight accounting (so adapter removal can wait), token counting as the
-engine streams, and the usage record."""
+"""One owner for each completion request's lifecycle.
+
+:meth:`RequestTracker.track` is the whole of it, as one ``async with``: resolve the request's
+``model`` for its tenant, check the request-rate limits that need no token count, tokenise off
+the event loop, reserve the worst case against the quotas, then hand the caller a :class:`Run`
+whose engine stream it may read. However the block ends (the engine finished, the client left,
+an error, a shutdown), the exit aborts an unfinished engine request, counts what the engine
+produced up to then, settles the reservation exactly once with it, closes the engine stream,
+counts the outcome and writes the usage record. The JSON and the SSE response both run inside it.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
+from pydantic import BaseModel
 from vllm import RequestOutput
 
 from app import metrics
-from app.quota import QuotaBackend, QuotaExceeded, QuotaTooLarge, Reservation
+from app.engine.base import Engine
+from app.errors import GatewayError
+from app.protocol import SamplingFields
+from app.quota import Limits, QuotaBackend, QuotaExceeded, QuotaTooLarge, Reservation
+from app.serving.generation import Generation
 from app.serving.inflight import InFlight
-from app.tenancy.models import ApiKey
+from app.tenancy.models import ApiKey, ModelTarget, Principal
+from app.tenancy.registry import TenantRegistry
 from app.usage import UsageLedger, UsageRecord
 
-if TYPE_CHECKING:
-    from app.serving.generation import Generation
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Request = TypeVar("Request", bound=SamplingFields)
+RequestContra = TypeVar("RequestContra", bound=SamplingFields, contravariant=True)
+Outcome = Literal["ok", "cancelled", "error"]
+Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
+
+DRAIN_SECONDS = 2.0
+"""How long an aborted request's last output may take to arrive: it carries the tokens the
+engine produced that the client had not read yet, which are charged too."""
+
+
+class ClientDisconnected(Exception):
+    """The client left before its response was complete."""
+
+
+class Service(Protocol[RequestContra]):
+    """An endpoint (chat, completions): how its requests are prepared and answered."""
+
+    endpoint: str
+    engine: Engine
+
+    def prepare(
+        self, request: RequestContra, principal: Principal, target: ModelTarget, request_id: str
+    ) -> Generation:
+        """Tokenise and build the sampling parameters (CPU work, run off the event loop)."""
+
+    async def complete(self, request: RequestContra, run: Run) -> BaseModel:
+        """The whole response, once the engine has finished."""
+
+    def stream(self, request: RequestContra, run: Run) -> AsyncIterator[str]:
+        """The response as server-sent events, as the engine produces it."""
 
 
 @dataclass
-class Progress:
-    """Completion tokens generated so far, per choice (outputs are deltas), and
-    the token timing metrics as they come."""
+class TokenMeter:
+    """Completion tokens the engine produced, and their timing metrics as they come."""
 
     tenant: str
     model: str
     started: float = field(default_factory=time.monotonic)
-    tokens: dict[int, int] = field(default_factory=dict)
+    completion_tokens: int = 0
     last_token_at: float | None = None
 
     def observe(self, output: RequestOutput) -> None:
-        new = 0
-        for choice in output.outputs:
-            self.tokens[choice.index] = self.tokens.get(choice.index, 0) + len(choice.token_ids)
-            new += len(choice.token_ids)
+        new = sum(len(choice.token_ids) for choice in output.outputs)
         if not new:
             return
+        self.completion_tokens += new
         now = time.monotonic()
         if self.last_token_at is None:
             metrics.TIME_TO_FIRST_TOKEN.labels(self.tenant, self.model).observe(now - self.started)
@@ -58,17 +101,79 @@ class Progress:
                 latency.observe(gap)
         self.last_token_at = now
 
+
+class Run:
+    """One admitted request. :meth:`outputs` opens its engine stream (once); the tracker
+    closes it."""
+
+    def __init__(
+        self, engine: Engine, generation: Generation, reservation: Reservation | None
+    ) -> None:
+        self.generation = generation
+        self.reservation = reservation
+        tenant = generation.principal.tenant.id
+        self.meter = TokenMeter(tenant, generation.target.model)
+        self._engine = engine
+        self._stream: AsyncIterator[RequestOutput] | None = None
+        self._finished = False
+        self._failed = False
+
     @property
-    def completion_tokens(self) -> int:
-        return sum(self.tokens.values())
+    def headers(self) -> dict[str, str]:
+        """The ``x-ratelimit-*`` headers of the response."""
+        return dict(self.reservation.headers) if self.reservation is not None else {}
 
+    async def outputs(self) -> AsyncIterator[RequestOutput]:
+        """The engine's deltas, as it produces them."""
+        if self._stream is not None:
+            raise RuntimeError("a request's engine stream is read once")
+        generation = self.generation
+        self._stream = self._engine.generate(
+            generation.prompt_token_ids,
+            generation.params,
+            generation.request_id,
+            generation.target.adapter,
+            # A tenant's cached prefixes never serve another tenant: no timing
+            # side channel reveals what others have asked.
+            cache_salt=generation.principal.tenant.id,
+        )
+        try:
+            async for output in self._stream:
+                self._observe(output)
+                yield output
+        except Exception:
+            self._failed = True
+            raise
 
-@dataclass
-class Admission:
-    """A request's quota reservation, settled exactly once however the request ends."""
+    def outcome(self) -> Outcome:
+        if self._failed:
+            return "error"
+        return "ok" if self._finished else "cancelled"
 
-    reservation: Reservation
-    settled: bool = False
+    def _observe(self, output: RequestOutput) -> None:
+        self.meter.observe(output)
+        self._finished = output.finished
+
+    async def _drain(self, stream: AsyncIterator[RequestOutput]) -> None:
+        async for output in stream:
+            self._observe(output)
+
+    async def close(self) -> None:
+        """Abort an unfinished engine request, count what it produced until then, and close
+        the stream."""
+        stream = self._stream
+        if stream is None:
+            return
+        try:
+            if not self._finished and not self._failed:
+                await self._engine.abort(self.generation.request_id)
+                await asyncio.wait_for(self._drain(stream), DRAIN_SECONDS)
+        except Exception:
+            logger.warning(
+                "could not drain aborted request %s", self.generation.request_id, exc_info=True
+            )
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
 
 
 def key_subject(key: ApiKey) -> str:
@@ -76,12 +181,20 @@ def key_subject(key: ApiKey) -> str:
     return f"{key.tenant_id}/{key.id}"
 
 
-Spawn = Callable[[Coroutine[Any, Any, None]], None]
+def quota_subjects(principal: Principal) -> list[tuple[str, Limits]]:
+    """The subjects a request is charged to: its tenant, and its key where it has limits."""
+    tenant, key = principal.tenant, principal.key
+    return [
+        (subject, limits)
+        for subject, limits in ((tenant.id, tenant.limits), (key_subject(key), key.limits))
+        if not limits.unlimited
+    ]
 
 
 class RequestTracker:
     def __init__(
         self,
+        registry: Callable[[], TenantRegistry],
         in_flight: InFlight,
         ledger: UsageLedger,
         quota: QuotaBackend,
@@ -90,99 +203,137 @@ class RequestTracker:
         lease_seconds: float,
     ) -> None:
         self.in_flight = in_flight
+        self._registry = registry
         self._ledger = ledger
         self._quota = quota
         self._spawn = spawn
         self._renew_every = lease_seconds / 3
+        # One thread: Hugging Face tokenizers are not safe to share between threads.
+        self._tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
         # lora_id -> when a request last started with that adapter version
         self.last_used: dict[int, datetime] = {}
 
-    async def admit(self, generation: Generation) -> Generation:
-        """Reserve the request's worst case (prompt plus every choice's max_tokens)
-        against the tenant's limits, or raise the quota error; nothing is
-        consumed by a refusal."""
-        principal = generation.principal
-        tenant, key = principal.tenant, principal.key
-        subjects = [
-            (subject, limits)
-            for subject, limits in ((tenant.id, tenant.limits), (key_subject(key), key.limits))
-            if not limits.unlimited
-        ]
-        if not subjects:
-            return generation
-        worst_case = generation.prompt_tokens + (generation.params.max_tokens or 0) * (
-            generation.params.n
-        )
-        try:
-            reservation = await self._quota.reserve(subjects, worst_case, generation.request_id)
-        except (QuotaExceeded, QuotaTooLarge) as exc:
-            limit = "too_large" if isinstance(exc, QuotaTooLarge) else exc.limit
-            scope = "tenant" if exc.subject == tenant.id else "key"
-            metrics.QUOTA_REJECTIONS.labels(tenant.id, limit, scope).inc()
-            raise
-        if reservation.unchecked:
-            metrics.QUOTA_UNCHECKED.labels(tenant.id).inc()
-        return replace(generation, admission=Admission(reservation))
+    def close(self) -> None:
+        self._tokenizer.shutdown(wait=True, cancel_futures=True)
 
-    def settle(self, generation: Generation, completion_tokens: int) -> None:
-        """Charge what was generated, refund the rest, free the slot (once)."""
-        admission = generation.admission
-        if admission is None or admission.settled:
-            return
-        admission.settled = True
-        actual = generation.prompt_tokens + completion_tokens
-        self._spawn(self._quota.reconcile(admission.reservation, actual))
-
-    async def _keep_lease(self, admission: Admission) -> None:
-        while True:
-            await asyncio.sleep(self._renew_every)
-            await self._quota.renew(admission.reservation)
-
-    @contextmanager
-    def track(self, generation: Generation) -> Iterator[Progress]:
-        """Wrap one engine request; what it generated is recorded however it ends."""
-        tenant, model = generation.principal.tenant.id, generation.target.model
-        progress = Progress(tenant, model)
-        started_at, started = datetime.now(timezone.utc), progress.started
-        if generation.target.adapter is not None:
-            self.last_used[generation.target.adapter.lora_id] = started_at
-        status: Literal["ok", "cancelled", "error"] = "error"
-        lease = (
-            asyncio.ensure_future(self._keep_lease(generation.admission))
-            if generation.admission is not None
-            else None
-        )
-        with self.in_flight.hold(generation.target.adapter):
+    @asynccontextmanager
+    async def track(
+        self,
+        service: Service[Request],
+        request: Request,
+        principal: Principal,
+        request_id: str,
+    ) -> AsyncIterator[Run]:
+        """Admit the request and yield its :class:`Run`; settle and record it on exit."""
+        generation, reservation = await self._admit(service, request, principal, request_id)
+        run = Run(service.engine, generation, reservation)
+        adapter = generation.target.adapter
+        started_at = datetime.now(timezone.utc)
+        if adapter is not None:
+            self.last_used[adapter.lora_id] = started_at
+        lease = asyncio.create_task(self._keep_lease(reservation)) if reservation else None
+        outcome: Outcome = "error"
+        with self.in_flight.hold(adapter):
             try:
-                yield progress
-                status = "ok"
-            except (asyncio.CancelledError, GeneratorExit):
-                status = "cancelled"
+                yield run
+                outcome = run.outcome()
+            except (asyncio.CancelledError, ClientDisconnected):
+                outcome = "cancelled"
                 raise
             finally:
                 if lease is not None:
                     lease.cancel()
-                self.settle(generation, progress.completion_tokens)
-                elapsed = time.monotonic() - started
-                metrics.REQUESTS.labels(tenant, model, generation.endpoint, status).inc()
-                metrics.PROMPT_TOKENS.labels(tenant, model).inc(generation.prompt_tokens)
-                metrics.COMPLETION_TOKENS.labels(tenant, model).inc(progress.completion_tokens)
-                metrics.REQUEST_DURATION.labels(tenant, model, generation.endpoint).observe(elapsed)
-                adapter = generation.target.adapter
-                self._ledger.record(
-                    UsageRecord(
-                        request_id=generation.request_id,
-                        tenant_id=tenant,
-                        key_id=generation.principal.key_id,
-                        endpoint=generation.endpoint,
-                        model=model,
-                        adapter=adapter.name if adapter else None,
-                        adapter_version=adapter.version if adapter else None,
-                        prompt_tokens=generation.prompt_tokens,
-                        completion_tokens=progress.completion_tokens,
-                        status=status,
-                        latency_ms=round(elapsed * 1000),
-                        started_at=started_at,
-                        finished_at=datetime.now(timezone.utc),
-                    )
+                # Shielded: a shutdown that cancels this request still settles and records it.
+                await asyncio.shield(self._spawn(self._finish(run, outcome, started_at)))
+
+    async def _admit(
+        self,
+        service: Service[Request],
+        request: Request,
+        principal: Principal,
+        request_id: str,
+    ) -> tuple[Generation, Reservation | None]:
+        """Resolve, pre-check, tokenise and reserve, or raise; a refusal holds nothing."""
+        tenant = principal.tenant
+        model = metrics.UNKNOWN_MODEL  # until resolved: refused names stay out of the labels
+        try:
+            target = self._registry().resolve(tenant, request.model)
+            model = target.model
+            subjects = quota_subjects(principal)
+            if subjects:
+                # The limits that need no token count, before the prompt is tokenised.
+                await self._checked(self._quota.precheck(subjects), tenant.id)
+            generation = await asyncio.get_running_loop().run_in_executor(
+                self._tokenizer, service.prepare, request, principal, target, request_id
+            )
+            reservation = None
+            if subjects:
+                worst_case = generation.prompt_tokens + (generation.params.max_tokens or 0) * (
+                    generation.params.n
                 )
+                reservation = await self._checked(
+                    self._quota.reserve(subjects, worst_case, request_id), tenant.id
+                )
+                if reservation.unchecked:
+                    metrics.QUOTA_UNCHECKED.labels(tenant.id).inc()
+        except GatewayError as exc:
+            status = exc.code or exc.error_type
+            metrics.REQUESTS.labels(tenant.id, model, service.endpoint, status).inc()
+            raise
+        return generation, reservation
+
+    @staticmethod
+    async def _checked(check: Coroutine[Any, Any, T], tenant_id: str) -> T:
+        """``check``'s result; a quota refusal is counted by limit and by whose it was."""
+        try:
+            return await check
+        except (QuotaExceeded, QuotaTooLarge) as exc:
+            limit = "too_large" if isinstance(exc, QuotaTooLarge) else exc.limit
+            scope = "tenant" if exc.subject == tenant_id else "key"
+            metrics.QUOTA_REJECTIONS.labels(tenant_id, limit, scope).inc()
+            raise
+
+    async def _keep_lease(self, reservation: Reservation) -> None:
+        while True:
+            await asyncio.sleep(self._renew_every)
+            try:
+                await self._quota.renew(reservation)
+            except Exception:
+                logger.warning("could not renew lease %s", reservation.id, exc_info=True)
+
+    async def _finish(self, run: Run, outcome: Outcome, started_at: datetime) -> None:
+        """Close the engine stream, then settle and record with what the engine produced."""
+        await run.close()
+        generation, meter = run.generation, run.meter
+        completion_tokens = meter.completion_tokens
+        if run.reservation is not None:
+            actual = generation.prompt_tokens + completion_tokens
+            self._spawn(self._quota.reconcile(run.reservation, actual))
+        tenant, model, endpoint = (
+            generation.principal.tenant.id,
+            generation.target.model,
+            (generation.endpoint),
+        )
+        elapsed = time.monotonic() - meter.started
+        metrics.REQUESTS.labels(tenant, model, endpoint, outcome).inc()
+        metrics.PROMPT_TOKENS.labels(tenant, model).inc(generation.prompt_tokens)
+        metrics.COMPLETION_TOKENS.labels(tenant, model).inc(completion_tokens)
+        metrics.REQUEST_DURATION.labels(tenant, model, endpoint).observe(elapsed)
+        adapter = generation.target.adapter
+        self._ledger.record(
+            UsageRecord(
+                request_id=generation.request_id,
+                tenant_id=tenant,
+                key_id=generation.principal.key_id,
+                endpoint=endpoint,
+                model=model,
+                adapter=adapter.name if adapter else None,
+                adapter_version=adapter.version if adapter else None,
+                prompt_tokens=generation.prompt_tokens,
+                completion_tokens=completion_tokens,
+                status=outcome,
+                latency_ms=round(elapsed * 1000),
+                started_at=started_at,
+                finished_at=datetime.now(timezone.utc),
+            )
+        )

@@ -1,0 +1,183 @@
+"""A scripted engine behind the :class:`~app.engine.base.Engine` interface, for serving tests
+that need no model: it behaves like vLLM's AsyncLLM where the serving layer can tell.
+
+Each request produces ``max_tokens`` tokens per choice, one step every ``step_seconds``, in a
+producer task that runs whether or not anyone reads: like vLLM's output collector, deltas a
+slow reader has not taken yet are merged. ``abort`` ends a request with one last output that
+carries what was produced and not read (finish reason ``abort``); closing the stream aborts it
+too. ``fail_after`` makes requests raise ``error`` once that many tokens were read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm import CompletionOutput, RequestOutput, SamplingParams
+
+from app.tenancy.adapters import Adapter
+
+VOCABULARY = 256
+
+
+class ToyTokenizer:
+    """One token per character (its code point modulo the vocabulary)."""
+
+    def __len__(self) -> int:
+        return VOCABULARY
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) % VOCABULARY for c in text]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return "".join(chr(t) for t in token_ids)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], *, add_generation_prompt: bool, tokenize: bool
+    ) -> str:
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+
+def token_text(token: int) -> str:
+    return chr(ord("a") + token % 26)
+
+
+@dataclass
+class ScriptedRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    adapter: Adapter | None
+    cache_salt: str | None
+    produced: int = 0
+    read: int = 0
+    aborted: bool = False
+    closed: bool = False
+    pending: RequestOutput | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    finished: bool = False
+
+    def put(self, output: RequestOutput) -> None:
+        if self.pending is None:
+            self.pending = output
+        else:
+            self.pending.add(output, aggregate=True)
+        self.ready.set()
+
+
+class ScriptedEngine:
+    def __init__(
+        self,
+        *,
+        max_model_len: int = 2_000_000,
+        step_seconds: float = 0.0,
+        fail_after: int | None = None,
+        error: Exception | None = None,
+    ) -> None:
+        self.max_model_len = max_model_len
+        self.step_seconds = step_seconds
+        self.fail_after = fail_after
+        self.error = error or RuntimeError("scripted engine failure")
+        self.requests: dict[str, ScriptedRequest] = {}
+        self.aborted: list[str] = []
+        self._tokenizer = ToyTokenizer()
+        self._producers: set[asyncio.Task[None]] = set()
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def started(self) -> list[ScriptedRequest]:
+        """Every request the engine was given, in order."""
+        return list(self.requests.values())
+
+    def num_unfinished_requests(self) -> int:
+        return sum(not r.finished for r in self.requests.values())
+
+    async def check_health(self) -> None:
+        return None
+
+    async def remove_adapter(self, adapter: Adapter) -> None:
+        return None
+
+    async def abort(self, request_id: str) -> None:
+        request = self.requests.get(request_id)
+        if request is None or request.finished:
+            return
+        self.aborted.append(request_id)
+        request.aborted = True
+        request.finished = True
+        request.put(self._output(request, [], finish_reason="abort"))
+
+    async def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str,
+        adapter: Adapter | None,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        request = ScriptedRequest(request_id, list(prompt_token_ids), params, adapter, cache_salt)
+        self.requests[request_id] = request
+        producer = asyncio.create_task(self._produce(request))
+        self._producers.add(producer)
+        producer.add_done_callback(self._producers.discard)
+        try:
+            while True:
+                while request.pending is None:
+                    request.ready.clear()
+                    await request.ready.wait()
+                output, request.pending = request.pending, None
+                tokens = sum(len(o.token_ids) for o in output.outputs) // max(params.n, 1)
+                if self.fail_after is not None and request.read + tokens > self.fail_after:
+                    raise self.error
+                request.read += tokens
+                yield output
+                if output.finished:
+                    return
+        finally:
+            request.closed = True
+            if not request.finished:
+                await self.abort(request_id)
+            producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await producer
+
+    async def _produce(self, request: ScriptedRequest) -> None:
+        budget = request.params.max_tokens or 1
+        while request.produced < budget and not request.finished:
+            await asyncio.sleep(self.step_seconds)
+            if request.finished:
+                return
+            request.produced += 1
+            last = request.produced == budget
+            token = len(request.prompt_token_ids) + request.produced
+            request.finished = last
+            request.put(self._output(request, [token], finish_reason="length" if last else None))
+
+    def _output(
+        self, request: ScriptedRequest, tokens: list[int], *, finish_reason: str | None
+    ) -> RequestOutput:
+        choices = [
+            CompletionOutput(
+                index=i,
+                text="".join(token_text(t) for t in tokens),
+                token_ids=list(tokens),
+                cumulative_logprob=None,
+                logprobs=None,
+                finish_reason=finish_reason,
+            )
+            for i in range(request.params.n)
+        ]
+        return RequestOutput(
+            request.request_id,
+            None,
+            request.prompt_token_ids,
+            None,
+            choices,
+            finished=finish_reason is not None,
+        )
