@@ -95,10 +95,15 @@ async def register_adapter(settings: Settings, name: str, path: str) -> str:
 
 
 async def apply_tenants(settings: Settings, directory: Path, prune: bool) -> list[str]:
+    from app.admin.schemas import check_grant_alias
     from app.tenancy.manifests import load_manifests
 
+    manifests = load_manifests(directory)
+    for manifest in manifests:
+        for alias in manifest.adapters:
+            check_grant_alias(alias, settings.base_model_id)
     async with admin_service(settings) as admin:
-        return await admin.apply_manifests(CLI_ACTOR, load_manifests(directory), prune=prune)
+        return await admin.apply_manifests(CLI_ACTOR, manifests, prune=prune)
 
 
 def demo_keys(settings: Settings) -> None:

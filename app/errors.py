@@ -5,7 +5,8 @@ GatewayError                      500 server_error
 ├── PermissionDeniedError         403 (tenant disabled)
 ├── ModelNotFoundError            404 model_not_found
 ├── BadRequestError               400 invalid_request_error
-│   └── ContextLengthExceededError    context_length_exceeded
+│   ├── ContextLengthExceededError    context_length_exceeded
+│   └── RequestTooLargeError      413 request_too_large (the body, refused unread)
 └── EngineUnavailableError        503 engine_unavailable
 """
 
@@ -69,6 +70,14 @@ class BadRequestError(GatewayError):
 
 class ContextLengthExceededError(BadRequestError):
     code = "context_length_exceeded"
+
+
+class RequestTooLargeError(BadRequestError):
+    status_code = 413
+    code = "request_too_large"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"The request body is larger than the limit of {limit} bytes.")
 
 
 class EngineUnavailableError(GatewayError):

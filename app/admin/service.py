@@ -79,6 +79,8 @@ class AdapterStorage:
 
     def from_path(self, relative: str) -> tuple[ValidatedAdapter, Path]:
         """Validate a directory under the root and copy it into the store."""
+        if not relative.isprintable():
+            raise AdapterError("the path must not contain control characters")
         root = self.root.resolve()
         source = (root / relative).resolve()
         if Path(relative).is_absolute() or not source.is_relative_to(root):

@@ -17,7 +17,7 @@ from app.api.admin.auditing import (
 from app.api.admin.deps import INVALID_ADMIN_TOKEN
 from app.api.deps import matches_any, parse_bearer
 from app.api.errors import BODY_CUT_OFF, render
-from app.errors import AuthenticationError, BadRequestError, GatewayError
+from app.errors import AuthenticationError, GatewayError, RequestTooLargeError
 from app.gateway import Gateway
 
 REQUEST_ID_HEADER = b"x-request-id"
@@ -50,14 +50,6 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
-
-
-class RequestTooLargeError(BadRequestError):
-    status_code = 413
-    code = "request_too_large"
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"The request body is larger than the limit of {limit} bytes.")
 
 
 class EarlyRefusalMiddleware:

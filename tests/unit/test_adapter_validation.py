@@ -26,6 +26,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from app.admin.service import AdapterStorage
 from app.tenancy import validation
 from app.tenancy.adapters import AdapterError, content_sha256
 from app.tenancy.validation import BaseModelInfo, extract_archive, validate_adapter_dir
@@ -705,3 +706,12 @@ def test_zip_directory_larger_than_the_member_limit_is_refused_before_parsing(
         patch.setattr(zipfile.ZipFile, "__init__", spy)
         rejects_archive(archive, "more than 3 members", max_files=3)
     assert not parsed
+
+
+def test_a_registration_path_with_control_characters_is_refused(tmp_path: Path) -> None:
+    storage = AdapterStorage(
+        tmp_path, BaseModelInfo("base", {"q_proj": (8, 8)}, 1), max_rank=16, max_bytes=1 << 20
+    )
+    for path in ("a\x00b", "a\nb"):
+        with pytest.raises(AdapterError, match="control characters"):
+            storage.from_path(path)

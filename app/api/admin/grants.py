@@ -33,6 +33,7 @@ async def put_grant(
     actor: AdminActor,
     gateway: GatewayDep,
 ) -> object:
+    schemas.check_grant_alias(alias, gateway.registry.base_model_id)
     return _out(await admin.put_grant(actor, tenant_id, alias, body), gateway)
 
 

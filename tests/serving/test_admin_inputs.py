@@ -1,0 +1,27 @@
+"""Admin inputs the schemas cannot see alone: a grant alias travels in the path."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.serving.conftest import ADMIN_TOKEN, TENANT, ServeFactory
+from tests.support.scripted_engine import ScriptedEngine
+
+
+@pytest.mark.parametrize(
+    "alias", ["a" * 300, "two words", "a,b", "tiny-model"], ids=["long", "space", "comma", "base"]
+)
+async def test_a_bad_grant_alias_is_a_400_naming_alias(serve: ServeFactory, alias: str) -> None:
+    async with (
+        serve(ScriptedEngine()) as served,
+        httpx.AsyncClient(
+            base_url=f"{served.base_url}/admin/v1",
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        ) as admin,
+    ):
+        response = await admin.put(
+            f"/tenants/{TENANT}/adapters/{alias}", json={"adapter": "some_adapter"}
+        )
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "alias"
