@@ -284,6 +284,27 @@ class CompletionRequest(SamplingFields):
         return self.logprobs
 
 
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = Field(description="the request field at fault, where one is")
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every refusal and failure, on every route (app/errors.py renders it)."""
+
+    error: ErrorDetail
+
+
+# Every route's errors, for /openapi.json. A 4XX entry also keeps FastAPI from advertising
+# its own 422 body, which no route returns (a validation error is a 400 in the shape above).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    "4XX": {"model": ErrorResponse, "description": "Refused (OpenAI error shape)"},
+    "5XX": {"model": ErrorResponse, "description": "Server error or engine unavailable"},
+}
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int

@@ -67,7 +67,9 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
-    error = GatewayError(str(exc.detail))
+    # Starlette's own headers stay: a 405's `Allow` (RFC 9110 requires it), a 401's
+    # `WWW-Authenticate`.
+    error = GatewayError(str(exc.detail), headers=dict(exc.headers or {}))
     error.status_code = exc.status_code
     error.error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
     if exc.status_code == 404:

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
+from app import protocol
 from app.api.deps import CurrentPrincipal, GatewayDep, RequestId
 from app.api.streaming import CompletionResponse
 from app.protocol import (
@@ -14,18 +15,24 @@ from app.protocol import (
     ChatCompletionRequest,
     Completion,
     CompletionRequest,
+    ErrorResponse,
     ModelCard,
     ModelList,
 )
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
+_DESCRIPTIONS = {
+    400: "Invalid request: `param` names the field",
+    401: "Missing or invalid API key",
+    404: "Unknown model, or one the caller may not use",
+    413: "Request body over the size limit",
+    429: "Rate limit (Retry-After) or budget (insufficient_quota) reached",
+    503: "Engine not ready",
+}
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"description": "Invalid request (OpenAI error shape)"},
-    401: {"description": "Missing or invalid API key"},
-    404: {"description": "Unknown model, or one the caller may not use"},
-    429: {"description": "Rate limit (Retry-After) or budget (insufficient_quota) reached"},
-    503: {"description": "Engine not ready"},
+    **{code: {"model": ErrorResponse, "description": d} for code, d in _DESCRIPTIONS.items()},
+    **protocol.ERROR_RESPONSES,
 }
 
 

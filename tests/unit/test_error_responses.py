@@ -1,0 +1,42 @@
+"""Errors the framework raises keep their headers, and /openapi.json documents the one error
+shape every route answers with (no FastAPI 422 that no route returns)."""
+
+from __future__ import annotations
+
+import httpx
+
+from app.main import create_app
+from app.settings import Settings
+
+
+def _settings() -> Settings:
+    return Settings(_env_file=None, model="unused", docs=True)  # type: ignore[call-arg]
+
+
+async def test_method_not_allowed_keeps_its_allow_header() -> None:
+    transport = httpx.ASGITransport(app=create_app(_settings()))
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        answer = await client.post("/healthz")
+    assert answer.status_code == 405
+    # RFC 9110: a 405 lists the methods the resource takes.
+    assert answer.headers["allow"] == "GET"
+    assert answer.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_openapi_documents_the_openai_error_shape_on_every_route() -> None:
+    document = create_app(_settings()).openapi()
+    error_schema = document["components"]["schemas"]["ErrorResponse"]
+    assert error_schema["required"] == ["error"]
+    operations = [
+        (path, operation)
+        for path, methods in document["paths"].items()
+        if path.startswith(("/v1/", "/admin/v1/"))
+        for operation in methods.values()
+    ]
+    assert len(operations) > 20
+    for path, operation in operations:
+        responses = operation["responses"]
+        assert "422" not in responses, path
+        for status in ("4XX", "5XX"):
+            content = responses[status]["content"]["application/json"]["schema"]
+            assert content == {"$ref": "#/components/schemas/ErrorResponse"}, (path, status)
