@@ -21,6 +21,8 @@ from app.tenancy.manifests import (
 Name = Annotated[str, Field(min_length=1, max_length=200)]
 Positive = Annotated[int, Field(ge=1)]
 MAX_ADAPTER_PATH_LENGTH = 1024
+# NAME_MAX of Linux filesystems: a longer directory name fails every filesystem call.
+MAX_PATH_PART_BYTES = 255
 
 
 def check_grant_alias(alias: str, base_model_id: str) -> str:
@@ -116,12 +118,18 @@ class AdapterRegister(Strict):
 
     @field_validator("path")
     @classmethod
-    def _printable(cls, path: str) -> str:
+    def _usable(cls, path: str) -> str:
         # A NUL makes every filesystem call fail; other control characters have no place in
         # a directory name and would garble the audit log.
         if not path.isprintable():
             raise PydanticCustomError(
                 "invalid_path", "the path must not contain control characters such as NUL"
+            )
+        if any(len(part.encode()) > MAX_PATH_PART_BYTES for part in path.split("/")):
+            raise PydanticCustomError(
+                "invalid_path",
+                "each name in the path must be at most {limit} bytes",
+                {"limit": MAX_PATH_PART_BYTES},
             )
         return path
 
