@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException
+from starlette.routing import Match, Route
 
 from app.admin.service import was_audited
 from app.api.admin.auditing import is_admin_path, record_admin_failure
@@ -70,12 +71,24 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     # Starlette's own headers stay: a 405's `Allow` (RFC 9110 requires it), a 401's
     # `WWW-Authenticate`.
     error = GatewayError(str(exc.detail), headers=dict(exc.headers or {}))
+    if exc.status_code == 405:
+        error.headers["Allow"] = _allowed_methods(request)
     error.status_code = exc.status_code
     error.error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
     if exc.status_code == 404:
         error.message = f"Unknown request URL: {request.method} {request.url.path}."
     await _audit_admin(request, error.status_code, error.message)
     return render(error)
+
+
+def _allowed_methods(request: Request) -> str:
+    # Starlette's Allow names the methods of the first route whose path matched; a path
+    # served by several routes (GET and POST /admin/v1/tenants) takes all of theirs.
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if isinstance(route, Route) and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods or set()
+    return ", ".join(sorted(methods))
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:

@@ -23,6 +23,18 @@ async def test_method_not_allowed_keeps_its_allow_header() -> None:
     assert answer.json()["error"]["type"] == "invalid_request_error"
 
 
+async def test_method_not_allowed_lists_the_methods_of_every_route_on_the_path() -> None:
+    transport = httpx.ASGITransport(app=create_app(_settings()))
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        # No gateway (no lifespan): the edge leaves authentication to the routes, and
+        # routing answers first.
+        tenants = await client.request("OPTIONS", "/admin/v1/tenants")
+        adapter = await client.put("/admin/v1/adapters/legal")
+    assert tenants.status_code == adapter.status_code == 405
+    assert tenants.headers["allow"] == "GET, POST"
+    assert adapter.headers["allow"] == "DELETE, GET"
+
+
 def test_openapi_documents_the_openai_error_shape_on_every_route() -> None:
     document = create_app(_settings()).openapi()
     error_schema = document["components"]["schemas"]["ErrorResponse"]
