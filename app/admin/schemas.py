@@ -19,7 +19,10 @@ from app.tenancy.manifests import (
 )
 
 Name = Annotated[str, Field(min_length=1, max_length=200)]
-Positive = Annotated[int, Field(ge=1)]
+# Strict: an admin's 0, 1.0 or "5" is refused (400 naming the field), not read as
+# false, 1 or 5; the API's schema says boolean and integer.
+Positive = Annotated[int, Field(ge=1, strict=True)]
+Flag = Annotated[bool, Field(strict=True)]
 MAX_ADAPTER_PATH_LENGTH = 1024
 # NAME_MAX of Linux filesystems: a longer directory name fails every filesystem call.
 MAX_PATH_PART_BYTES = 255
@@ -54,15 +57,15 @@ class TenantCreate(Strict):
 
     id: Annotated[str, Field(pattern=TENANT_ID_PATTERN)]
     name: Name
-    allow_base_model: bool = False
+    allow_base_model: Flag = False
 
 
 class TenantUpdate(Strict):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"enabled": False}]})
 
     name: Name | None = None
-    allow_base_model: bool | None = None
-    enabled: bool | None = Field(None, description="false: every key of the tenant is refused")
+    allow_base_model: Flag | None = None
+    enabled: Flag | None = Field(None, description="false: every key of the tenant is refused")
 
 
 class Out(BaseModel):
