@@ -1,5 +1,6 @@
-"""The quota engine's interface: :class:`QuotaBackend`, its :class:`Reservation`, and
-:func:`backend_from_url`, which picks the storage (``memory://`` or ``redis://``).
+"""The quota engine's interface: :class:`QuotaBackend`. The storages implement it below
+(:mod:`app.quota.memory`, :mod:`app.quota.redis`); the factory that picks one is above, in
+:mod:`app.quota`.
 
 A backend implements five storage primitives (``_reserve``, ``_precheck``, ``_reconcile``,
 ``_renew``, ``_usage``); this module adds what every backend shares: argument checks, the errors
@@ -15,15 +16,21 @@ import logging
 import math
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Sequence
 from typing import TypeVar
-from urllib.parse import urlsplit
 
 from app.quota.errors import QuotaBackendUnavailable, QuotaExceeded, QuotaTooLarge
 from app.quota.headers import format_duration, rate_limit_headers, retry_headers
-from app.quota.limits import LimitKind, Limits, Usage
+from app.quota.limits import Limits, Usage
 from app.quota.outage import OutageLog
+from app.quota.outcomes import (
+    Admitted,
+    Charge,
+    Levels,
+    Refused,
+    Reservation,
+    Subjects,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -37,80 +44,6 @@ CONCURRENCY_RETRY_S = 1.0
 
 PRECHECK_TOKENS = 1
 """What :meth:`QuotaBackend.precheck` assumes a request costs: every request has a prompt."""
-
-
-@dataclass(frozen=True)
-class Charge:
-    """One subject's part of a reservation: its limits at reservation time and the budget
-    period (``2025-01-31`` / ``2025-01``) charged, ``None`` without a budget."""
-
-    subject: str
-    limits: Limits
-    period: str | None
-
-
-@dataclass(frozen=True)
-class Reservation:
-    """An admitted request's hold on its subjects' limits, until :meth:`QuotaBackend.reconcile`.
-
-    ``tokens`` were charged to each subject's tokens per minute and budget, one request to each
-    requests per minute, and a concurrency slot (a lease) taken where a subject has a limit.
-    ``headers`` are the ``x-ratelimit-*`` headers for the response. ``unchecked`` is set when
-    the store was unreachable and the backend fails open: nothing was checked or charged.
-    """
-
-    id: str
-    charges: tuple[Charge, ...]
-    tokens: int
-    reserved_at_us: int
-    headers: Mapping[str, str] = field(default_factory=dict, compare=False)
-    unchecked: bool = False
-
-    @property
-    def subjects(self) -> tuple[str, ...]:
-        return tuple(charge.subject for charge in self.charges)
-
-
-# -- what the storage primitives report ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Levels:
-    """A subject's requests- and tokens-per-minute levels (``None``: limit unset)."""
-
-    requests: float | None
-    tokens: float | None
-
-
-@dataclass(frozen=True)
-class Violation:
-    """Subject ``index`` would exceed ``limit``; ``wait`` seconds until it would not (``None``:
-    unknown), ``used`` is that limit's level, live leases, or budget spent."""
-
-    index: int
-    limit: LimitKind
-    wait: float | None
-    used: float
-
-
-@dataclass(frozen=True)
-class Admitted:
-    """Every limit passed and all were charged at ``at_us``; levels are after the charge."""
-
-    at_us: int
-    periods: tuple[str | None, ...]
-    levels: tuple[Levels, ...]
-
-
-@dataclass(frozen=True)
-class Refused:
-    """Some limits failed; nothing was charged. Levels are as found."""
-
-    violations: tuple[Violation, ...]
-    levels: tuple[Levels, ...]
-
-
-Subjects = Sequence[tuple[str, Limits]]
 
 
 class QuotaBackend(ABC):
@@ -341,28 +274,3 @@ def _exceeded(subjects: Subjects, tokens: int | None, refused: Refused) -> Quota
         retry_after=wait,
         headers={**headers, **retry_headers(wait)},
     )
-
-
-def backend_from_url(
-    url: str = "memory://",
-    *,
-    fail_open: bool = False,
-    lease_seconds: float = 60.0,
-    key_prefix: str = "quota:",
-) -> QuotaBackend:
-    """The backend a URL names: ``memory://`` (one process) or ``redis://host:port/db``
-    (also ``rediss://`` and ``unix://``), shared by every replica using the same Redis and
-    ``key_prefix``. Redis Cluster is not supported: one reservation touches keys of
-    several subjects."""
-    scheme = urlsplit(url).scheme
-    if scheme == "memory":
-        from app.quota.memory import MemoryBackend
-
-        return MemoryBackend(fail_open=fail_open, lease_seconds=lease_seconds)
-    if scheme in ("redis", "rediss", "unix"):
-        from app.quota.redis import RedisBackend
-
-        return RedisBackend.from_url(
-            url, fail_open=fail_open, lease_seconds=lease_seconds, key_prefix=key_prefix
-        )
-    raise ValueError(f"unsupported quota storage URL {url!r} (memory:// or redis://)")

@@ -11,19 +11,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.quota.backend import (
-    PRECHECK_TOKENS,
-    RECONCILE_WINDOW_S,
-    Admitted,
-    Levels,
-    QuotaBackend,
-    Refused,
-    Reservation,
-    Subjects,
-    Violation,
-)
+from app.quota.backend import PRECHECK_TOKENS, RECONCILE_WINDOW_S, QuotaBackend
 from app.quota.bucket import Bucket, current, wait_seconds
 from app.quota.limits import Limits, Usage, period_id
+from app.quota.outcomes import Admitted, Levels, Refused, Reservation, Subjects, Violation
 
 
 @dataclass

@@ -34,19 +34,10 @@ from redis.exceptions import (
 )
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from app.quota.backend import (
-    PRECHECK_TOKENS,
-    RECONCILE_WINDOW_S,
-    Admitted,
-    Levels,
-    QuotaBackend,
-    Refused,
-    Reservation,
-    Subjects,
-    Violation,
-)
+from app.quota.backend import PRECHECK_TOKENS, RECONCILE_WINDOW_S, QuotaBackend
 from app.quota.errors import QuotaBackendUnavailable
 from app.quota.limits import Limits, Usage
+from app.quota.outcomes import Admitted, Levels, Refused, Reservation, Subjects, Violation
 
 SCRIPTS = ("reserve", "precheck", "reconcile", "renew", "usage")
 
