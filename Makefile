@@ -18,11 +18,11 @@ ADAPTER_ROOT ?= $(or $(LORA_GATEWAY_ADAPTER_ROOT),var/adapters)
 DEMO_ADAPTERS := legal_advisor medical_scribe telephony_support
 
 
-.PHONY: install model adapters demo serve test test-fast bench bench-quick bench-lora lint clean help
+.PHONY: install model adapters demo serve test test-fast bench bench-quick bench-lora soak lint clean help
 
 help:
 	@sed -n 's/^# \{0,1\}//p' Makefile | head -8
-	@echo "targets: install model adapters demo serve test test-fast bench bench-quick bench-lora lint clean"
+	@echo "targets: install model adapters demo serve test test-fast bench bench-quick bench-lora soak lint clean"
 
 install: $(VENV)/.installed
 
@@ -80,6 +80,12 @@ bench-quick: install model
 # (bench/results/lora-<time>/ and docs/performance.md).
 bench-lora: install model
 	$(BIN)/python -m app.bench.lora
+
+# A real gateway process under mixed load for 20 minutes, then its books checked
+# (var/soak/<time>.json; docs/reliability.md, "Soak"); `make test` does not run it.
+# SOAK_ARGS adds options, e.g. SOAK_ARGS="--duration 60": see `python -m tools.soak --help`.
+soak: install model adapters
+	$(BIN)/python -m tools.soak $(SOAK_ARGS)
 
 lint: install
 	$(BIN)/ruff check app tests
