@@ -64,7 +64,7 @@ async def admin_service(settings: Settings) -> AsyncIterator[AdminService]:
     without) a gateway; running gateways pick the changes up by themselves."""
     from app.admin.service import AdapterStorage, AdminService
     from app.store.db import open_database
-    from app.tenancy.validation import BaseModelInfo
+    from app.tenancy.base_model import BaseModelInfo
 
     async def nothing() -> None:
         return None

@@ -19,7 +19,7 @@ from app.gateway import Gateway
 from app.metrics import multiprocess_dir
 from app.settings import Settings
 from app.store.db import open_database
-from app.tenancy.validation import BaseModelInfo
+from app.tenancy.base_model import BaseModelInfo
 
 logger = logging.getLogger(__name__)
 

@@ -36,13 +36,10 @@ from app.store.tables import (
 )
 from app.tenancy import keys
 from app.tenancy.adapters import AdapterError
+from app.tenancy.archive import extract_archive
+from app.tenancy.base_model import BaseModelInfo
 from app.tenancy.manifests import TenantManifest
-from app.tenancy.validation import (
-    BaseModelInfo,
-    ValidatedAdapter,
-    extract_archive,
-    validate_adapter_dir,
-)
+from app.tenancy.validation import ValidatedAdapter, validate_adapter_dir
 
 STORE_DIR = ".store"
 

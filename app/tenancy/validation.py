@@ -1,36 +1,29 @@
 """Checks an uploaded LoRA adapter must pass before anything of it is stored.
 
-Only metadata is read: JSON, archive headers and safetensors headers; tensor data is never
-loaded and nothing is unpickled. Each rejection is an ``AdapterError`` whose message is for
-the admin who uploaded the adapter: it names files, tensors and modules, not server paths.
+Only metadata is read: JSON and safetensors headers; tensor data is never loaded and nothing
+is unpickled. Each rejection is an ``AdapterError`` whose message is for the admin who
+uploaded the adapter: it names files, tensors and modules, not server paths. Archives are
+unpacked by :mod:`app.tenancy.archive` first; the base model is read by
+:mod:`app.tenancy.base_model`.
 """
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
-import lzma
 import math
 import os
 import re
-import shutil
 import stat
-import struct
-import tarfile
 import time
-import zipfile
-import zlib
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import regex
 from safetensors import SafetensorError, safe_open
 
 from app.tenancy.adapters import CONFIG_FILE, WEIGHTS_FILE, AdapterError, content_sha256
+from app.tenancy.base_model import BaseModelInfo
 
 ALLOWED_FILES = (CONFIG_FILE, WEIGHTS_FILE, "README.md", ".gitattributes")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
@@ -48,86 +41,12 @@ _UNSERVED = {
 }
 _TENSOR_NAME = re.compile(r"base_model\.model\.(?P<module>.+)\.lora_(?P<kind>[AB])\.weight")
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
-_NOT_LORA_TARGETS = ("embed", "lm_head", "wte", "wpe")
-_SPECIAL_FILES = {
-    stat.S_IFLNK: "symbolic link",
-    stat.S_IFCHR: "character device",
-    stat.S_IFBLK: "block device",
-    stat.S_IFIFO: "FIFO",
-    stat.S_IFSOCK: "socket",
-}
-_TAR_KINDS = {
-    tarfile.SYMTYPE: "symbolic link",
-    tarfile.LNKTYPE: "hard link",
-    tarfile.CHRTYPE: "character device",
-    tarfile.BLKTYPE: "block device",
-    tarfile.FIFOTYPE: "FIFO",
-}
-# What corrupt archives raise from zipfile, tarfile and their decompressors (ValueError
-# covers undecodable member names, NotImplementedError unsupported compression methods).
-_UNPACK_ERRORS = (
-    OSError,
-    EOFError,
-    ValueError,
-    NotImplementedError,
-    zlib.error,
-    lzma.LZMAError,
-    struct.error,
-    zipfile.BadZipFile,
-    tarfile.TarError,
-)
-_CHUNK = 1 << 20
 # A string target_modules is a regular expression run against every module name of the base
 # model: it is compiled with `regex`, whose matcher can be stopped, and all its matches
 # together get this many seconds, so a pattern that backtracks catastrophically is refused
 # instead of holding a thread (and the GIL) for minutes.
 TARGET_PATTERN_BUDGET_S = 0.5
 MAX_TARGET_PATTERN_LENGTH = 1000
-# Central directory bytes allowed per member: its fixed 46 bytes plus a generous name, extra
-# field and comment. zipfile parses (and keeps) the whole directory before any check can run.
-_ZIP_DIRECTORY_BYTES_PER_MEMBER = 4096
-
-# An archive member: name, declared size, "file", "directory" or what else it is, and an opener.
-_Member = tuple[str, int, str, Callable[[], IO[bytes]]]
-
-
-@dataclass(frozen=True)
-class BaseModelInfo:
-    """The linear layers of the base model that adapters are checked against.
-
-    ``linear_shapes`` maps each module suffix LoRA may target (``q_proj``) to
-    ``(out_features, in_features)``. ``modules`` maps full module paths
-    (``model.layers.0.self_attn.q_proj``) to shapes; when empty, tensors are matched by
-    suffix and layer index only.
-    """
-
-    name_or_path: str
-    linear_shapes: Mapping[str, tuple[int, int]]
-    num_layers: int
-    modules: Mapping[str, tuple[int, int]] = field(default_factory=dict)
-
-    @classmethod
-    def from_model_dir(cls, model_dir: Path) -> BaseModelInfo:
-        """Read a local HF model dir's config.json and safetensors headers (never tensors)."""
-        try:
-            config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-            num_layers = int(config.get("text_config", config)["num_hidden_layers"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise AdapterError(f"{model_dir}: unreadable base model config.json: {exc}") from exc
-        modules: dict[str, tuple[int, int]] = {}
-        for file in sorted(model_dir.glob("*.safetensors")):
-            with safe_open(file, framework="np") as handle:
-                for key in handle.keys():  # noqa: SIM118 - safe_open is not a Mapping
-                    shape = handle.get_slice(key).get_shape()
-                    excluded = any(part in key for part in _NOT_LORA_TARGETS)
-                    if key.endswith(".weight") and len(shape) == 2 and not excluded:
-                        modules[key.removesuffix(".weight")] = (shape[0], shape[1])
-        if not modules:
-            raise AdapterError(f"{model_dir}: no linear layers found in *.safetensors")
-        suffixes: dict[str, tuple[int, int]] = {}
-        for path, shape in modules.items():
-            suffixes.setdefault(path.rsplit(".", 1)[-1], shape)
-        return cls(str(model_dir), suffixes, num_layers, modules)
 
 
 @dataclass(frozen=True)
@@ -367,220 +286,3 @@ def _check_tensors(path: Path, base: BaseModelInfo, rank: int, select: _TargetSe
         if present != {"A", "B"}:
             missing = "lora_B" if "A" in present else "lora_A"
             raise AdapterError(f"{module} has no {missing} tensor; lora_A and lora_B come in pairs")
-
-
-def extract_archive(
-    archive: Path, filename: str, destination: Path, *, max_bytes: int, max_files: int = 64
-) -> Path:
-    """Unpack a .zip or .tar.gz/.tgz into the empty ``destination``; return the adapter dir.
-
-    The type comes from ``filename`` and must agree with the magic bytes. Accepted: only
-    regular files and directories with relative, ``..``-free, unique names, at most
-    ``max_files`` members and ``max_bytes`` uncompressed, checked against every declared
-    size before anything is written and against the bytes actually written. The adapter dir
-    is ``destination``, or its only entry when that is a directory. On failure nothing is
-    left: ``destination`` is removed if this call created it, else emptied.
-    """
-    lower = filename.lower()
-    is_zip = lower.endswith(".zip")
-    if is_zip:
-        magic, label = b"PK\x03\x04", "a zip archive"
-    elif lower.endswith((".tar.gz", ".tgz")):
-        magic, label = b"\x1f\x8b", "a gzip-compressed tar archive"
-    else:
-        raise AdapterError(f"{filename!r} is not a .zip, .tar.gz or .tgz archive")
-    with archive.open("rb") as file:
-        if file.read(len(magic)) != magic:
-            raise AdapterError(f"{filename!r} is not {label}, whatever its name says")
-    created = not destination.exists()
-    destination.mkdir(parents=True, exist_ok=True)
-    if any(destination.iterdir()):
-        raise AdapterError(f"cannot unpack {filename!r}: the destination is not empty")
-    try:
-        if is_zip:
-            _check_zip_directory(archive, max_files)
-        # Pass one checks every member before pass two writes any: tar headers sit among data.
-        for target in (None, destination):
-            _Unpacker(target, max_bytes, max_files).unpack(archive, is_zip=is_zip)
-        entries = list(destination.iterdir())
-        if not entries:
-            raise AdapterError(f"{filename!r} is an empty archive")
-        return entries[0] if len(entries) == 1 and entries[0].is_dir() else destination
-    except BaseException as exc:
-        shutil.rmtree(destination, ignore_errors=True)
-        if not created:
-            destination.mkdir()
-        if isinstance(exc, _UNPACK_ERRORS) and not isinstance(exc, AdapterError):
-            # OS errors name the files they failed on: server paths, never shown.
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            reason = _without_paths(reason, archive, destination)
-            raise AdapterError(f"{filename!r} could not be unpacked: {reason}") from exc
-        raise
-
-
-def _without_paths(text: str, *paths: Path) -> str:
-    for path in paths:
-        for form in {str(path.resolve()), str(path)}:
-            text = text.replace(form, "<upload>")
-    return text
-
-
-def _check_zip_directory(archive: Path, max_files: int) -> None:
-    """Refuse a zip whose central directory is too large before zipfile reads all of it.
-
-    zipfile parses every entry into memory when it opens an archive (about 600 bytes per
-    entry): a 1 GiB upload of empty entries would take gigabytes and a minute. This reads the
-    end-of-central-directory record (zip64's when present) where zipfile does.
-    """
-    with archive.open("rb") as file:
-        size = file.seek(0, os.SEEK_END)
-        # zipfile's search: a record without comment at the very end, else the last one.
-        tail_start = max(size - 22 - 0xFFFF, 0)
-        file.seek(tail_start)
-        tail = file.read()
-        at = len(tail) - 22
-        if not (at >= 0 and tail[at:].startswith(b"PK\x05\x06") and tail.endswith(b"\0\0")):
-            at = tail.rfind(b"PK\x05\x06")
-        if at < 0 or len(tail) - at < 22:
-            raise zipfile.BadZipFile("no end-of-central-directory record")
-        entries, directory_size = struct.unpack_from("<10xHI", tail, at)
-        locator = tail_start + at - 20
-        if locator >= 56:
-            file.seek(locator)
-            if file.read(4) == b"PK\x06\x07":
-                file.seek(locator - 56)
-                record = file.read(56)
-                if record[:4] == b"PK\x06\x06":
-                    entries, directory_size = struct.unpack_from("<32xQQ", record)
-    if entries > max_files or directory_size > max_files * _ZIP_DIRECTORY_BYTES_PER_MEMBER:
-        raise AdapterError(f"the archive has more than {max_files} members")
-
-
-class _Unpacker:
-    """One pass over an archive: checks members, and writes them if ``target`` is set."""
-
-    def __init__(self, target: Path | None, max_bytes: int, max_files: int) -> None:
-        self.target, self.max_bytes, self.max_files = target, max_bytes, max_files
-        self.seen: set[tuple[str, ...]] = set()
-        self.files: set[tuple[str, ...]] = set()
-        self.directories: set[tuple[str, ...]] = set()
-        self.declared = self.written = 0
-
-    def unpack(self, archive: Path, *, is_zip: bool) -> None:
-        if is_zip:
-            with zipfile.ZipFile(archive) as zipped:
-                self._members(_zip_members(zipped))
-            return
-        # Caps decompressed bytes, headers included, which bounds the cost of a gzip bomb.
-        limit = self.max_bytes + (self.max_files + 8) * 3 * tarfile.BLOCKSIZE
-        limit += 2 * tarfile.RECORDSIZE
-        with (
-            gzip.open(archive, "rb") as raw,
-            tarfile.open(fileobj=_Capped(raw, limit, self._too_big), mode="r|") as tar,
-        ):
-            self._members(_tar_members(tar))
-
-    def _too_big(self) -> AdapterError:
-        return AdapterError(f"the archive unpacks to more than {self.max_bytes} bytes")
-
-    def _members(self, members: Iterator[_Member]) -> None:
-        for count, (name, size, kind, open_member) in enumerate(members, 1):
-            if count > self.max_files:
-                raise AdapterError(f"the archive has more than {self.max_files} members")
-            if kind not in ("file", "directory"):
-                article = "an" if kind[0] in "aeiou" else "a"
-                raise AdapterError(
-                    f"archive member {name!r} is {article} {kind}, not a file or directory"
-                )
-            if "\\" in name or "\0" in name:
-                raise AdapterError(f"archive member {name!r}: backslashes and NULs are not allowed")
-            if not name.isprintable():
-                raise AdapterError(f"archive member {name!r}: names must be printable UTF-8 text")
-            if name.startswith("/") or re.match(r"[A-Za-z]:", name):
-                raise AdapterError(f"archive member {name!r} has an absolute path")
-            parts = tuple(part for part in name.split("/") if part not in ("", "."))
-            if ".." in parts:
-                raise AdapterError(f"archive member {name!r} points outside the archive ('..')")
-            if not parts and kind == "file":
-                raise AdapterError(f"archive member {name!r} has no file name")
-            if parts and parts in self.seen:
-                raise AdapterError(f"archive member {name!r} appears more than once")
-            if any(len(part.encode()) > 255 for part in parts):
-                raise AdapterError(f"archive member {name!r} has a name over 255 bytes")
-            self._place(name, parts, kind)
-            self.declared += size
-            if size < 0 or self.declared > self.max_bytes:
-                raise self._too_big()
-            if self.target is not None and kind == "directory":
-                self.target.joinpath(*parts).mkdir(parents=True, exist_ok=True)
-            elif self.target is not None:
-                with open_member() as source:
-                    self._write(source, self.target.joinpath(*parts), size)
-
-    def _place(self, name: str, parts: tuple[str, ...], kind: str) -> None:
-        """Refuse a name that is a file and a directory at once (``a`` and ``a/b``)."""
-        parents = [parts[:end] for end in range(1, len(parts))]
-        for parent in parents:
-            if parent in self.files:
-                raise AdapterError(
-                    f"archive member {name!r} is inside {'/'.join(parent)!r}, which is a file"
-                )
-        if kind == "file" and parts in self.directories:
-            raise AdapterError(f"archive member {name!r} is both a file and a directory")
-        self.seen.add(parts)
-        self.directories.update(parents)
-        (self.files if kind == "file" else self.directories).add(parts)
-
-    def _write(self, source: IO[bytes], path: Path, declared: int) -> None:
-        # Headers can lie about sizes, so the bytes actually written are what count.
-        path.parent.mkdir(parents=True, exist_ok=True)
-        start = self.written
-        with path.open("xb") as out:
-            while chunk := source.read(_CHUNK):
-                self.written += len(chunk)
-                if self.written > self.max_bytes:
-                    raise self._too_big()
-                out.write(chunk)
-        if self.written - start != declared:
-            raise AdapterError(f"archive member {path.name!r} does not match its declared size")
-
-
-def _zip_members(zipped: zipfile.ZipFile) -> Iterator[_Member]:
-    for info in zipped.infolist():
-        mode = stat.S_IFMT(info.external_attr >> 16)
-        kind = _SPECIAL_FILES.get(mode) or ("directory" if info.is_dir() else "file")
-        kind = "encrypted file" if info.flag_bits & 0x1 else kind
-        yield info.filename, info.file_size, kind, partial(zipped.open, info)
-
-
-def _tar_members(tar: tarfile.TarFile) -> Iterator[_Member]:
-    for member in tar:
-        kind = "directory" if member.isdir() else _TAR_KINDS.get(member.type, "special file")
-        if member.type in (tarfile.REGTYPE, tarfile.AREGTYPE):
-            kind = "file"
-        yield member.name, member.size, kind, partial(_extracted, tar, member)
-
-
-def _extracted(tar: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes]:
-    source = tar.extractfile(member)
-    if source is None:
-        raise AdapterError(f"archive member {member.name!r} has no data")
-    return source
-
-
-class _Capped(io.RawIOBase):
-    """A read-only stream that raises ``error()`` once more than ``limit`` bytes were read."""
-
-    def __init__(self, raw: io.BufferedIOBase, limit: int, error: Callable[[], Exception]) -> None:
-        super().__init__()
-        self._raw, self._left, self._error = raw, limit, error
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1, /) -> bytes:
-        data = self._raw.read(self._left + 1 if size < 0 else min(size, self._left + 1))
-        self._left -= len(data)
-        if self._left < 0:
-            raise self._error()
-        return data

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.admin.service import AdapterStorage, AdminService
 from app.settings import EMBEDDED_MODEL_DIR
 from app.store.db import open_database
-from app.tenancy.validation import BaseModelInfo
+from app.tenancy.base_model import BaseModelInfo
 from tests.support.servers import free_port
 
 

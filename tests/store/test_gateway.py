@@ -14,7 +14,7 @@ from app import gateway as gateway_module
 from app import usage as usage_module
 from app.gateway import Gateway
 from app.settings import Settings
-from app.tenancy.validation import BaseModelInfo
+from app.tenancy.base_model import BaseModelInfo
 from app.usage import UsageRecord, usage_totals
 from tests.store.test_usage import DAY, record
 

@@ -29,7 +29,9 @@ from safetensors.torch import save_file
 from app.admin.service import AdapterStorage
 from app.tenancy import validation
 from app.tenancy.adapters import AdapterError, content_sha256
-from app.tenancy.validation import BaseModelInfo, extract_archive, validate_adapter_dir
+from app.tenancy.archive import extract_archive
+from app.tenancy.base_model import BaseModelInfo
+from app.tenancy.validation import validate_adapter_dir
 
 LAYERS = 2
 SHAPES = {  # suffix -> (parent module, (out_features, in_features)), hidden 16, kv 8
