@@ -62,21 +62,16 @@ def build_adapters(settings: Settings, seed: int, force: bool) -> None:
 async def admin_service(settings: Settings) -> AsyncIterator[AdminService]:
     """The admin service on the configured store, for commands run beside (or
     without) a gateway; running gateways pick the changes up by themselves."""
-    from app.admin.service import AdapterStorage, AdminService
+    from app.admin.service import AdminService
     from app.store.db import open_database
     from app.tenancy.base_model import BaseModelInfo
 
     async def nothing() -> None:
         return None
 
+    base_model = BaseModelInfo.from_model_dir(settings.model_dir())
     async with open_database(settings.database_url) as sessions:
-        storage = AdapterStorage(
-            settings.adapter_root,
-            BaseModelInfo.from_model_dir(settings.model_dir()),
-            max_rank=settings.max_lora_rank,
-            max_bytes=settings.max_adapter_bytes,
-        )
-        yield AdminService(sessions, storage, on_change=nothing)
+        yield AdminService.from_settings(settings, sessions, base_model, on_change=nothing)
 
 
 async def create_key(settings: Settings, tenant_id: str, name: str) -> str:

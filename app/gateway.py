@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.admin.service import AdapterStorage, AdminService
+from app.admin.service import AdminService
 from app.engine.base import Engine
 from app.errors import EngineUnavailableError
 from app.quota import backend_from_url
@@ -44,15 +44,8 @@ class Gateway:
         self.settings = settings
         self.sessions = sessions
         self.registry = TenantRegistry([], [], base_model_id=settings.base_model_id)
-        self.admin = AdminService(
-            sessions,
-            AdapterStorage(
-                settings.adapter_root,
-                base_model,
-                max_rank=settings.max_lora_rank,
-                max_bytes=settings.max_adapter_bytes,
-            ),
-            on_change=self.reload,
+        self.admin = AdminService.from_settings(
+            settings, sessions, base_model, on_change=self.reload
         )
         self.admin_tokens = settings.admin_tokens()
         self.in_flight = InFlight()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
@@ -23,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.admin import schemas
 from app.errors import BadRequestError, ConflictError, GatewayError, NotFoundError
+from app.settings import Settings
 from app.store.tables import (
     AdapterVersionRow,
     ApiKeyRow,
@@ -36,89 +36,37 @@ from app.store.tables import (
 )
 from app.tenancy import keys
 from app.tenancy.adapters import AdapterError
-from app.tenancy.archive import extract_archive
 from app.tenancy.base_model import BaseModelInfo
 from app.tenancy.manifests import TenantManifest
-from app.tenancy.validation import ValidatedAdapter, validate_adapter_dir
-
-STORE_DIR = ".store"
+from app.tenancy.storage import AdapterStore, open_adapter_store
+from app.tenancy.validation import ValidatedAdapter
 
 
 def now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-class AdapterStorage:
-    """Accepted adapter versions, stored read-only under ``<root>/.store/<sha256>/``."""
-
-    def __init__(self, root: Path, base: BaseModelInfo, *, max_rank: int, max_bytes: int) -> None:
-        self.root = root
-        self._base = base
-        self._max_rank = max_rank
-        self._max_bytes = max_bytes
-
-    def _staging(self) -> Path:
-        staging = self.root / STORE_DIR / f".incoming-{uuid.uuid4().hex}"
-        staging.parent.mkdir(parents=True, exist_ok=True)
-        return staging
-
-    def _keep(self, staging: Path, adapter: Path, checked: ValidatedAdapter) -> Path:
-        final = self.root / STORE_DIR / checked.sha256
-        if not final.exists():  # identical content is stored once
-            adapter.rename(final)
-        shutil.rmtree(staging, ignore_errors=True)
-        return final
-
-    def _checked(self, directory: Path) -> ValidatedAdapter:
-        return validate_adapter_dir(
-            directory, self._base, max_rank=self._max_rank, max_bytes=self._max_bytes
-        )
-
-    def from_path(self, relative: str) -> tuple[ValidatedAdapter, Path]:
-        """Validate a directory under the root and copy it into the store."""
-        if not relative.isprintable():
-            raise AdapterError("the path must not contain control characters")
-        root = self.root.resolve()
-        source = (root / relative).resolve()
-        if Path(relative).is_absolute() or not source.is_relative_to(root):
-            raise AdapterError(f"path {relative!r} must be relative to the adapter root")
-        if source.is_relative_to(root / STORE_DIR):
-            raise AdapterError(f"path {relative!r} points into the adapter store")
-        if not source.is_dir():
-            raise AdapterError(f"no adapter directory at {relative!r}")
-        checked = self._checked(source)
-        staging = self._staging()
-        try:
-            shutil.copytree(source, staging, symlinks=True)
-            if self._checked(staging).sha256 != checked.sha256:
-                raise AdapterError(f"{relative!r} changed while it was being registered")
-            return checked, self._keep(staging, staging, checked)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-
-    def from_archive(self, archive: Path, filename: str) -> tuple[ValidatedAdapter, Path]:
-        """Unpack and validate an uploaded archive; nothing remains if it is rejected."""
-        staging = self._staging()
-        try:
-            adapter = extract_archive(archive, filename, staging, max_bytes=self._max_bytes)
-            checked = self._checked(adapter)
-            return checked, self._keep(staging, adapter, checked)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-
-
 class AdminService:
     def __init__(
         self,
         sessions: async_sessionmaker[AsyncSession],
-        storage: AdapterStorage,
+        storage: AdapterStore,
         on_change: Callable[[], Awaitable[None]],
     ) -> None:
         self._sessions = sessions
         self.storage = storage
         self._on_change = on_change
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        sessions: async_sessionmaker[AsyncSession],
+        base_model: BaseModelInfo,
+        on_change: Callable[[], Awaitable[None]],
+    ) -> AdminService:
+        """The admin service the gateway and the CLI both use."""
+        return cls(sessions, open_adapter_store(settings, base_model), on_change)
 
     # -- plumbing ---------------------------------------------------------------
 

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.admin.service import AdapterStorage, AdminService
+from app.admin.service import AdminService
 from app.settings import EMBEDDED_MODEL_DIR
 from app.store.db import open_database
 from app.tenancy.base_model import BaseModelInfo
+from app.tenancy.storage import LocalAdapterStore
 from tests.support.servers import free_port
 
 
@@ -119,5 +120,5 @@ def admin(
     async def changed() -> None:
         changes.append(1)
 
-    storage = AdapterStorage(tmp_path / "adapters", base_model, max_rank=32, max_bytes=64 << 20)
+    storage = LocalAdapterStore(tmp_path / "adapters", base_model, max_rank=32, max_bytes=64 << 20)
     return AdminService(sessions, storage, on_change=changed)

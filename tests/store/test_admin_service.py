@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.admin import schemas
-from app.admin.service import STORE_DIR, AdminService
+from app.admin.service import AdminService
 from app.bench.adapters import make_random_adapter
 from app.errors import AuthenticationError, BadRequestError, ConflictError, NotFoundError
 from app.quota.limits import Limits
@@ -20,6 +20,7 @@ from app.settings import EMBEDDED_MODEL_DIR
 from app.store.snapshot import load_registry, revision
 from app.store.tables import KeyQuotaRow
 from app.tenancy.manifests import TenantManifest
+from app.tenancy.storage import STORE_DIR
 
 ACTOR = "admin:test"
 

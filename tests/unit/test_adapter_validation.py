@@ -26,11 +26,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from app.admin.service import AdapterStorage
 from app.tenancy import validation
 from app.tenancy.adapters import AdapterError, content_sha256
 from app.tenancy.archive import extract_archive
 from app.tenancy.base_model import BaseModelInfo
+from app.tenancy.storage import LocalAdapterStore
 from app.tenancy.validation import validate_adapter_dir
 
 LAYERS = 2
@@ -711,7 +711,7 @@ def test_zip_directory_larger_than_the_member_limit_is_refused_before_parsing(
 
 
 def test_a_registration_path_with_control_characters_is_refused(tmp_path: Path) -> None:
-    storage = AdapterStorage(
+    storage = LocalAdapterStore(
         tmp_path, BaseModelInfo("base", {"q_proj": (8, 8)}, 1), max_rank=16, max_bytes=1 << 20
     )
     for path in ("a\x00b", "a\nb"):
