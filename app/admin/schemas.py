@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from app.errors import BadRequestError
+from app.protocol import INT64_MAX
 from app.tenancy.manifests import ADAPTER_NAME_PATTERN as ADAPTER_NAME_PATTERN
 from app.tenancy.manifests import (
     GRANT_ALIAS_PATTERN,
@@ -20,8 +21,9 @@ from app.tenancy.manifests import (
 
 Name = Annotated[str, Field(min_length=1, max_length=200)]
 # Strict: an admin's 0, 1.0 or "5" is refused (400 naming the field), not read as
-# false, 1 or 5; the API's schema says boolean and integer.
-Positive = Annotated[int, Field(ge=1, strict=True)]
+# false, 1 or 5; the API's schema says boolean and integer. At most int64: what the
+# store's integer columns hold.
+Positive = Annotated[int, Field(ge=1, le=INT64_MAX, strict=True)]
 Flag = Annotated[bool, Field(strict=True)]
 MAX_ADAPTER_PATH_LENGTH = 1024
 # NAME_MAX of Linux filesystems: a longer directory name fails every filesystem call.
