@@ -46,6 +46,7 @@ from tools.soak_checks import (
     Rows,
     Samples,
     check_ledger,
+    check_log,
     check_metrics,
     check_over_quota,
     check_quota_store,
@@ -461,6 +462,7 @@ def soak(args: argparse.Namespace) -> int:
         *check_quota_store(quota, totals, during),
         check_rss(probe.rss, args.max_rss_growth_mib),
         Check("clean exit on SIGINT", exit_status == 0, f"exit status {exit_status}"),
+        check_log(log.read_text(errors="replace")),
     ]
     own = [s[1] for s in probe.rss]
     tree = [s[2] for s in probe.rss]

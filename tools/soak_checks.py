@@ -234,3 +234,18 @@ def check_rss(samples: list[tuple[float, int, int]], max_growth_mib: float) -> C
         f"start {start / 1024:.0f} MiB, end {end / 1024:.0f} MiB, growth {growth:+.0f} MiB "
         f"(limit {max_growth_mib:.0f})",
     )
+
+
+def check_log(log: str) -> Check:
+    """The gateway logged no error and no traceback (vLLM's ``ERROR <date>`` lines and ours,
+    ``ERROR <logger>: ...``, alike)."""
+    errors = [
+        line
+        for line in log.splitlines()
+        if "Traceback (most recent call last)" in line or "ERROR " in line
+    ]
+    return Check(
+        "no error in the gateway's log",
+        not errors,
+        f"{len(errors)} lines" + (f", first: {errors[0][:200]}" if errors else ""),
+    )
