@@ -68,6 +68,12 @@ test: install model adapters
 test-fast: install
 	$(BIN)/python -m pytest -ra -m "not slow"
 
+# schemathesis over /openapi.json (the scripted engine, no model), FUZZ_EXAMPLES examples per
+# operation and phase, valid and invalid input; `make test` runs the same suite smaller.
+FUZZ_EXAMPLES ?= 50
+fuzz: install
+	FUZZ_MAX_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -ra -p no:cacheprovider tests/fuzz
+
 # The gateway against vLLM's own server, side by side (bench/results/<time>/);
 # `make test` does not run it. BENCH_ARGS adds options: see `lora-gateway bench --help`.
 bench: install model

@@ -1,0 +1,55 @@
+"""What the fuzzer found, pinned: each case made a 500 (or broke the error contract) once."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.fuzz.conftest import ADMIN_TOKEN, FuzzTarget
+
+
+def _admin(target: FuzzTarget) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    return httpx.Client(base_url=f"{target.base_url}/admin/v1", headers=headers, timeout=30)
+
+
+def test_a_registration_path_with_a_name_over_255_bytes_is_a_400(fuzz_target: FuzzTarget) -> None:
+    # The filesystem refuses such a name (ENAMETOOLONG): it was an unhandled OSError.
+    with _admin(fuzz_target) as admin:
+        for path in ("0" * 256, f"ok/{'é' * 128}"):
+            answer = admin.post("/adapters", json={"name": "long_path", "path": path})
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["error"]["param"] == "path"
+            assert "at most 255 bytes" in answer.json()["error"]["message"]
+
+
+def test_admin_flags_and_counts_are_not_coerced(fuzz_target: FuzzTarget) -> None:
+    # The schema says boolean and integer: 0 was read as false, "5" and 5.0 as 5.
+    with _admin(fuzz_target) as admin:
+        for body, param in (
+            ({"id": "coerced", "name": "C", "allow_base_model": 0}, "allow_base_model"),
+            ({"id": "coerced", "name": "C", "allow_base_model": "true"}, "allow_base_model"),
+        ):
+            answer = admin.post("/tenants", json=body)
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["error"]["param"] == param
+        for value in ("5", 5.0, True):
+            answer = admin.put("/tenants/coerced/quota", json={"requests_per_minute": value})
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["error"]["param"] == "requests_per_minute"
+
+
+def test_counts_beyond_int64_are_a_400(fuzz_target: FuzzTarget) -> None:
+    # SQLite's INTEGER is int64: a larger quota or audit offset was an OverflowError.
+    huge = 2**63
+    with _admin(fuzz_target) as admin:
+        assert admin.post("/tenants", json={"id": "huge", "name": "H"}).status_code == 201
+        answer = admin.put("/tenants/huge/quota", json={"tokens_per_minute": huge})
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["param"] == "tokens_per_minute"
+        answer = admin.get("/audit", params={"offset": huge})
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["param"] == "offset"
+        answer = admin.put(
+            "/tenants/huge/quota", json={"token_budget": huge - 1, "budget_period": "day"}
+        )
+        assert answer.status_code == 200, answer.text

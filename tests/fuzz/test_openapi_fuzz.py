@@ -1,0 +1,33 @@
+"""Every operation of ``/openapi.json``, fuzzed with valid and invalid input and valid
+credentials: no response is a server error, and every error is OpenAI-shaped."""
+
+from __future__ import annotations
+
+from schemathesis import Case
+
+from tests.fuzz.checks import openai_error_problem, openai_shaped_error
+from tests.fuzz.conftest import TALLY, FuzzTarget
+from tests.fuzz.schema import load_schema
+
+schema = load_schema()
+
+
+@schema.parametrize()
+def test_operation(case: Case, fuzz_target: FuzzTarget) -> None:
+    response = case.call(
+        base_url=fuzz_target.base_url, headers=fuzz_target.auth(case.path), timeout=30
+    )
+    misshapen = openai_error_problem(response.status_code, response.content) is not None
+    TALLY.count(response.status_code, misshapen)
+    try:
+        case.validate_response(
+            response,
+            additional_checks=[openai_shaped_error],
+            transport_kwargs={"base_url": fuzz_target.base_url},
+        )
+    except Exception:
+        TALLY.failed_cases += 1
+        raise
+    finally:
+        if case.method != "GET" and case.path.startswith("/admin/"):
+            fuzz_target.seeds.restore()
