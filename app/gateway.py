@@ -23,8 +23,8 @@ from app.settings import Settings
 from app.store.snapshot import load_registry, revision
 from app.tenancy.adapters import Adapter
 from app.tenancy.base_model import BaseModelInfo
-from app.tenancy.models import Principal
 from app.tenancy.registry import TenantRegistry
+from app.tenancy.tenants import Principal
 from app.usage import UsageLedger
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from app.gateway import Gateway
-from app.tenancy.models import Principal
+from app.tenancy.tenants import Principal
 
 
 def get_gateway(request: Request) -> Gateway:

@@ -15,7 +15,7 @@ from starlette.types import Message, Receive, Scope, Send
 from app.api.errors import render
 from app.errors import GatewayError
 from app.serving.tracking import ClientDisconnected, Request, RequestTracker, Service
-from app.tenancy.models import Principal
+from app.tenancy.tenants import Principal
 
 T = TypeVar("T")
 

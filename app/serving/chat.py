@@ -23,7 +23,7 @@ from app.serving import generation as gen
 from app.serving.logprobs import chat_logprobs
 from app.serving.sse import event_stream
 from app.serving.tracking import Run
-from app.tenancy.models import ModelTarget, Principal
+from app.tenancy.tenants import ModelTarget, Principal
 
 
 class ChatService:

@@ -12,7 +12,7 @@ from vllm.sampling_params import RequestOutputKind
 
 from app.errors import BadRequestError, ContextLengthExceededError, EngineUnavailableError
 from app.protocol import ChatCompletionRequest, CompletionRequest, Usage
-from app.tenancy.models import ModelTarget, Principal
+from app.tenancy.tenants import ModelTarget, Principal
 
 CompletionLike = ChatCompletionRequest | CompletionRequest
 

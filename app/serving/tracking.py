@@ -31,8 +31,8 @@ from app.protocol import SamplingFields
 from app.quota import Limits, QuotaBackend, QuotaExceeded, QuotaTooLarge, Reservation
 from app.serving.generation import Generation
 from app.serving.inflight import InFlight
-from app.tenancy.models import ApiKey, ModelTarget, Principal
 from app.tenancy.registry import TenantRegistry
+from app.tenancy.tenants import ApiKey, ModelTarget, Principal
 from app.usage import UsageLedger, UsageRecord
 
 logger = logging.getLogger(__name__)

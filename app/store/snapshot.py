@@ -23,8 +23,8 @@ from app.store.tables import (
     TenantRow,
 )
 from app.tenancy.adapters import Adapter
-from app.tenancy.models import ApiKey, Tenant
 from app.tenancy.registry import TenantRegistry
+from app.tenancy.tenants import ApiKey, Tenant
 
 
 def adapter_of(row: AdapterVersionRow) -> Adapter:

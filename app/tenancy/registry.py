@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from app.errors import AuthenticationError, ModelNotFoundError, PermissionDeniedError
 from app.tenancy.adapters import Adapter
 from app.tenancy.keys import hash_key
-from app.tenancy.models import ApiKey, ModelTarget, Principal, Tenant
+from app.tenancy.tenants import ApiKey, ModelTarget, Principal, Tenant
 
 
 @dataclass(frozen=True)

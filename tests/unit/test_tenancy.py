@@ -10,8 +10,8 @@ from app.errors import AuthenticationError, ModelNotFoundError, PermissionDenied
 from app.tenancy import keys
 from app.tenancy.adapters import Adapter
 from app.tenancy.manifests import ManifestError, load_manifests
-from app.tenancy.models import ApiKey, Tenant
 from app.tenancy.registry import TenantRegistry
+from app.tenancy.tenants import ApiKey, Tenant
 
 LEGAL = Adapter("legal", 1, "a" * 64, Path("/x/legal"), 8, ("q_proj",), lora_id=1)
 MEDICAL = Adapter("medical", 3, "b" * 64, Path("/x/medical"), 8, ("q_proj",), lora_id=7)

@@ -1,4 +1,5 @@
-"""``/admin/v1/adapters``: register (by path or upload), list, delete."""
+"""``/admin/v1/adapters``: register (by path or upload), list, delete; where each version
+resides in the engine (tier, use, swap cost)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from app.admin import schemas
+from app.admin.residency_report import Residency, read_residency
 from app.api.admin.deps import Admin, AdminActor
 from app.api.deps import GatewayDep
 from app.errors import BadRequestError
@@ -117,6 +119,29 @@ async def list_adapters(admin: Admin) -> object:
         schemas.AdapterOut(name=name, latest_version=versions[-1].version, versions=versions)
         for name, versions in by_name.items()
     ]
+
+
+# Before "/{name}": /adapters/residency is not an adapter named "residency".
+@router.get("/residency", response_model=list[schemas.AdapterResidencyOut])
+async def adapter_residency(request: Request, admin: Admin, gateway: GatewayDep) -> object:
+    metrics_dir = getattr(request.app.state, "metrics_dir", None)
+    measured = await asyncio.to_thread(read_residency, metrics_dir)
+    listed = []
+    for row in await admin.list_adapter_versions():
+        facts = measured.get((row.name, str(row.version)), Residency())
+        listed.append(
+            schemas.AdapterResidencyOut(
+                name=row.name,
+                version=row.version,
+                tier=facts.tier or "storage",
+                last_used_at=gateway.tracker.last_used.get(row.id),
+                uses=facts.uses,
+                hits=facts.uses["device"],
+                misses=facts.uses["storage"],
+                mean_swap_ms=facts.mean_swap_ms(),
+            )
+        )
+    return listed
 
 
 @router.get("/{name}", response_model=schemas.AdapterOut)
