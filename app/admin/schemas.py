@@ -201,6 +201,21 @@ class QuotaOut(QuotaPut):
     tenant_id: str
 
 
+class QuotaUsageOut(BaseModel):
+    """What a tenant holds of its limits now (``None``: that limit is unset)."""
+
+    tenant_id: str
+    requests_per_minute_used: float | None = Field(
+        description="The requests-per-minute level: requests charged and not yet drained."
+    )
+    tokens_per_minute_used: float | None = Field(
+        description="The tokens-per-minute level (reserved worst cases, settled to actual)."
+    )
+    concurrent_requests: int = Field(description="Live concurrency leases.")
+    budget_used: int | None = Field(description="Tokens charged in the current budget period.")
+    budget_period: str | None = Field(description="The current period: 2025-01-31 or 2025-01.")
+
+
 class KeyQuotaOut(QuotaPut):
     """A key's own limits, enforced together with its tenant's."""
 

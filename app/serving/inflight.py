@@ -29,9 +29,6 @@ class InFlight:
                 del self._running[adapter.lora_id]
                 self._changed.set()
 
-    def running(self, adapter: Adapter) -> int:
-        return self._running[adapter.lora_id]
-
     async def wait_idle(self, adapter: Adapter) -> None:
         while self._running[adapter.lora_id]:
             self._changed.clear()

@@ -19,7 +19,6 @@ class ModelEntry:
 
     id: str
     parent: str | None
-    adapter: Adapter | None
 
 
 class TenantRegistry:
@@ -73,9 +72,9 @@ class TenantRegistry:
     def models_for(self, tenant: Tenant) -> list[ModelEntry]:
         entries = []
         if tenant.allow_base_model:
-            entries.append(ModelEntry(id=self.base_model_id, parent=None, adapter=None))
-        for alias, adapter in sorted(tenant.adapters.items()):
-            entries.append(ModelEntry(id=alias, parent=self.base_model_id, adapter=adapter))
+            entries.append(ModelEntry(id=self.base_model_id, parent=None))
+        for alias in sorted(tenant.adapters):
+            entries.append(ModelEntry(id=alias, parent=self.base_model_id))
         return entries
 
     def adapters(self) -> set[Adapter]:

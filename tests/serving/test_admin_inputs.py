@@ -1,4 +1,5 @@
-"""Admin inputs the schemas cannot see alone: a grant alias travels in the path."""
+"""Admin routes over the serving app: inputs the schemas cannot see alone (a grant alias
+travels in the path), and what the quota store holds."""
 
 from __future__ import annotations
 
@@ -25,3 +26,16 @@ async def test_a_bad_grant_alias_is_a_400_naming_alias(serve: ServeFactory, alia
         )
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == "alias"
+
+
+async def test_quota_usage_of_an_unknown_tenant_is_a_404(serve: ServeFactory) -> None:
+    async with (
+        serve(ScriptedEngine()) as served,
+        httpx.AsyncClient(
+            base_url=f"{served.base_url}/admin/v1",
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        ) as admin,
+    ):
+        response = await admin.get("/tenants/nobody/quota/usage")
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "not_found"

@@ -7,6 +7,7 @@ import asyncio
 import json
 import socket
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,10 +23,10 @@ def chat(served: Served, **fields: Any) -> dict[str, Any]:
     return {"model": served.model, "messages": [{"role": "user", "content": "hi"}], **fields}
 
 
-async def quota_usage(served: Served) -> Any:
-    tenant = served.gateway.registry.tenant(TENANT)
-    assert tenant is not None
-    return await served.gateway.quota.usage(TENANT, tenant.limits)
+async def quota_usage(served: Served) -> SimpleNamespace:
+    """The tenant's quota usage, as an admin reads it."""
+    usage = await served.admin("GET", f"/tenants/{TENANT}/quota/usage")
+    return SimpleNamespace(concurrent=usage["concurrent_requests"], **usage)
 
 
 async def eventually(predicate: Any, timeout: float = 10.0) -> None:

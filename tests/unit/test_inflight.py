@@ -12,12 +12,15 @@ ADAPTER = Adapter("a", 1, "0" * 64, Path("/a"), 8, ("q_proj",), lora_id=1)
 async def test_removal_waits_for_running_requests() -> None:
     in_flight = InFlight()
     with in_flight.hold(None):  # base-model requests are not tracked
-        assert in_flight.running(ADAPTER) == 0
-    with in_flight.hold(ADAPTER), in_flight.hold(ADAPTER):
-        assert in_flight.running(ADAPTER) == 2
+        await asyncio.wait_for(in_flight.wait_idle(ADAPTER), timeout=1)
+    first, second = in_flight.hold(ADAPTER), in_flight.hold(ADAPTER)
+    with first:
+        second.__enter__()
         waiter = asyncio.create_task(in_flight.wait_idle(ADAPTER))
         await asyncio.sleep(0.01)
         assert not waiter.done()
+    await asyncio.sleep(0.01)
+    assert not waiter.done()  # one request still runs
+    second.__exit__(None, None, None)
     await asyncio.wait_for(waiter, timeout=1)
-    assert in_flight.running(ADAPTER) == 0
     await asyncio.wait_for(in_flight.wait_idle(ADAPTER), timeout=1)  # idle: returns at once

@@ -7,6 +7,8 @@ from fastapi import APIRouter, Response, status
 
 from app.admin import schemas
 from app.api.admin.deps import Admin, AdminActor
+from app.api.deps import GatewayDep
+from app.errors import NotFoundError
 
 router = APIRouter(prefix="/tenants/{tenant_id}", tags=["admin: quotas"])
 
@@ -22,6 +24,23 @@ async def put_quota(
 async def get_quota(tenant_id: str, admin: Admin) -> object:
     row = await admin.get_quota(tenant_id)
     return row if row is not None else schemas.QuotaOut(tenant_id=tenant_id)
+
+
+@router.get("/quota/usage", response_model=schemas.QuotaUsageOut)
+async def get_quota_usage(tenant_id: str, gateway: GatewayDep) -> object:
+    """Read from the quota store: what every replica sharing it has charged."""
+    tenant = gateway.registry.tenant(tenant_id)
+    if tenant is None:
+        raise NotFoundError(f"No tenant `{tenant_id}`.")
+    usage = await gateway.quota.usage(tenant_id, tenant.limits)
+    return schemas.QuotaUsageOut(
+        tenant_id=tenant_id,
+        requests_per_minute_used=usage.requests,
+        tokens_per_minute_used=usage.tokens,
+        concurrent_requests=usage.concurrent,
+        budget_used=usage.budget_used,
+        budget_period=usage.budget_period,
+    )
 
 
 @router.put("/keys/{key_id}/quota", response_model=schemas.KeyQuotaOut)
