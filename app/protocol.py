@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -149,32 +150,44 @@ class ChatMessage(OpenAIModel):
 
 
 class StreamOptions(OpenAIModel):
-    include_usage: bool = False
+    include_usage: Flag = False
 
 
-Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
-TokenCount = Annotated[int, Field(ge=1, le=INT64_MAX)]
+def _json_number(value: Any) -> Any:
+    # JSON Schema's types, which /openapi.json states: pydantic's lax mode would read
+    # `true` as 1 and "0.5" as 0.5.
+    if isinstance(value, (bool, str)):
+        kind = "a boolean" if isinstance(value, bool) else "a string"
+        raise PydanticCustomError("json_number", "must be a number, not {kind}", {"kind": kind})
+    return value
+
+
+JsonNumber = BeforeValidator(_json_number)
+# true or false only: lax mode reads 0, "no" and "off" as false.
+Flag = Annotated[bool, Field(strict=True)]
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX), JsonNumber]
+TokenCount = Annotated[int, Field(ge=1, le=INT64_MAX), JsonNumber]
 
 
 class SamplingFields(OpenAIModel):
     """Fields shared by chat and text completions; null means the field's default."""
 
     model: str
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    n: Annotated[int, Field(ge=1, le=16)] = 1
+    temperature: Annotated[float, Field(ge=0, le=2), JsonNumber] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1), JsonNumber] | None = None
+    n: Annotated[int, Field(ge=1, le=16), JsonNumber] = 1
     max_tokens: TokenCount | None = None
     stop: str | list[str] | None = None
     seed: Int64 | None = None
-    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    stream: bool = False
+    presence_penalty: Annotated[float, Field(ge=-2, le=2), JsonNumber] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2), JsonNumber] | None = None
+    stream: Flag = False
     stream_options: StreamOptions | None = None
     # Kept for the usage ledger; it changes nothing in the answer.
     user: Annotated[str, Field(max_length=MAX_USER_LENGTH)] | None = None
     # vLLM's extensions, as its own server takes them (extra_body in the openai client).
-    ignore_eos: bool = False
-    min_tokens: Annotated[int, Field(ge=0, le=INT64_MAX)] = 0
+    ignore_eos: Flag = False
+    min_tokens: Annotated[int, Field(ge=0, le=INT64_MAX), JsonNumber] = 0
 
     @model_validator(mode="before")
     @classmethod
@@ -232,8 +245,8 @@ class SamplingFields(OpenAIModel):
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: TokenCount | None = None
-    logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    logprobs: Flag = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20), JsonNumber] | None = None
 
     @field_validator("top_logprobs")
     @classmethod
@@ -255,8 +268,8 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int]
-    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
-    echo: bool = False
+    logprobs: Annotated[int, Field(ge=0, le=5), JsonNumber] | None = None
+    echo: Flag = False
     max_tokens: TokenCount | None = 16
 
     @field_validator("prompt", mode="before")

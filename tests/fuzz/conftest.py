@@ -169,6 +169,7 @@ class Seeds:
 class FuzzTarget:
     base_url: str
     seeds: Seeds
+    base_model: str
 
     def auth(self, path: str) -> dict[str, str]:
         """The credentials of the operation at ``path``: the tenant key on ``/v1``, the
@@ -226,7 +227,7 @@ def fuzz_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzTarget
             base_model = _base_model_id(base_url, seeds.tenant_key)
             KNOWN_MODELS[:] = [base_model, ALIAS]
             KNOWN_PATH_PARAMETERS["model"] = base_model
-            yield FuzzTarget(base_url, seeds)
+            yield FuzzTarget(base_url, seeds, base_model)
 
 
 def _base_model_id(base_url: str, key: str) -> str:

@@ -53,3 +53,25 @@ def test_counts_beyond_int64_are_a_400(fuzz_target: FuzzTarget) -> None:
             "/tenants/huge/quota", json={"token_budget": huge - 1, "budget_period": "day"}
         )
         assert answer.status_code == 200, answer.text
+
+
+def test_v1_numbers_and_flags_take_json_types_only(fuzz_target: FuzzTarget) -> None:
+    # Lax parsing read `"logprobs": true` as 1, `"n": "2"` as 2 and `"stream": 0` or
+    # `"echo": "no"` as false; /openapi.json says integer, number, boolean.
+    headers = fuzz_target.auth("/v1/completions")
+    base = {"model": fuzz_target.base_model, "prompt": "hi", "max_tokens": 2}
+    with httpx.Client(base_url=fuzz_target.base_url, headers=headers, timeout=30) as client:
+        for field, value in (
+            ("logprobs", True),
+            ("n", "2"),
+            ("temperature", "0.5"),
+            ("seed", False),
+            ("stream", 0),
+            ("echo", "no"),
+        ):
+            answer = client.post("/v1/completions", json={**base, field: value})
+            assert answer.status_code == 400, (field, answer.text)
+            assert answer.json()["error"]["param"] == field
+        # A JSON integer may be written 16.0, and a number 1.
+        answer = client.post("/v1/completions", json={**base, "max_tokens": 2.0, "temperature": 1})
+        assert answer.status_code == 200, answer.text
