@@ -75,17 +75,17 @@ fuzz: install
 	FUZZ_MAX_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -ra -p no:cacheprovider tests/fuzz
 
 # The gateway against vLLM's own server, side by side (bench/results/<time>/);
-# `make test` does not run it. BENCH_ARGS adds options: see `lora-gateway bench --help`.
+# `make test` does not run it. BENCH_ARGS adds options: see `python -m bench --help`.
 bench: install model
-	$(BIN)/lora-gateway bench $(BENCH_ARGS)
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 bench-quick: install model
-	$(BIN)/lora-gateway bench --quick $(BENCH_ARGS)
+	$(BIN)/python -m bench --quick $(BENCH_ARGS)
 
 # Mixed-adapter batches against base-only, vLLM's punica ops against ours
 # (bench/results/lora-<time>/ and docs/performance.md).
 bench-lora: install model
-	$(BIN)/python -m app.bench.lora
+	$(BIN)/python -m bench.lora
 
 # A real gateway process under mixed load for 20 minutes, then its books checked
 # (var/soak/<time>.json; docs/reliability.md, "Soak"); `make test` does not run it.

@@ -168,52 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("demo-keys", help=f"issue the demo tenants' keys into {DEMO_KEYS_FILE}")
     commands.add_parser("admin-token", help="generate the admin token file if no token is set")
     commands.add_parser("settings", help="print the effective settings as JSON")
-    _add_bench_parser(commands)
     return parser
-
-
-BENCH_OPTIONS = (
-    *("rate", "duration", "adapters", "zipf", "base_share"),
-    *("sweep_duration", "output_tokens", "rounds", "sweep", "seed", "out"),
-)
-
-
-def _add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    bench = commands.add_parser(
-        "bench",
-        help="benchmark the gateway against vLLM's own server (engine settings from the env)",
-    )
-    bench.add_argument("--quick", action="store_true", help="one short round (under 3 minutes)")
-    bench.add_argument("--rate", type=float, help="offered load, requests/s (Poisson)")
-    bench.add_argument("--duration", type=float, help="seconds of arrivals, main workload")
-    bench.add_argument(
-        "--sweep-duration", type=float, help="seconds of arrivals per adapter-sweep point"
-    )
-    bench.add_argument("--adapters", type=int, help="distinct adapters in the main workload")
-    bench.add_argument("--zipf", type=float, help="adapter popularity exponent")
-    bench.add_argument("--base-share", type=float, help="share of base-model requests (0-1)")
-    bench.add_argument("--output-tokens", type=int, help="max_tokens of every request")
-    bench.add_argument("--rounds", type=int, help="gateway/vLLM rounds, alternating")
-    bench.add_argument(
-        "--sweep",
-        type=lambda text: tuple(int(n) for n in text.split(",") if n),
-        help="adapter counts of the sweep, e.g. 1,8,32,128",
-    )
-    bench.add_argument("--seed", type=int, help="workload seed")
-    bench.add_argument("--out", type=Path, help="results parent directory (default bench/results)")
-
-
-def bench(args: argparse.Namespace, settings: Settings) -> None:
-    from dataclasses import replace
-
-    from app.bench.runner import BenchConfig, run_bench
-
-    config = BenchConfig.quick() if args.quick else BenchConfig()
-    overrides = {
-        name: getattr(args, name) for name in BENCH_OPTIONS if getattr(args, name) is not None
-    }
-    command = "lora-gateway " + " ".join(sys.argv[1:])
-    asyncio.run(run_bench(replace(config, **overrides), settings, command))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -254,8 +209,6 @@ def run(args: argparse.Namespace, settings: Settings) -> None:
         admin_token(settings)
     elif args.command == "settings":
         print(settings.model_dump_json(indent=2))
-    elif args.command == "bench":
-        bench(args, settings)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,9 @@ import httpx
 import openai
 import pytest
 
-from app.bench.adapters import make_random_adapter
 from app.settings import EMBEDDED_MODEL_DIR
 from app.tenancy.storage import STORE_DIR
+from bench.random_adapters import make_random_adapter
 from tests.e2e.conftest import LiveGateway, long_stream
 
 pytestmark = pytest.mark.slow

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 import yaml
 
-from app.bench.adapters import make_random_adapter
 from app.settings import EMBEDDED_MODEL_DIR
+from bench.random_adapters import make_random_adapter
 from tests.e2e.conftest import LiveGateway, make_settings, prepare_store, running_gateway
 from tests.support.reference import ReferenceOutput, reference_greedy
 

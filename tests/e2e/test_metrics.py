@@ -20,9 +20,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.bench.adapters import make_random_adapter
 from app.cli import register_adapter
 from app.settings import EMBEDDED_MODEL_DIR
+from bench.random_adapters import make_random_adapter
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
     LiveGateway,

@@ -13,7 +13,6 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.admin import schemas
 from app.admin.service import AdminService
-from app.bench.adapters import make_random_adapter
 from app.errors import AuthenticationError, BadRequestError, ConflictError, NotFoundError
 from app.quota.limits import Limits
 from app.settings import EMBEDDED_MODEL_DIR
@@ -21,6 +20,7 @@ from app.store.snapshot import load_registry, revision
 from app.store.tables import KeyQuotaRow
 from app.tenancy.manifests import TenantManifest
 from app.tenancy.storage import STORE_DIR
+from bench.random_adapters import make_random_adapter
 
 ACTOR = "admin:test"
 

@@ -11,30 +11,38 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-USES = "lora_gateway_adapter_uses_total"
-SWAP = "lora_gateway_adapter_swap_seconds"
-TIERS = ("device", "host", "storage")
-STAGES = ("load", "activate")
+from app.metrics import ADAPTER_SWAP_SECONDS, ADAPTER_USES, SWAP_STAGES, TIERS
+
+
+def _family_name(metric: MetricWrapperBase) -> str:
+    (family,) = metric.describe()
+    return family.name
+
+
+USES = _family_name(ADAPTER_USES)
+SWAP = _family_name(ADAPTER_SWAP_SECONDS)
+STAGES: tuple[str, ...] = SWAP_STAGES
 
 
 @dataclass
-class ResidencyCounters:
+class SwapCounters:
     uses: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIERS, 0.0))
     swaps: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     swap_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     # stage -> {upper bound: cumulative count}
     swap_buckets: dict[str, dict[float, float]] = field(default_factory=lambda: defaultdict(dict))
 
-    def combined(self, other: ResidencyCounters, sign: float) -> ResidencyCounters:
+    def combined(self, other: SwapCounters, sign: float) -> SwapCounters:
         """``self + sign * other``, key by key (a scrape difference, or a sum of rounds)."""
 
         def merge(mine: dict[Any, float], theirs: dict[Any, float]) -> dict[Any, float]:
             return {k: mine.get(k, 0.0) + sign * theirs.get(k, 0.0) for k in {*mine, *theirs}}
 
         stages = {*self.swap_buckets, *other.swap_buckets}
-        return ResidencyCounters(
+        return SwapCounters(
             uses=merge(self.uses, other.uses),
             swaps=merge(self.swaps, other.swaps),
             swap_seconds=merge(self.swap_seconds, other.swap_seconds),
@@ -47,10 +55,10 @@ class ResidencyCounters:
             ),
         )
 
-    def __sub__(self, before: ResidencyCounters) -> ResidencyCounters:
+    def __sub__(self, before: SwapCounters) -> SwapCounters:
         return self.combined(before, -1.0)
 
-    def __add__(self, other: ResidencyCounters) -> ResidencyCounters:
+    def __add__(self, other: SwapCounters) -> SwapCounters:
         return self.combined(other, 1.0)
 
     def swap_quantile(self, stage: str, q: float) -> float | None:
@@ -84,12 +92,12 @@ class ResidencyCounters:
         }
 
 
-def parse_residency(text: str) -> ResidencyCounters:
-    counters = ResidencyCounters()
+def parse_swap_counters(text: str) -> SwapCounters:
+    counters = SwapCounters()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             labels = sample.labels
-            if sample.name == USES and labels.get("tier") in counters.uses:
+            if sample.name == f"{USES}_total" and labels.get("tier") in counters.uses:
                 counters.uses[labels["tier"]] += sample.value
             elif sample.name == f"{SWAP}_count" and labels.get("stage") in STAGES:
                 counters.swaps[labels["stage"]] += sample.value

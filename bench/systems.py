@@ -23,11 +23,11 @@ from typing import IO, Any, Protocol
 
 import httpx
 
-from app.bench.adapters import BenchAdapter
-from app.bench.client import Call
-from app.bench.workload import PlannedRequest
 from app.engine.vllm_plugin import ENV_VAR as ISOLATION_FIX_ENV
 from app.settings import Settings
+from bench.client import Call
+from bench.random_adapters import BenchAdapter
+from bench.workload import PlannedRequest
 
 GIB = 1 << 30
 HOST = "127.0.0.1"
@@ -146,7 +146,7 @@ class System(Protocol):
     def stop(self) -> None: ...
 
 
-class Gateway:
+class GatewaySystem:
     """Our gateway: ``lora-gateway serve``, a fresh store, one tenant per adapter."""
 
     name = "gateway"

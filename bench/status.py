@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 
 @dataclass
-class Progress:
+class StatusLine:
     total_requests: int
     done: int = 0
     system: str = "-"

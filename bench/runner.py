@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from app.bench.adapters import BenchAdapter, ensure_bench_adapters
-from app.bench.client import RequestRecord, run_workload
-from app.bench.progress import Progress
-from app.bench.report import (
+from app.settings import Settings
+from bench.client import RequestRecord, run_workload
+from bench.random_adapters import BenchAdapter, ensure_bench_adapters
+from bench.report import (
     MAIN_POINT,
     PointRun,
     aggregate,
@@ -35,10 +35,10 @@ from app.bench.report import (
     sweep_point_name,
     write_requests,
 )
-from app.bench.residency import parse_residency
-from app.bench.systems import EngineConfig, Gateway, System, VLLMServer
-from app.bench.workload import PlannedRequest, WorkloadSpec, plan
-from app.settings import Settings
+from bench.status import StatusLine
+from bench.swap_counters import parse_swap_counters
+from bench.systems import EngineConfig, GatewaySystem, System, VLLMServer
+from bench.workload import PlannedRequest, WorkloadSpec, plan
 
 WARMUP_TOKENS = 2
 # Requests still running this long after the last arrival count as errors.
@@ -47,13 +47,9 @@ MIN_DRAIN_SECONDS = 45.0
 
 @dataclass(frozen=True)
 class BenchConfig:
-    # The default load suits the 2-core CPU machines this project is built
-    # on: there the CPU engine completes only about 10 output tokens/s with
-    # adapters in the batch (about 0.3 req/s of 32 tokens; measured while
-    # another job held one core), so 0.25 req/s keeps both systems below
-    # overload, with zero errors. On a GPU, raise --rate by two orders of
-    # magnitude. Full run: 2 rounds x 2 systems x (start + 40 s + 3 x 20 s of
-    # arrivals, plus tails), about 15 minutes here.
+    # The default load keeps the small CPU engine below overload, so that both
+    # systems answer every request; a GPU takes --rate about a hundred times
+    # higher. docs/performance.md gives the measurements behind these numbers.
     rate: float = 0.25
     duration: float = 40.0
     sweep_duration: float = 20.0
@@ -132,24 +128,24 @@ async def run_system(
     points: dict[str, WorkloadSpec],
     plans: dict[str, list[PlannedRequest]],
     out_dir: Path,
-    progress: Progress,
+    status: StatusLine,
 ) -> tuple[list[PointRun], float]:
     """Start ``system``, run every point against it, stop it; the runs and start-up seconds."""
-    progress.set(system.name, f"round {round_ + 1}: starting")
+    status.set(system.name, f"round {round_ + 1}: starting")
     try:
         startup = await system.start(
             adapters, out_dir / "logs" / f"{system.name}-round{round_ + 1}.log"
         )
-        progress.note(f"{system.name} ready in {startup:.0f}s (round {round_ + 1})")
-        progress.set(system.name, f"round {round_ + 1}: warm-up")
+        status.note(f"{system.name} ready in {startup:.0f}s (round {round_ + 1})")
+        status.set(system.name, f"round {round_ + 1}: warm-up")
         await warm_up(system, adapters)
         runs: list[PointRun] = []
         for name, spec in points.items():
-            progress.set(system.name, f"round {round_ + 1}: {name}")
+            status.set(system.name, f"round {round_ + 1}: {name}")
             before = await system.metrics_text()
 
             def finished(_: object) -> None:
-                progress.done += 1
+                status.done += 1
 
             records, wall = await run_workload(
                 system.base_url,
@@ -162,13 +158,13 @@ async def run_system(
             )
             after = await system.metrics_text()
             residency = (
-                parse_residency(after) - parse_residency(before)
+                parse_swap_counters(after) - parse_swap_counters(before)
                 if before is not None and after is not None
                 else None
             )
             runs.append(PointRun(system.name, name, round_, spec, records, wall, residency))
             errors = sum(1 for r in records if not r.ok)
-            progress.note(
+            status.note(
                 f"{system.name} round {round_ + 1} {name}: "
                 f"{len(records) - errors}/{len(records)} ok in {wall:.1f}s"
                 + (
@@ -179,7 +175,7 @@ async def run_system(
             )
         return runs, startup
     finally:
-        progress.set(system.name, f"round {round_ + 1}: stopping")
+        status.set(system.name, f"round {round_ + 1}: stopping")
         await asyncio.to_thread(system.stop)
 
 
@@ -197,28 +193,28 @@ async def run_bench(config: BenchConfig, settings: Settings, command: str) -> Pa
     points = config.points()
     plans = {name: plan(spec) for name, spec in points.items()}
     total = 2 * config.rounds * sum(len(p) for p in plans.values())
-    progress = Progress(total)
+    status = StatusLine(total)
 
-    progress.set("-", "writing adapters")
+    status.set("-", "writing adapters")
     count = max(spec.adapters for spec in points.values())
     adapters = await asyncio.to_thread(
         ensure_bench_adapters, Path(settings.model), config.adapter_cache, count
     )
-    ticker = asyncio.create_task(progress.run(0.5))
+    ticker = asyncio.create_task(status.run(0.5))
     runs: list[PointRun] = []
     startups: dict[str, list[float]] = {"gateway": [], "vllm": []}
     order: list[str] = []
     try:
         for round_ in range(config.rounds):
             systems: list[System] = [
-                Gateway(engine, config.adapter_cache, work_dir),
+                GatewaySystem(engine, config.adapter_cache, work_dir),
                 VLLMServer(engine),
             ]
             if round_ % 2:  # A B B A ...: a drift over the run weighs on both alike
                 systems.reverse()
             for system in systems:
                 system_runs, startup = await run_system(
-                    system, round_, adapters, points, plans, out_dir, progress
+                    system, round_, adapters, points, plans, out_dir, status
                 )
                 runs += system_runs
                 startups[system.name].append(startup)
@@ -227,13 +223,13 @@ async def run_bench(config: BenchConfig, settings: Settings, command: str) -> Pa
         ticker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await ticker
-        progress.finish()
+        status.finish()
 
     s = engine.settings
     context = {
         "command": command,
         "started": started_at.isoformat(timespec="seconds"),
-        "wall_seconds": time.perf_counter() - progress.started,
+        "wall_seconds": time.perf_counter() - status.started,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} "
         f"{platform.release()}, Python {platform.python_version()}",
         "engine": f"{s.model} dtype={s.dtype} max_model_len={s.max_model_len} "

@@ -8,10 +8,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.bench.client import RequestRecord
-from app.bench.residency import ResidencyCounters
-from app.bench.stats import FIGURES, Summary, TargetCheck, check_targets, ratios, summarize
-from app.bench.workload import WorkloadSpec
+from bench.client import RequestRecord
+from bench.stats import FIGURES, Summary, TargetCheck, check_targets, ratios, summarize
+from bench.swap_counters import SwapCounters
+from bench.workload import WorkloadSpec
 
 OURS = "gateway"
 THEIRS = "vllm"
@@ -39,7 +39,7 @@ class PointRun:
     spec: WorkloadSpec
     records: list[RequestRecord]
     wall_seconds: float
-    residency: ResidencyCounters | None = None
+    residency: SwapCounters | None = None
 
 
 @dataclass
@@ -49,7 +49,7 @@ class PointResult:
     point: str
     spec: WorkloadSpec
     summaries: dict[str, Summary] = field(default_factory=dict)
-    residency: ResidencyCounters | None = None
+    residency: SwapCounters | None = None
     round_throughput_ratios: list[float] = field(default_factory=list)
 
     @property

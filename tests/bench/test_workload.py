@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from app.bench.workload import PROMPTS, WorkloadSpec, plan, zipf_weights
+from bench.workload import PROMPTS, WorkloadSpec, plan, zipf_weights
 
 SPEC = WorkloadSpec(
     rate=20.0, duration=500.0, adapters=16, zipf=1.0, base_share=0.25, output_tokens=32, seed=7

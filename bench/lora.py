@@ -15,9 +15,9 @@ in a decode-heavy shape (short prompts, long answers) and a prefill-heavy one (l
 two tokens). Throughput is tokens (prompt + generated) per second; the ratios that matter are
 mixed over base-only on the same engine, and ours over vLLM's.
 
-This machine's speed drifts by more than the effects measured, so each mixed batch is timed
-right after a base-only one, ``--repeats`` rounds for our ops (one for vLLM's, whose ratios
-are far from any target), and a mixed/base ratio is the median of its rounds' ratios.
+A machine's speed can drift between minutes by more than the effects measured, so each mixed
+batch is timed right after a base-only one, ``--repeats`` rounds for our ops (one for vLLM's,
+the reference), and a mixed/base ratio is the median of its rounds' ratios.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from app.bench.adapters import make_random_adapter
+from app.engine.vllm_plugin import ENV_VAR as ISOLATION_FIX_ENV
 from app.settings import EMBEDDED_MODEL_DIR
+from bench.random_adapters import make_random_adapter
 
 ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_COUNTS = (1, 3, 8, 16)
@@ -45,8 +46,8 @@ RANKS = (16, 8)
 BASE_SHARE = 0.25
 ENGINES: dict[str, dict[str, str]] = {
     "no-lora": {},
-    "vllm": {"LORA_GATEWAY_ISOLATION_FIX": "0"},
-    "ours": {"LORA_GATEWAY_ISOLATION_FIX": "1"},
+    "vllm": {ISOLATION_FIX_ENV: "0"},
+    "ours": {ISOLATION_FIX_ENV: "1"},
 }
 RESULTS_DIR = Path("bench/results")
 PERFORMANCE_DOC = Path("docs/performance.md")
@@ -322,7 +323,7 @@ def ensure_adapters(root: Path, count: int) -> list[Path]:
 
 def _run_worker(engine: str, adapters: Sequence[Path], repeats: int, out: Path) -> list[Timing]:
     env = {**os.environ, **ENGINES[engine]}
-    command = [sys.executable, "-m", "app.bench.lora", "--engine", engine]
+    command = [sys.executable, "-m", "bench.lora", "--engine", engine]
     command += ["--repeats", str(repeats), "--worker-output", str(out), *map(str, adapters)]
     subprocess.run(command, env=env, check=True)
     return [Timing(**row) for row in json.loads(out.read_text())]
@@ -368,7 +369,7 @@ def write_doc(table: str, command: str, stamp: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app.bench.lora", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.lora", description=__doc__)
     parser.add_argument(
         "--repeats", type=int, default=3, help="rounds per batch for our ops (median ratio)"
     )

@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from app.bench.sse import StreamTiming, sse_data
-from app.bench.workload import PlannedRequest
+from bench.events import StreamTiming, sse_data
+from bench.workload import PlannedRequest
 
 CHAT_PATH = "/v1/chat/completions"
 

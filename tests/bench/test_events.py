@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.bench.sse import StreamTiming, sse_data
+from bench.events import StreamTiming, sse_data
 
 # As vLLM's server sends it (abridged): a role-only opening chunk, one chunk
 # per token, the finish chunk, a usage-only chunk, then [DONE].

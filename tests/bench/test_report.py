@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from app.bench.client import RequestRecord
-from app.bench.report import (
+from bench.client import RequestRecord
+from bench.report import (
     MAIN_POINT,
     PointRun,
     aggregate,
@@ -16,7 +16,7 @@ from app.bench.report import (
     summary_json,
     sweep_points,
 )
-from app.bench.runner import BenchConfig, warmup_plan
+from bench.runner import BenchConfig, warmup_plan
 
 
 def records(
@@ -88,7 +88,7 @@ def test_rounds_are_pooled_and_compared() -> None:
     assert sweep_points(results, (1, 8))[1][1] is main
 
     context = {
-        "command": "lora-gateway bench",
+        "command": "python -m bench",
         "started": "now",
         "wall_seconds": 1.0,
         "machine": "test",

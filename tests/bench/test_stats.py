@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.bench.client import RequestRecord
-from app.bench.residency import parse_residency
-from app.bench.stats import check_targets, percentile, ratios, summarize
+from bench.client import RequestRecord
+from bench.stats import check_targets, percentile, ratios, summarize
+from bench.swap_counters import parse_swap_counters
 
 
 def record(
@@ -111,7 +111,7 @@ vllm:num_requests_running{engine="0"} 0.0
 
 
 def test_residency_is_the_difference_of_two_scrapes() -> None:
-    delta = parse_residency(METRICS_AFTER) - parse_residency(METRICS_BEFORE)
+    delta = parse_swap_counters(METRICS_AFTER) - parse_swap_counters(METRICS_BEFORE)
     report = delta.to_json()
     assert report["uses"] == {"device": 10.0, "host": 4.0, "storage": 1.0}
     assert report["device_hit_rate"] == pytest.approx(10 / 15)
@@ -125,7 +125,7 @@ def test_residency_is_the_difference_of_two_scrapes() -> None:
 
 
 def test_residency_of_rounds_adds_up() -> None:
-    one = parse_residency(METRICS_AFTER) - parse_residency(METRICS_BEFORE)
+    one = parse_swap_counters(METRICS_AFTER) - parse_swap_counters(METRICS_BEFORE)
     two = one + one
     assert two.uses["device"] == 20.0
     assert two.swaps["load"] == 8.0

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from app.bench.client import RequestRecord
+from bench.client import RequestRecord
 
-# The targets, checked on the main workload point.
+# What "no meaningful cost over vLLM" means, checked on the main workload point
+# (docs/performance.md, "The gateway against vLLM's own server").
 THROUGHPUT_RATIO_TARGET = 0.97  # ours / vLLM output tokens per second, at least
 TTFT_P50_RATIO_TARGET = 1.05  # ours <= 1.05 x vLLM's p50 TTFT ...
 TTFT_P50_SLACK_SECONDS = 0.002  # ... + 2 ms

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from app.bench.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, ensure_bench_adapters
+from bench.random_adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, ensure_bench_adapters
 
 
 def tiny_model(directory: Path) -> Path:
