@@ -1,1 +1,0 @@
-"""``lora-gateway bench``: the gateway against vLLM's own server, side by side."""
