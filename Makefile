@@ -97,6 +97,7 @@ lint: install
 	$(BIN)/ruff check app tests
 	$(BIN)/ruff format --check app tests
 	$(BIN)/mypy app
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) models var .pytest_cache
