@@ -18,11 +18,11 @@ ADAPTER_ROOT ?= $(or $(LORA_GATEWAY_ADAPTER_ROOT),var/adapters)
 DEMO_ADAPTERS := legal_advisor medical_scribe telephony_support
 
 
-.PHONY: install model adapters demo serve test test-fast bench bench-quick bench-lora soak lint clean help
+.PHONY: install model adapters demo serve services test test-fast bench bench-quick bench-lora soak lint clean help
 
 help:
 	@sed -n 's/^# \{0,1\}//p' Makefile | head -8
-	@echo "targets: install model adapters demo serve test test-fast bench bench-quick bench-lora soak lint clean"
+	@echo "targets: install model adapters demo serve services test test-fast bench bench-quick bench-lora soak lint clean"
 
 install: $(VENV)/.installed
 
@@ -62,10 +62,22 @@ demo: adapters
 serve: install model demo
 	$(BIN)/lora-gateway serve
 
-test: install model adapters
+# The servers the tests start for themselves, each on a free loopback port: PostgreSQL
+# (its server binaries) and redis-server, from Debian's packages where missing.
+services:
+	@missing=""; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	if [ -n "$$missing" ]; then \
+		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		echo "installing$$missing (the store and quota tests start them)"; \
+		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+test: install model adapters services
 	$(BIN)/python -m pytest -ra
 
-test-fast: install
+test-fast: install services
 	$(BIN)/python -m pytest -ra -m "not slow"
 
 # schemathesis over /openapi.json (the scripted engine, no model), FUZZ_EXAMPLES examples per
