@@ -289,7 +289,9 @@ async def run_load(
     """Warm every model up, then run the clients for ``args.duration`` s, probing the
     gateway from the end of the warm-up on."""
     over = args.over_quota_tenant
-    limits = httpx.Limits(max_connections=args.clients + 8)
+    # No cap on connections: the paced client's requests must not queue in the pool, where
+    # their wait would count against the gateway.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=args.clients + 8)
     async with httpx.AsyncClient(timeout=args.request_timeout, limits=limits) as client:
         for tenant, names in models.items():
             for model in names:
