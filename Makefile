@@ -102,7 +102,7 @@ bench-lora: install model
 # A real gateway process under mixed load for 20 minutes, then its books checked
 # (var/soak/<time>.json; docs/reliability.md, "Soak"); `make test` does not run it.
 # SOAK_ARGS adds options, e.g. SOAK_ARGS="--duration 60": see `python -m tools.soak --help`.
-soak: install model adapters
+soak: install model adapters services
 	$(BIN)/python -m tools.soak $(SOAK_ARGS)
 
 lint: install
