@@ -47,6 +47,7 @@ from prometheus_client import (
     generate_latest,
     values,
 )
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector
 
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
@@ -272,6 +273,12 @@ def _clear_children() -> None:
         warnings.filterwarnings("ignore", "Clearing labels", UserWarning)
         for metric in METRICS:
             metric.clear()
+
+
+def family_name(metric: MetricWrapperBase) -> str:
+    """The name ``metric`` is exported under (a counter's samples add ``_total``)."""
+    (family,) = metric.describe()
+    return family.name
 
 
 @contextmanager

@@ -6,7 +6,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.metrics import TIER_LEVEL, Tier, collection_registry
+from app.metrics import (
+    ADAPTER_SWAP_TIME,
+    ADAPTER_SWAPS,
+    ADAPTER_TIER,
+    ADAPTER_USES,
+    TIER_LEVEL,
+    Tier,
+    collection_registry,
+    family_name,
+)
 
 LEVEL_TIER: dict[int, Tier] = {level: tier for tier, level in TIER_LEVEL.items()}
 
@@ -29,18 +38,23 @@ class Residency:
 def read_residency(metrics_dir: Path | None) -> dict[tuple[str, str], Residency]:
     """``(adapter, version) -> Residency`` from every process's merged metrics."""
     found: dict[tuple[str, str], Residency] = defaultdict(Residency)
+    wanted = {
+        family_name(metric): metric
+        for metric in (ADAPTER_USES, ADAPTER_SWAPS, ADAPTER_SWAP_TIME, ADAPTER_TIER)
+    }
     for family in collection_registry(metrics_dir).collect():
-        for sample in family.samples:
+        metric = wanted.get(family.name)
+        for sample in family.samples if metric is not None else ():
             labels = sample.labels
-            if "adapter" not in labels:
+            if sample.name.endswith("_created") or "adapter" not in labels:
                 continue
             facts = found[labels["adapter"], labels["version"]]
-            if sample.name == "lora_gateway_adapter_uses_total":
+            if metric is ADAPTER_USES:
                 facts.uses[labels["tier"]] = int(sample.value)
-            elif sample.name == "lora_gateway_adapter_swaps_total":
+            elif metric is ADAPTER_SWAPS:
                 facts.swaps[labels["stage"]] = int(sample.value)
-            elif sample.name == "lora_gateway_adapter_swap_time_seconds_total":
+            elif metric is ADAPTER_SWAP_TIME:
                 facts.swap_seconds[labels["stage"]] = sample.value
-            elif sample.name == "lora_gateway_adapter_tier":
+            else:
                 facts.tier = LEVEL_TIER.get(int(sample.value))
     return found
