@@ -31,14 +31,12 @@ tenant isolation of :mod:`app.engine.punica_cpu`. Calls whose row count does
 not match the plan (vLLM pads or broadcasts rows in a few paths) fall back to
 vLLM's wrapper methods, which the plugin has pointed at those ops.
 
-Plain PyTorch on purpose. On this engine a LoRA step costs the small matmuls'
-count and the weights they read, not the arithmetic, and the alternatives were
-measured on these shapes without beating one ``mm`` per group: a ``bmm`` over
-every slot, ``torch._grouped_mm``, vLLM's prepacked oneDNN matmul, and one
-shared matmul over all adapters with the other adapters' columns masked out.
-Weights in bfloat16 or float16 would halve what a step reads, but this CPU
-(AVX2, no AVX-512) has no half-precision matmul: they ran 4x slower. A
-compiled extension would cost every install a toolchain.
+Plain PyTorch on purpose: a LoRA step costs the small matmuls' count and the
+weights they read, not the arithmetic, and a compiled extension would cost every
+install a toolchain. The alternatives tried (a ``bmm`` over every slot,
+``torch._grouped_mm``, vLLM's prepacked oneDNN matmul, one masked matmul over all
+adapters, half-precision weights) and what they measured are in
+docs/performance.md.
 """
 
 from __future__ import annotations
