@@ -422,7 +422,3 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
-
-
-def dump(model: BaseModel) -> dict[str, Any]:
-    return model.model_dump(mode="json")
