@@ -31,7 +31,9 @@ class Engine(Protocol):
         is equal (and their adapter version too).
         """
 
-    async def abort(self, request_id: str) -> None: ...
+    async def abort(self, request_id: str) -> None:
+        """End a running request early: its stream yields one last output, carrying what it
+        produced and had not handed out yet, then ends."""
 
     async def remove_adapter(self, adapter: Adapter) -> None:
         """Free the adapter's device slot and host cache entry."""
