@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from app.errors import BadRequestError
@@ -26,6 +26,22 @@ Name = Annotated[str, Field(min_length=1, max_length=200)]
 Positive = Annotated[int, Field(ge=1, le=INT64_MAX, strict=True)]
 Flag = Annotated[bool, Field(strict=True)]
 MAX_ADAPTER_PATH_LENGTH = 1024
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def _rfc3339(value: Any) -> Any:
+    # pydantic also reads a number (1700000000, "-8e-196") as a Unix time; the API's
+    # schema says an RFC 3339 date-time, and a number is more likely a mistake than a time.
+    if isinstance(value, (int, float)) or (
+        isinstance(value, str) and _NUMBER.fullmatch(value.strip())
+    ):
+        raise PydanticCustomError(
+            "datetime_format", "must be an RFC 3339 date-time, such as 2027-01-01T00:00:00Z"
+        )
+    return value
+
+
+DateTime = Annotated[datetime, BeforeValidator(_rfc3339)]
 # NAME_MAX of Linux filesystems: a longer directory name fails every filesystem call.
 MAX_PATH_PART_BYTES = 255
 
@@ -91,7 +107,7 @@ class KeyCreate(Strict):
     )
 
     name: Annotated[str, Field(max_length=200)] = ""
-    expires_at: datetime | None = None
+    expires_at: DateTime | None = None
 
 
 class KeyOut(Out):

@@ -34,9 +34,32 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     **{code: {"model": ErrorResponse, "description": d} for code, d in _DESCRIPTIONS.items()},
     **protocol.ERROR_RESPONSES,
 }
+# With "stream": true the 200 is server-sent events: `data: <chunk JSON>` lines, then
+# `data: [DONE]`.
+GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES,
+    200: {
+        "description": "The completion (JSON), or its chunks as server-sent events",
+        "content": {
+            "text/event-stream": {
+                # One server-sent event.
+                "schema": {
+                    "type": "object",
+                    "required": ["data"],
+                    "properties": {
+                        "data": {
+                            "type": "string",
+                            "description": "a chunk (JSON), an error ({'error': ...}), or [DONE]",
+                        }
+                    },
+                }
+            }
+        },
+    },
+}
 
 
-@router.post("/chat/completions", response_model=ChatCompletion, responses=ERROR_RESPONSES)
+@router.post("/chat/completions", response_model=ChatCompletion, responses=GENERATION_RESPONSES)
 async def create_chat_completion(
     body: ChatCompletionRequest,
     gateway: GatewayDep,
@@ -46,7 +69,7 @@ async def create_chat_completion(
     return CompletionResponse(gateway.tracker, gateway.chat, body, principal, request_id)
 
 
-@router.post("/completions", response_model=Completion, responses=ERROR_RESPONSES)
+@router.post("/completions", response_model=Completion, responses=GENERATION_RESPONSES)
 async def create_completion(
     body: CompletionRequest,
     gateway: GatewayDep,

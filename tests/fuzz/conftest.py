@@ -52,9 +52,11 @@ class Tally:
     server_errors: int = 0
     misshapen_errors: int = 0
     failed_cases: int = 0
+    streams: int = 0
 
-    def count(self, status: int, misshapen: bool) -> None:
+    def count(self, status: int, misshapen: bool, content_type: str) -> None:
         self.cases += 1
+        self.streams += content_type.startswith("text/event-stream")
         status_class = f"{status // 100}xx"
         self.by_class[status_class] = self.by_class.get(status_class, 0) + 1
         self.by_status[status] = self.by_status.get(status, 0) + 1
@@ -68,6 +70,7 @@ class Tally:
             f"cases: {self.cases} (examples per operation and phase: {max_examples()})",
             f"responses by class: {classes}",
             f"responses by status: {statuses}",
+            f"streamed (server-sent events) responses: {self.streams}",
             f"responses >= 500: {self.server_errors}",
             f"non-OpenAI-shaped errors: {self.misshapen_errors}",
             f"cases failing a check: {self.failed_cases}",

@@ -76,8 +76,11 @@ def load_schema() -> Any:
 
     @schema.hook
     def flatmap_body(context: Any, body: Any) -> Any:
+        # Most generated models do not exist (404): name real ones, and stream some of them.
         if not isinstance(body, dict) or "model" not in body:
             return st.just(body)
-        return st.sampled_from([body, *({**body, "model": m} for m in KNOWN_MODELS)])
+        named = [{**body, "model": model} for model in KNOWN_MODELS]
+        streamed = [{**b, "stream": True, "stream_options": {"include_usage": True}} for b in named]
+        return st.sampled_from([body, *named, *streamed])
 
     return schema

@@ -75,3 +75,16 @@ def test_v1_numbers_and_flags_take_json_types_only(fuzz_target: FuzzTarget) -> N
         # A JSON integer may be written 16.0, and a number 1.
         answer = client.post("/v1/completions", json={**base, "max_tokens": 2.0, "temperature": 1})
         assert answer.status_code == 200, answer.text
+
+
+def test_times_are_rfc3339_not_unix_numbers(fuzz_target: FuzzTarget) -> None:
+    # `?to=-8.1e-196` was read as a Unix time (1970) and answered 200.
+    with _admin(fuzz_target) as admin:
+        answer = admin.get("/tenants/fuzz-victim/usage", params={"to": "-8.1e-196"})
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["param"] == "to"
+        answer = admin.post("/tenants/fuzz-victim/keys", json={"expires_at": 1700000000})
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["param"] == "expires_at"
+        answer = admin.get("/tenants/fuzz-victim/usage", params={"from": "2026-01-01T00:00:00Z"})
+        assert answer.status_code == 200, answer.text

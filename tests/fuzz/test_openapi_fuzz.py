@@ -17,8 +17,9 @@ def test_operation(case: Case, fuzz_target: FuzzTarget) -> None:
     response = case.call(
         base_url=fuzz_target.base_url, headers=fuzz_target.auth(case.path), timeout=30
     )
-    misshapen = openai_error_problem(response.status_code, response.content) is not None
-    TALLY.count(response.status_code, misshapen)
+    content_type = response.headers.get("content-type", [""])[0]
+    problem = openai_error_problem(response.status_code, response.content, content_type)
+    TALLY.count(response.status_code, problem is not None, content_type)
     try:
         case.validate_response(
             response,

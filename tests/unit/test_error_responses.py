@@ -52,3 +52,7 @@ def test_openapi_documents_the_openai_error_shape_on_every_route() -> None:
         for status in ("4XX", "5XX"):
             content = responses[status]["content"]["application/json"]["schema"]
             assert content == {"$ref": "#/components/schemas/ErrorResponse"}, (path, status)
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        # "stream": true answers with server-sent events.
+        ok = document["paths"][path]["post"]["responses"]["200"]["content"]
+        assert set(ok) == {"application/json", "text/event-stream"}

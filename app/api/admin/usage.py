@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query
 
 from app.admin import schemas
+from app.admin.schemas import DateTime
 from app.api.admin.deps import Admin
 from app.api.deps import GatewayDep
 from app.usage import GroupBy, usage_totals
@@ -20,8 +20,8 @@ async def tenant_usage(
     tenant_id: str,
     admin: Admin,
     gateway: GatewayDep,
-    start: Annotated[datetime | None, Query(alias="from", description="inclusive")] = None,
-    end: Annotated[datetime | None, Query(alias="to", description="exclusive")] = None,
+    start: Annotated[DateTime | None, Query(alias="from", description="inclusive")] = None,
+    end: Annotated[DateTime | None, Query(alias="to", description="exclusive")] = None,
     group_by: GroupBy | None = None,
 ) -> object:
     await admin.get_tenant(tenant_id)  # 404 for an unknown tenant
