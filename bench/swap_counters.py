@@ -11,19 +11,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.metrics import ADAPTER_SWAP_SECONDS, ADAPTER_USES, SWAP_STAGES, TIERS
+from app.metrics import ADAPTER_SWAP_SECONDS, ADAPTER_USES, SWAP_STAGES, TIERS, family_name
 
-
-def _family_name(metric: MetricWrapperBase) -> str:
-    (family,) = metric.describe()
-    return family.name
-
-
-USES = _family_name(ADAPTER_USES)
-SWAP = _family_name(ADAPTER_SWAP_SECONDS)
+USES = family_name(ADAPTER_USES)
+SWAP = family_name(ADAPTER_SWAP_SECONDS)
 STAGES: tuple[str, ...] = SWAP_STAGES
 
 
