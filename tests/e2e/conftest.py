@@ -22,12 +22,13 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from app.bootstrap.demo_adapters import DEMO_ADAPTERS
-from app.cli import DEMO_TENANTS, apply_tenants, create_key, register_adapter
+from app.cli import apply_tenants, create_key, register_adapter
 from app.engine.base import Engine
 from app.main import create_app
 from app.settings import Settings
 from tests.support.servers import free_port, wait_until_ready
+from tools.demo.keys import demo_tenants
+from tools.demo.training import DEMO_ADAPTERS
 
 ENGINE_START_TIMEOUT_S = 600
 MAX_MODEL_LEN = 1024
@@ -157,6 +158,6 @@ def make_settings(state_dir: Path, **overrides: Any) -> Settings:
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveGateway]:
     """The demo tenants and adapters, as `make serve` sets them up."""
     settings = make_settings(tmp_path_factory.mktemp("demo"), max_loras=2, max_cpu_loras=4)
-    keys = prepare_store(settings, DEMO_ADAPTERS, DEMO_TENANTS)
+    keys = prepare_store(settings, DEMO_ADAPTERS, demo_tenants(settings.tenants_dir))
     with running_gateway(settings, keys) as live:
         yield live

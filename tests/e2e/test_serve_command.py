@@ -19,9 +19,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from app.bootstrap.demo_adapters import DEMO_ADAPTERS
 from tests.e2e.conftest import gateway_process
 from tests.support.servers import free_port
+from tools.demo.training import DEMO_ADAPTERS
 
 pytestmark = pytest.mark.slow
 

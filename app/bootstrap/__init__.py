@@ -1,1 +1,0 @@
-"""One-time set-up: the embedded model and the demo adapters."""
