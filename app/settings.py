@@ -67,6 +67,22 @@ class Settings(BaseSettings):
     max_adapter_bytes: int = Field(
         1 << 30, ge=1, description="Largest adapter accepted (unpacked), in bytes."
     )
+    adapter_store: str = Field(
+        "",
+        pattern=r"^(s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?)?$",
+        description="Where accepted adapter versions are kept: empty for adapter_root/.store "
+        "on this host, or s3://bucket/prefix (credentials, region and endpoint from the "
+        "standard AWS_* variables; AWS_ENDPOINT_URL for MinIO, Ceph or another S3 server).",
+    )
+    adapter_cache_dir: Path = Field(
+        Path("var/adapter-cache"),
+        description="This host's copies of adapters held in object storage (sha256/<digest>/).",
+    )
+    adapter_cache_bytes: int = Field(
+        20 << 30,
+        ge=1,
+        description="Most bytes adapter_cache_dir holds; least recently used content goes first.",
+    )
     tenants_dir: Path = Field(Path("tenants"), description="Tenant manifests (*.yaml) to apply.")
     admin_token: SecretStr | None = Field(
         None, description="Admin bearer token(s), comma-separated (default: admin_token_file)."

@@ -1,5 +1,5 @@
-"""Where accepted adapter versions live: one interface, :class:`AdapterStore`, the local
-directory below it, and :func:`open_adapter_store`, which picks the storage from the settings.
+"""The adapter storage interface: :class:`AdapterStore` validates and stages an adapter once;
+each storage (``local.py``, ``s3.py``) only keeps what was accepted. It imports none of them.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from app.settings import Settings
 from app.tenancy.adapters import AdapterError
 from app.tenancy.archive import extract_archive
 from app.tenancy.base_model import BaseModelInfo
@@ -80,24 +79,3 @@ class AdapterStore(ABC):
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-
-
-class LocalAdapterStore(AdapterStore):
-    """Versions on this host's disk, under ``<root>/.store/<sha256>/``."""
-
-    def _keep(self, staging: Path, adapter: Path, checked: ValidatedAdapter) -> Path:
-        final = self.root / STORE_DIR / checked.sha256
-        if not final.exists():  # identical content is stored once
-            adapter.rename(final)
-        shutil.rmtree(staging, ignore_errors=True)
-        return final
-
-
-def open_adapter_store(settings: Settings, base_model: BaseModelInfo) -> AdapterStore:
-    """The adapter store the settings name, checking adapters against ``base_model``."""
-    return LocalAdapterStore(
-        settings.adapter_root,
-        base_model,
-        max_rank=settings.max_lora_rank,
-        max_bytes=settings.max_adapter_bytes,
-    )
