@@ -18,6 +18,7 @@ from app.quota import backend_from_url
 from app.serving.chat import ChatService
 from app.serving.completions import CompletionService
 from app.serving.inflight import InFlight
+from app.serving.structured import OutputConstraints
 from app.serving.tracking import RequestTracker
 from app.settings import Settings
 from app.store.snapshot import load_registry, revision
@@ -150,8 +151,8 @@ class Gateway:
 
     @property
     def chat(self) -> ChatService:
-        return ChatService(self.engine)
+        return ChatService(self.engine, OutputConstraints.from_settings(self.settings))
 
     @property
     def completions(self) -> CompletionService:
-        return CompletionService(self.engine)
+        return CompletionService(self.engine, OutputConstraints.from_settings(self.settings))

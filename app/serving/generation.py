@@ -12,9 +12,11 @@ from vllm.sampling_params import RequestOutputKind
 
 from app.errors import BadRequestError, ContextLengthExceededError, EngineUnavailableError
 from app.protocol import ChatCompletionRequest, CompletionRequest, Usage
+from app.serving.structured import OutputConstraints
 from app.tenancy.tenants import ModelTarget, Principal
 
 CompletionLike = ChatCompletionRequest | CompletionRequest
+DEFAULT_CONSTRAINTS = OutputConstraints()
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,24 @@ def completion_budget(prompt_tokens: int, requested: int | None, max_model_len: 
 
 
 def sampling_params(
-    request: CompletionLike, prompt_tokens: int, max_model_len: int
+    request: CompletionLike,
+    prompt_tokens: int,
+    max_model_len: int,
+    *,
+    vocabulary: int | None = None,
+    constraints: OutputConstraints = DEFAULT_CONSTRAINTS,
 ) -> SamplingParams:
+    """The engine's parameters for ``request``; ``logit_bias`` ids are checked against
+    ``vocabulary`` (the tokenizer's size) where it is given."""
+    bias = request.logit_bias or None
+    if bias is not None and vocabulary is not None:
+        outside = sorted(token for token in bias if token >= vocabulary)
+        if outside:
+            raise BadRequestError(
+                f"Token ids in `logit_bias` must be between 0 and {vocabulary - 1}; "
+                f"{outside[0]} is not.",
+                param="logit_bias",
+            )
     max_tokens = completion_budget(prompt_tokens, request.completion_limit, max_model_len)
     if request.min_tokens > max_tokens:
         raise BadRequestError(
@@ -70,6 +88,8 @@ def sampling_params(
         presence_penalty=request.presence_penalty or 0.0,
         frequency_penalty=request.frequency_penalty or 0.0,
         logprobs=request.num_logprobs,
+        logit_bias=bias,
+        structured_outputs=constraints.params(request),
         # Deltas even when not streaming: what was generated is known (and
         # charged) however a request ends.
         output_kind=RequestOutputKind.DELTA,

@@ -244,7 +244,8 @@ class RequestTracker:
                 if lease is not None:
                     lease.cancel()
                 # Shielded: a shutdown that cancels this request still settles and records it.
-                await asyncio.shield(self._spawn(self._finish(run, outcome, started_at)))
+                finish = self._finish(run, outcome, started_at, request.user)
+                await asyncio.shield(self._spawn(finish))
 
     async def _admit(
         self,
@@ -301,7 +302,9 @@ class RequestTracker:
             except Exception:
                 logger.warning("could not renew lease %s", reservation.id, exc_info=True)
 
-    async def _finish(self, run: Run, outcome: Outcome, started_at: datetime) -> None:
+    async def _finish(
+        self, run: Run, outcome: Outcome, started_at: datetime, user: str | None
+    ) -> None:
         """Close the engine stream, then settle and record with what the engine produced."""
         await run.close()
         generation, meter = run.generation, run.meter
@@ -335,5 +338,6 @@ class RequestTracker:
                 latency_ms=round(elapsed * 1000),
                 started_at=started_at,
                 finished_at=datetime.now(timezone.utc),
+                user=user,
             )
         )

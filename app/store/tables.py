@@ -165,6 +165,8 @@ class UsageRow(Base):
     model: Mapped[str] = mapped_column(String(100))
     adapter: Mapped[str | None] = mapped_column(String(100))
     adapter_version: Mapped[int | None]
+    # OpenAI's `user`: the client's name for its end user, as sent (at most 256 characters).
+    user: Mapped[str | None] = mapped_column(String(256))
     prompt_tokens: Mapped[int]
     completion_tokens: Mapped[int]
     status: Mapped[str] = mapped_column(String(16))

@@ -117,8 +117,6 @@ ACTIVE_VALUES: dict[str, object] = {
     "parallel_tool_calls": False,
     "functions": [{"name": "f"}],
     "function_call": "auto",
-    "response_format": {"type": "json_object"},
-    "logit_bias": {"50256": -100},
     "audio": {"voice": "alloy", "format": "mp3"},
     "modalities": ["text", "audio"],
     "prediction": {"type": "content", "content": "x"},
@@ -223,7 +221,13 @@ HTTP_CASES = [
     ("/v1/chat/completions", json.dumps(chat(stop=[""])), "stop"),
     ("/v1/chat/completions", json.dumps(chat(seed=2**64)), "seed"),
     ("/v1/chat/completions", json.dumps(chat(max_tokens=2**70)), "max_tokens"),
-    ("/v1/chat/completions", json.dumps(chat(response_format={"type": "json_object"})), None),
+    (
+        "/v1/chat/completions",
+        json.dumps(chat(response_format={"type": "json_schema"})),
+        "response_format.json_schema",
+    ),
+    ("/v1/chat/completions", json.dumps(chat(logit_bias={"5": 101})), "logit_bias"),
+    ("/v1/chat/completions", json.dumps(chat(tool_choice="auto")), None),
     ("/v1/chat/completions", json.dumps(chat(tools=ACTIVE_VALUES["tools"])), "tools"),
     ("/v1/chat/completions", json.dumps(chat(top_logprobs=2)), "top_logprobs"),
     ("/v1/completions", json.dumps(completion(best_of=2)), "best_of"),
@@ -238,7 +242,7 @@ def test_http_400_names_the_field(
     client: TestClient, path: str, body: str, param: str | None
 ) -> None:
     error = _post(client, path, body.encode())
-    assert error["param"] == (param or "response_format")
+    assert error["param"] == (param or "tool_choice")
     assert f"'{error['param']}'" in error["message"]
 
 

@@ -1,0 +1,87 @@
+"""response_format, logit_bias and user through the real app over a scripted engine: what
+reaches the engine, what is refused before anything is held, and what the ledger records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.serving.conftest import Served, ServeFactory
+from tests.support.scripted_engine import VOCABULARY, ScriptedEngine
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+def chat(served: Served, **fields: Any) -> dict[str, Any]:
+    return {"model": served.model, "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+def json_schema(schema: Any) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+
+
+async def test_the_user_is_recorded_in_the_ledger(serve: ServeFactory) -> None:
+    async with serve(ScriptedEngine()) as served, served.client() as client:
+        body = chat(served, user="end-user-7", max_tokens=2)
+        named = await client.post("/v1/chat/completions", json=body)
+        anonymous = await client.post(
+            "/v1/completions", json={"model": served.model, "prompt": "x", "max_tokens": 2}
+        )
+        assert named.status_code == anonymous.status_code == 200
+        records = await served.usage_records()
+    assert [(r.endpoint, r.user) for r in records] == [
+        ("chat.completions", "end-user-7"),
+        ("completions", None),
+    ]
+
+
+async def test_constraints_and_biases_reach_the_engine(serve: ServeFactory) -> None:
+    engine = ScriptedEngine()
+    async with serve(engine) as served, served.client() as client:
+        body = chat(
+            served,
+            max_tokens=3,
+            logit_bias={"7": 100},
+            response_format=json_schema(SCHEMA),
+        )
+        response = await client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+    [request] = engine.requests.values()
+    assert request.params.logit_bias == {7: 100.0}
+    assert request.params.structured_outputs is not None
+    assert request.params.structured_outputs.json == SCHEMA
+
+
+async def test_refusals_name_the_field_and_reach_no_engine(serve: ServeFactory) -> None:
+    engine = ScriptedEngine()
+    cases = [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "schema": {"type": 5}},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
+        ({"logit_bias": {str(VOCABULARY): 1}}, "logit_bias"),
+        ({"logit_bias": {"1": 500}}, "logit_bias"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ]
+    async with serve(engine, max_json_schema_depth=2) as served, served.client() as client:
+        for fields, param in cases:
+            response = await client.post("/v1/chat/completions", json=chat(served, **fields))
+            assert response.status_code == 400, response.text
+            assert response.json()["error"]["param"] == param
+        deep = {"type": "object", "properties": {"a": {"type": "array", "items": {}}}}
+        body = chat(
+            served,
+            response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": deep}},
+        )
+        response = await client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert (
+            error["param"] == "response_format.json_schema.schema"
+            and "at most 2" in error["message"]
+        )
+    assert engine.requests == {}
