@@ -53,9 +53,12 @@ class Tally:
     misshapen_errors: int = 0
     failed_cases: int = 0
     streams: int = 0
+    by_operation: dict[str, dict[str, int]] = field(default_factory=dict)
 
-    def count(self, status: int, misshapen: bool, content_type: str) -> None:
+    def count(self, operation: str, status: int, misshapen: bool, content_type: str) -> None:
         self.cases += 1
+        classes = self.by_operation.setdefault(operation, {})
+        classes[f"{status // 100}xx"] = classes.get(f"{status // 100}xx", 0) + 1
         self.streams += content_type.startswith("text/event-stream")
         status_class = f"{status // 100}xx"
         self.by_class[status_class] = self.by_class.get(status_class, 0) + 1
@@ -74,6 +77,11 @@ class Tally:
             f"responses >= 500: {self.server_errors}",
             f"non-OpenAI-shaped errors: {self.misshapen_errors}",
             f"cases failing a check: {self.failed_cases}",
+            "by operation:",
+            *(
+                f"  {operation}: " + ", ".join(f"{k}: {v}" for k, v in sorted(classes.items()))
+                for operation, classes in sorted(self.by_operation.items())
+            ),
         ]
 
 

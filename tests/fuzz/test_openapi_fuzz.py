@@ -19,7 +19,8 @@ def test_operation(case: Case, fuzz_target: FuzzTarget) -> None:
     )
     content_type = response.headers.get("content-type", [""])[0]
     problem = openai_error_problem(response.status_code, response.content, content_type)
-    TALLY.count(response.status_code, problem is not None, content_type)
+    operation = f"{case.method.upper()} {case.path}"
+    TALLY.count(operation, response.status_code, problem is not None, content_type)
     try:
         case.validate_response(
             response,
