@@ -183,6 +183,36 @@ async def test_another_host_fetches_the_content_by_digest(
     assert not list((other_host.root / "tmp").iterdir())
 
 
+async def test_a_store_on_another_host_makes_its_local_copy_from_the_bucket(
+    admin: AdminService, settings: Settings, base_model: BaseModelInfo, tmp_path: Path
+) -> None:
+    digest, path = await register(admin, "legal")
+    other_cache = tmp_path / "host-b-cache"
+    other_host = open_adapter_store(
+        settings.model_copy(update={"adapter_cache_dir": other_cache}), base_model
+    )
+
+    copy = other_host.local_copy(digest)
+
+    assert copy == other_cache / "sha256" / digest
+    assert files(copy) == files(path)
+    assert admin.storage.local_copy(digest) == path  # this host already holds it
+    with pytest.raises(AdapterContentMissing):
+        other_host.local_copy("1" * 64)
+
+
+def test_the_local_store_names_only_what_it_holds(
+    tmp_path: Path, base_model: BaseModelInfo
+) -> None:
+    store = LocalAdapterStore(tmp_path, base_model, max_rank=32, max_bytes=1 << 30)
+    adapter_dir(tmp_path, "legal")
+    checked, path = store.from_path("legal")
+    assert store.local_copy(checked.sha256) == path
+    for unknown in ("0" * 64, "..", "../legal", "legal"):
+        with pytest.raises(AdapterContentMissing):
+            store.local_copy(unknown)
+
+
 async def test_concurrent_cold_fetches_on_one_host_download_once(
     admin: AdminService, location: S3Location, tmp_path: Path
 ) -> None:

@@ -41,6 +41,12 @@ class AdapterStore(ABC):
         """Store the validated ``adapter`` (inside ``staging``, which the store removes); the
         path the engine loads the version from."""
 
+    @abstractmethod
+    def local_copy(self, digest: str) -> Path:
+        """This host's directory of the stored content ``digest``, fetched first where the
+        storage keeps it elsewhere. ``AdapterContentMissing`` when nothing holds it; a
+        fetch may also raise the other errors of :mod:`app.tenancy.storage.errors`."""
+
     def _checked(self, directory: Path) -> ValidatedAdapter:
         return validate_adapter_dir(
             directory, self._base, max_rank=self._max_rank, max_bytes=self._max_bytes

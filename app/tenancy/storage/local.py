@@ -6,6 +6,8 @@ import shutil
 from pathlib import Path
 
 from app.tenancy.storage.base import STORE_DIR, AdapterStore
+from app.tenancy.storage.errors import AdapterContentMissing
+from app.tenancy.storage.manifest import is_digest, short
 from app.tenancy.validation import ValidatedAdapter
 
 
@@ -18,3 +20,9 @@ class LocalAdapterStore(AdapterStore):
             adapter.rename(final)
         shutil.rmtree(staging, ignore_errors=True)
         return final
+
+    def local_copy(self, digest: str) -> Path:
+        path = self.root / STORE_DIR / digest
+        if not is_digest(digest) or not path.is_dir():
+            raise AdapterContentMissing(f"No stored content {short(digest)}.")
+        return path

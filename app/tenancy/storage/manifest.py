@@ -26,7 +26,8 @@ def is_digest(text: str) -> bool:
 
 
 def short(digest: str) -> str:
-    return f"sha256:{digest[:12]}"
+    """How messages name content: enough of the digest to find it, or what was asked for."""
+    return f"sha256:{digest[:12]}" if is_digest(digest) else repr(digest[:80])
 
 
 @dataclass(frozen=True)
