@@ -197,27 +197,39 @@ class AdminService:
     async def register_adapter(
         self, actor: str, name: str, store: Callable[[], tuple[ValidatedAdapter, Path]]
     ) -> AdapterVersionRow:
-        """Store (``store`` validates and copies, in a thread), then record a version.
+        """Store (``store`` validates and copies, in a thread), record a version, then
+        publish it to the storage (hosts without the database find versions there).
 
-        Registering the content of the latest version again returns it unchanged.
+        Registering the content of the latest version again returns it unchanged (and
+        publishes it again, should publishing have failed the first time).
         """
         async with self._mutation(actor, "adapter.register", name) as session:
             checked, path = await asyncio.to_thread(store)
             latest = await self._latest(session, name)
             if latest is not None and latest.sha256 == checked.sha256:
-                return latest
-            row = AdapterVersionRow(
-                name=name,
-                version=(latest.version + 1) if latest else 1,
-                sha256=checked.sha256,
-                path=str(path.resolve()),
-                rank=checked.rank,
-                target_modules=list(checked.target_modules),
-                size_bytes=checked.size_bytes,
-                created_at=now(),
-            )
-            session.add(row)
+                row = latest
+            else:
+                row = self._new_version(name, latest, checked, path)
+                session.add(row)
+        # Only after the commit: a registration that lost a race for the version number
+        # must not name its content as that version.
+        await asyncio.to_thread(self.storage.publish, row.name, row.version, row.sha256)
         return row
+
+    @staticmethod
+    def _new_version(
+        name: str, latest: AdapterVersionRow | None, checked: ValidatedAdapter, path: Path
+    ) -> AdapterVersionRow:
+        return AdapterVersionRow(
+            name=name,
+            version=(latest.version + 1) if latest else 1,
+            sha256=checked.sha256,
+            path=str(path.resolve()),
+            rank=checked.rank,
+            target_modules=list(checked.target_modules),
+            size_bytes=checked.size_bytes,
+            created_at=now(),
+        )
 
     @staticmethod
     async def _latest(session: AsyncSession, name: str) -> AdapterVersionRow | None:

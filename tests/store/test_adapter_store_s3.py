@@ -146,6 +146,7 @@ async def test_a_registered_adapter_lands_in_the_bucket_with_its_manifest(
         f"{prefix}/adapter_config.json",
         f"{prefix}/adapter_model.safetensors",
         f"{prefix}.json",
+        f"{location.prefix}/versions/legal@v1.json",
     }
     raw = s3_client().get_object(Bucket=location.bucket, Key=f"{prefix}.json")["Body"].read()
     manifest = json.loads(raw)
@@ -167,7 +168,8 @@ async def test_identical_content_is_uploaded_once(
     first, _ = await register(admin, "legal")
     second, _ = await register(admin, "legal-copy")
     assert first == second
-    assert len(puts) == 3  # two files and the manifest, once
+    content = [key for key in puts if "/sha256/" in key]
+    assert len(content) == 3  # two files and the manifest, once
 
 
 async def test_another_host_fetches_the_content_by_digest(
@@ -181,6 +183,28 @@ async def test_another_host_fetches_the_content_by_digest(
     assert fetched == tmp_path / "host-b-cache" / "sha256" / digest
     assert files(fetched) == files(path)
     assert not list((other_host.root / "tmp").iterdir())
+
+
+async def test_versions_are_named_in_the_bucket_once_recorded(
+    admin: AdminService, location: S3Location
+) -> None:
+    """A host without the database finds which content ``name@vN`` is."""
+    content = S3Content(location)
+    first, _ = await register(admin, "legal", seed=1)
+    second, _ = await register(admin, "legal", seed=2)
+    assert first != second
+    assert content.version_digest("legal@v1") == first
+    assert content.version_digest("legal@v2") == second
+    with pytest.raises(AdapterContentMissing, match="legal@v3"):
+        content.version_digest("legal@v3")
+    with pytest.raises(AdapterContentMissing):
+        content.version_digest("../sha256/x")
+
+    # A record lost (publishing failed after the commit) comes back when the same content
+    # is registered again.
+    s3_client().delete_object(Bucket=location.bucket, Key=location.version_key("legal@v2"))
+    assert (await register(admin, "legal", seed=2))[0] == second
+    assert content.version_digest("legal@v2") == second
 
 
 async def test_a_store_on_another_host_makes_its_local_copy_from_the_bucket(

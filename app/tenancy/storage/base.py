@@ -42,6 +42,11 @@ class AdapterStore(ABC):
         path the engine loads the version from."""
 
     @abstractmethod
+    def publish(self, name: str, version: int, digest: str) -> None:
+        """Record, where hosts without the database look, that version ``version`` of
+        ``name`` is the content ``digest``; called once the store has committed it."""
+
+    @abstractmethod
     def local_copy(self, digest: str) -> Path:
         """This host's directory of the stored content ``digest``, fetched first where the
         storage keeps it elsewhere. ``AdapterContentMissing`` when nothing holds it; a

@@ -21,6 +21,9 @@ class LocalAdapterStore(AdapterStore):
         shutil.rmtree(staging, ignore_errors=True)
         return final
 
+    def publish(self, name: str, version: int, digest: str) -> None:
+        """Nothing to do: on one host the store is the only index of versions."""
+
     def local_copy(self, digest: str) -> Path:
         path = self.root / STORE_DIR / digest
         if not is_digest(digest) or not path.is_dir():

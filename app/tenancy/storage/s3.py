@@ -5,6 +5,8 @@ Layout under ``s3://<bucket>/<prefix>``, content-addressed by the content digest
 
     <prefix>/sha256/<digest>/<file>      each file of the adapter, as validated
     <prefix>/sha256/<digest>.json        its manifest (:mod:`.manifest`), written last
+    <prefix>/versions/<name>@v<N>.json   {"name", "version", "sha256"}: which content a
+                                         version is, written once the store committed it
 
 An upload writes every file and then the manifest, so a reader that finds a manifest finds
 complete content. Hosts read content through their :class:`~.cache.AdapterCache`, which
@@ -15,6 +17,7 @@ shared config files, or an instance role.
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +36,7 @@ from app.tenancy.storage.errors import (
     AdapterContentMissing,
     AdapterStorageUnavailable,
 )
-from app.tenancy.storage.manifest import Manifest, StoredFile, short
+from app.tenancy.storage.manifest import Manifest, StoredFile, is_digest, short
 from app.tenancy.validation import ValidatedAdapter
 
 _MISSING = ("NoSuchKey", "404", "NotFound")
@@ -64,6 +67,9 @@ class S3Location:
 
     def manifest_key(self, digest: str) -> str:
         return self.key(f"sha256/{digest}.json")
+
+    def version_key(self, engine_name: str) -> str:
+        return self.key(f"versions/{engine_name}.json")
 
 
 def s3_client() -> Any:
@@ -113,6 +119,34 @@ class S3Content:
             )
         except (ClientError, BotoCoreError) as exc:
             raise _unavailable(exc) from exc
+
+    def publish_version(self, name: str, version: int, digest: str) -> None:
+        record = {"name": name, "version": version, "sha256": digest}
+        try:
+            self.client.put_object(
+                Bucket=self.location.bucket,
+                Key=self.location.version_key(f"{name}@v{version}"),
+                Body=json.dumps(record).encode(),
+                ContentType="application/json",
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise _unavailable(exc) from exc
+
+    def version_digest(self, engine_name: str) -> str:
+        """The content digest of the version ``engine_name`` (``name@vN``)."""
+        missing = f"No stored adapter version `{engine_name[:120]}`."
+        if "/" in engine_name:
+            raise AdapterContentMissing(missing)
+        body = self._get(self.location.version_key(engine_name), missing)
+        with body:
+            raw = body.read()
+        try:
+            digest = json.loads(raw)["sha256"]
+        except (ValueError, TypeError, KeyError) as exc:
+            raise AdapterContentCorrupt(f"The record of `{engine_name}` is unreadable.") from exc
+        if not isinstance(digest, str) or not is_digest(digest):
+            raise AdapterContentCorrupt(f"The record of `{engine_name}` is unreadable.")
+        return digest
 
     def manifest(self, digest: str) -> Manifest:
         raw = self._get(self.location.manifest_key(digest), f"No stored content {short(digest)}.")
@@ -180,6 +214,9 @@ class S3AdapterStore(AdapterStore):
         path = self.cache.admit(manifest, adapter)
         shutil.rmtree(staging, ignore_errors=True)
         return path
+
+    def publish(self, name: str, version: int, digest: str) -> None:
+        self.content.publish_version(name, version, digest)
 
     def local_copy(self, digest: str) -> Path:
         """This host's directory of ``digest``'s content, fetched from the store if the
