@@ -5,6 +5,7 @@ through, and every way stored content can be wrong or unreachable."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -30,6 +31,7 @@ from app.tenancy.storage.errors import (
 )
 from app.tenancy.storage.s3 import S3Content, S3Location, s3_client
 from bench.random_adapters import make_random_adapter
+from tests.support.cold_load import cold_load
 from tests.support.s3_server import CREDENTIALS, s3_server
 from tests.support.servers import free_port
 
@@ -261,6 +263,37 @@ async def test_concurrent_cold_fetches_on_one_host_download_once(
             f"{location.prefix}/sha256/{digest}.json",
             f"{location.prefix}/sha256/{digest}/adapter_config.json",
             f"{location.prefix}/sha256/{digest}/adapter_model.safetensors",
+        ]
+    )
+
+
+async def test_concurrent_cold_loads_by_eight_processes_download_once(
+    admin: AdminService, location: S3Location, tmp_path: Path
+) -> None:
+    """As eight engine processes of one host would: each its own client and cache object."""
+    digest, path = await register(admin, "legal")
+    spawn = multiprocessing.get_context("spawn")
+    start, results = spawn.Barrier(8), spawn.Queue()
+    cache_root = tmp_path / "host-b-cache"
+    loaders = [
+        spawn.Process(target=cold_load, args=(cache_root, location, digest, start, results))
+        for _ in range(8)
+    ]
+    for loader in loaders:
+        loader.start()
+    outcomes = [results.get(timeout=60) for _ in loaders]
+    for loader in loaders:
+        loader.join(timeout=10)
+        assert loader.exitcode == 0
+
+    assert {fetched for fetched, _ in outcomes} == {cache_root / "sha256" / digest}
+    assert files(cache_root / "sha256" / digest) == files(path)
+    gets = sorted(key for _, keys in outcomes for key in keys)
+    assert gets == sorted(
+        [
+            location.manifest_key(digest),
+            location.content_key(digest, "adapter_config.json"),
+            location.content_key(digest, "adapter_model.safetensors"),
         ]
     )
 
