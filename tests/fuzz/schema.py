@@ -77,6 +77,9 @@ def load_schema() -> Any:
     @schema.hook
     def flatmap_body(context: Any, body: Any) -> Any:
         # Most generated models do not exist (404): name real ones, and stream some of them.
+        # A grant's adapter likewise.
+        if isinstance(body, dict) and "adapter" in body:
+            return st.sampled_from([body, {**body, "adapter": KNOWN_PATH_PARAMETERS["name"]}])
         if not isinstance(body, dict) or "model" not in body:
             return st.just(body)
         named = [{**body, "model": model} for model in KNOWN_MODELS]
