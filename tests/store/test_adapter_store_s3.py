@@ -374,6 +374,7 @@ async def test_the_cache_stays_under_its_bound_evicting_the_least_recently_used(
         assert cache.path(first).is_dir()
     assert cache.size_bytes() <= cache.max_bytes
     assert {p.parent.name for p in cache_leftovers(cache)} == {first, fourth}
+    assert list((cache.root / "tmp").iterdir()) == []
 
 
 async def test_an_unreachable_store_refuses_registration_with_503_and_keeps_nothing(

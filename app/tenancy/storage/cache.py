@@ -20,7 +20,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Protocol
 
@@ -147,12 +147,14 @@ class AdapterCache:
                 continue
             try:
                 with self._lock(digest, wait=False):
-                    doomed = self._temp()
-                    os.rename(self.path(digest), doomed / "content")
+                    self._remove(digest)
             except BlockingIOError:  # in use, or being fetched: never removed under a user
                 continue
-            except FileNotFoundError:
-                pass
-            else:
-                shutil.rmtree(doomed, ignore_errors=True)
             total -= size
+
+    def _remove(self, digest: str) -> None:
+        # Out of sha256/ in one rename, so no reader ever sees a directory half deleted.
+        doomed = self._temp()
+        with suppress(FileNotFoundError):  # another process removed it first
+            os.rename(self.path(digest), doomed / "content")
+        shutil.rmtree(doomed, ignore_errors=True)
