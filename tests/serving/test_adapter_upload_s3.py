@@ -1,0 +1,119 @@
+"""An adapter uploaded through the admin REST API with LORA_GATEWAY_ADAPTER_STORE=s3://...:
+it lands in a real S3 server on loopback (moto's server mode); with the store down the
+upload is a 503 in OpenAI's error shape and nothing is recorded."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from safetensors.numpy import save as save_tensors
+
+from app.tenancy.storage.s3 import S3Location, s3_client
+from tests.serving.conftest import ADMIN_TOKEN, ServeFactory
+from tests.support.s3_server import CREDENTIALS, s3_server
+from tests.support.scripted_engine import ScriptedEngine
+from tests.support.servers import free_port
+
+RANK = 4
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    with s3_server() as endpoint:
+        yield endpoint
+
+
+def archive() -> bytes:
+    """A rank-4 LoRA for the tiny model's q_proj, as a .tar.gz."""
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    rng = np.random.default_rng(0)
+    files = {
+        "adapter_config.json": json.dumps(
+            {"peft_type": "LORA", "r": RANK, "lora_alpha": 8, "target_modules": ["q_proj"]}
+        ).encode(),
+        "adapter_model.safetensors": save_tensors(
+            {
+                f"{prefix}.lora_A.weight": rng.standard_normal((RANK, 8)).astype(np.float32),
+                f"{prefix}.lora_B.weight": rng.standard_normal((8, RANK)).astype(np.float32),
+            }
+        ),
+    }
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+async def upload(base_url: str, name: str) -> httpx.Response:
+    async with httpx.AsyncClient(
+        base_url=f"{base_url}/admin/v1",
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        timeout=60,
+    ) as admin:
+        return await admin.post(
+            "/adapters",
+            data={"name": name},
+            files={"file": ("adapter.tar.gz", archive(), "application/gzip")},
+        )
+
+
+def aws_env(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+
+
+async def test_an_uploaded_adapter_lands_in_the_bucket(
+    serve: ServeFactory, s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    aws_env(monkeypatch, s3_endpoint)
+    location = S3Location(f"adapters-{uuid.uuid4().hex}", "prod")
+    s3_client().create_bucket(Bucket=location.bucket)
+    store = f"s3://{location.bucket}/{location.prefix}"
+
+    async with serve(
+        ScriptedEngine(), adapter_store=store, adapter_cache_dir=tmp_path / "cache"
+    ) as served:
+        response = await upload(served.base_url, "support")
+
+    assert response.status_code == 201, response.text
+    digest = response.json()["sha256"]
+    listed = s3_client().list_objects_v2(Bucket=location.bucket)["Contents"]
+    assert {item["Key"] for item in listed} == {
+        location.content_key(digest, "adapter_config.json"),
+        location.content_key(digest, "adapter_model.safetensors"),
+        location.manifest_key(digest),
+        location.version_key("support@v1"),
+    }
+    assert (tmp_path / "cache" / "sha256" / digest / "adapter_model.safetensors").is_file()
+
+
+async def test_an_upload_with_the_store_down_is_a_503_and_records_nothing(
+    serve: ServeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    aws_env(monkeypatch, f"http://127.0.0.1:{free_port()}")  # nothing listens there
+
+    async with serve(
+        ScriptedEngine(), adapter_store="s3://unreachable/prod", adapter_cache_dir=tmp_path / "c"
+    ) as served:
+        response = await upload(served.base_url, "support")
+        registered = await served.admin("GET", "/adapters")
+
+    assert response.status_code == 503, response.text
+    error = response.json()["error"]
+    assert error["code"] == "adapter_storage_unavailable"
+    assert set(error) == {"message", "type", "param", "code"}
+    assert "unreachable" not in error["message"]  # the bucket is the operator's business
+    assert registered == []
+    assert not (tmp_path / "c" / "sha256").exists()
