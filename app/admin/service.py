@@ -41,6 +41,9 @@ from app.tenancy.manifests import TenantManifest
 from app.tenancy.storage import AdapterStore, open_adapter_store
 from app.tenancy.validation import ValidatedAdapter
 
+# Names whose /admin/v1/adapters/<name> is a route of its own.
+RESERVED_ADAPTER_NAMES = frozenset({"residency"})
+
 
 def now() -> datetime:
     return datetime.now(timezone.utc)
@@ -204,6 +207,11 @@ class AdminService:
         publishes it again, should publishing have failed the first time).
         """
         async with self._mutation(actor, "adapter.register", name) as session:
+            if name in RESERVED_ADAPTER_NAMES:
+                raise BadRequestError(
+                    f"`{name}` is reserved: /admin/v1/adapters/{name} is another route.",
+                    param="name",
+                )
             checked, path = await asyncio.to_thread(store)
             latest = await self._latest(session, name)
             if latest is not None and latest.sha256 == checked.sha256:

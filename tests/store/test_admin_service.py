@@ -248,3 +248,22 @@ async def test_migrations_match_the_tables(sessions: async_sessionmaker[AsyncSes
     async with sessions() as session:
         connection = await session.connection()
         assert await connection.run_sync(diff) == []
+
+
+async def test_a_reserved_adapter_name_is_refused_before_anything_is_stored(
+    admin: AdminService,
+) -> None:
+    adapter_dir(admin, "residency")
+    with pytest.raises(BadRequestError) as caught:
+        await register(admin, "residency", "residency")
+    assert caught.value.param == "name"
+    store = admin.storage.root / STORE_DIR
+    assert not store.exists() or not any(store.iterdir())
+
+
+async def test_a_path_through_a_symlink_loop_is_refused(admin: AdminService) -> None:
+    admin.storage.root.mkdir(parents=True, exist_ok=True)
+    (admin.storage.root / "a").symlink_to("b")
+    (admin.storage.root / "b").symlink_to("a")
+    with pytest.raises(BadRequestError, match="cannot be resolved"):
+        await register(admin, "looped", "a/adapter")

@@ -62,7 +62,10 @@ class AdapterStore(ABC):
         if not relative.isprintable():
             raise AdapterError("the path must not contain control characters")
         root = self.root.resolve()
-        source = (root / relative).resolve()
+        try:
+            source = (root / relative).resolve()
+        except (OSError, RuntimeError) as exc:  # a symlink loop, a name too long...
+            raise AdapterError(f"path {relative!r} cannot be resolved") from exc
         if Path(relative).is_absolute() or not source.is_relative_to(root):
             raise AdapterError(f"path {relative!r} must be relative to the adapter root")
         if source.is_relative_to(root / STORE_DIR):
