@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.servers import free_port
+from tests.support.servers import free_port, stop
 
 
 def _wait_ready(port: int, process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
@@ -45,10 +45,5 @@ def redis_server() -> Iterator[str]:
         _wait_ready(port, process)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
         shutil.rmtree(workdir, ignore_errors=True)

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tests.support.servers import free_port, wait_until_ready
+from tests.support.servers import free_port, stop, wait_until_ready
 
 # moto accepts any credentials; boto3 only needs some to sign with.
 CREDENTIALS = {
@@ -30,9 +30,4 @@ def s3_server() -> Iterator[str]:
         wait_until_ready(f"{endpoint}/", alive=lambda: process.poll() is None, timeout=30)
         yield endpoint
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)

@@ -1,8 +1,9 @@
-"""Loopback ports for the servers tests start, and waiting for those servers to be ready."""
+"""Loopback ports for the servers tests start, waiting for them to be ready, stopping them."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 
@@ -32,3 +33,13 @@ def wait_until_ready(
         assert alive(), f"the server for {url} stopped before it was ready"
         assert time.monotonic() < deadline, f"{url} did not answer 200 within {timeout} s"
         time.sleep(0.2)
+
+
+def stop(process: subprocess.Popen[bytes], timeout: float = 5) -> None:
+    """SIGTERM, then SIGKILL if ``process`` has not exited within ``timeout`` seconds."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
