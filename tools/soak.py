@@ -68,7 +68,7 @@ GENEROUS_QUOTA = {
 
 
 @dataclass
-class Gateway:
+class GatewayProcess:
     process: subprocess.Popen[bytes]
     base_url: str
     admin_token: str
@@ -205,7 +205,7 @@ def prepare_store(settings: dict[str, str], adapter_source: Path) -> dict[str, s
     return asyncio.run(prepare())
 
 
-def start_gateway(settings: dict[str, str], log: Path) -> Gateway:
+def start_gateway(settings: dict[str, str], log: Path) -> GatewayProcess:
     env = {**os.environ, **{f"LORA_GATEWAY_{k.upper()}": v for k, v in settings.items()}}
     with log.open("ab") as out:
         process = subprocess.Popen(
@@ -215,7 +215,7 @@ def start_gateway(settings: dict[str, str], log: Path) -> Gateway:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    gateway = Gateway(
+    gateway = GatewayProcess(
         process,
         f"http://127.0.0.1:{settings['port']}",
         settings["admin_token"],
@@ -237,7 +237,7 @@ def start_gateway(settings: dict[str, str], log: Path) -> Gateway:
         time.sleep(0.5)
 
 
-def stop_gateway(gateway: Gateway) -> int | None:
+def stop_gateway(gateway: GatewayProcess) -> int | None:
     """SIGINT to the gateway's process group; its exit status (``None``: killed after
     ``STOP_TIMEOUT_S``)."""
     if gateway.process.poll() is None:
@@ -250,7 +250,7 @@ def stop_gateway(gateway: Gateway) -> int | None:
         return None
 
 
-def admin(gateway: Gateway) -> httpx.Client:
+def admin(gateway: GatewayProcess) -> httpx.Client:
     return httpx.Client(
         base_url=f"{gateway.base_url}/admin/v1",
         headers={"Authorization": f"Bearer {gateway.admin_token}"},
@@ -258,7 +258,7 @@ def admin(gateway: Gateway) -> httpx.Client:
     )
 
 
-def set_quotas(gateway: Gateway, tenants: list[str], over: str, over_rpm: int) -> None:
+def set_quotas(gateway: GatewayProcess, tenants: list[str], over: str, over_rpm: int) -> None:
     with admin(gateway) as client:
         for tenant in tenants:
             quota = {
@@ -268,7 +268,7 @@ def set_quotas(gateway: Gateway, tenants: list[str], over: str, over_rpm: int) -
             client.put(f"/tenants/{tenant}/quota", json=quota).raise_for_status()
 
 
-def models_by_tenant(gateway: Gateway, keys: dict[str, str]) -> dict[str, list[str]]:
+def models_by_tenant(gateway: GatewayProcess, keys: dict[str, str]) -> dict[str, list[str]]:
     models = {}
     for tenant, key in keys.items():
         response = httpx.get(
@@ -280,7 +280,7 @@ def models_by_tenant(gateway: Gateway, keys: dict[str, str]) -> dict[str, list[s
 
 
 async def run_load(
-    gateway: Gateway,
+    gateway: GatewayProcess,
     load: Load,
     models: dict[str, list[str]],
     args: argparse.Namespace,
@@ -320,7 +320,7 @@ async def run_load(
             sampler.cancel()
 
 
-def scrape_metrics(gateway: Gateway) -> Samples:
+def scrape_metrics(gateway: GatewayProcess) -> Samples:
     """``/metrics`` samples by name (``lora_gateway_requests_total``...)."""
     response = httpx.get(
         f"{gateway.base_url}/metrics",
@@ -354,7 +354,7 @@ def read_quota_store(client: Redis) -> dict[str, Any]:
     return {"leases": leases, "open_reservations": open_reservations, "budget": dict(budget)}
 
 
-def ledger_totals(gateway: Gateway, tenants: list[str]) -> dict[str, dict[str, int]]:
+def ledger_totals(gateway: GatewayProcess, tenants: list[str]) -> dict[str, dict[str, int]]:
     """``GET /admin/v1/tenants/{id}/usage`` (which flushes the ledger first) per tenant."""
     totals = {}
     with admin(gateway) as client:

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from app.quota.backend import QuotaBackend
 from app.quota.errors import QuotaBackendUnavailable, QuotaExceeded, QuotaTooLarge
-from app.quota.limits import BudgetPeriod, LimitKind, Limits, Usage
+from app.quota.limits import BudgetPeriod, LimitKind, Limits, QuotaUsage
 from app.quota.memory import MemoryBackend
 from app.quota.outcomes import Charge, Reservation
 from app.quota.redis import RedisBackend
@@ -47,7 +47,7 @@ __all__ = [
     "QuotaBackendUnavailable",
     "QuotaExceeded",
     "QuotaTooLarge",
+    "QuotaUsage",
     "Reservation",
-    "Usage",
     "backend_from_url",
 ]

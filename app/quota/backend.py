@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from app.quota.errors import QuotaBackendUnavailable, QuotaExceeded, QuotaTooLarge
 from app.quota.headers import format_duration, rate_limit_headers, retry_headers
-from app.quota.limits import Limits, Usage
+from app.quota.limits import Limits, QuotaUsage
 from app.quota.outage import OutageLog
 from app.quota.outcomes import (
     Admitted,
@@ -153,7 +153,7 @@ class QuotaBackend(ABC):
         except QuotaBackendUnavailable:
             return False
 
-    async def usage(self, subject: str, limits: Limits) -> Usage:
+    async def usage(self, subject: str, limits: Limits) -> QuotaUsage:
         """``subject``'s current consumption measured against ``limits`` (read-only)."""
         return await self._guard("usage", self._usage(subject, limits))
 
@@ -182,7 +182,7 @@ class QuotaBackend(ABC):
         """Extend the reservation's live leases; whether all were live."""
 
     @abstractmethod
-    async def _usage(self, subject: str, limits: Limits) -> Usage:
+    async def _usage(self, subject: str, limits: Limits) -> QuotaUsage:
         """Read a subject's consumption."""
 
     async def _guard(self, operation: str, call: Awaitable[T]) -> T:

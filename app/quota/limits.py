@@ -1,4 +1,5 @@
-"""What a subject may use (:class:`Limits`), what it has used (:class:`Usage`), budget periods."""
+"""What a subject may use (:class:`Limits`), what it has used (:class:`QuotaUsage`), and
+budget periods."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class Usage:
+class QuotaUsage:
     """A subject's current consumption, as its limits measure it.
 
     ``requests`` and ``tokens`` are the rate limiters' levels: how much of the per-minute

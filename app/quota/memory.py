@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from app.quota.backend import PRECHECK_TOKENS, RECONCILE_WINDOW_S, QuotaBackend
 from app.quota.bucket import Bucket, current, wait_seconds
-from app.quota.limits import Limits, Usage, period_id
+from app.quota.limits import Limits, QuotaUsage, period_id
 from app.quota.outcomes import Admitted, Levels, Refused, Reservation, Subjects, Violation
 
 
@@ -163,7 +163,7 @@ class MemoryBackend(QuotaBackend):
                     held = False
             return held
 
-    async def _usage(self, subject: str, limits: Limits) -> Usage:
+    async def _usage(self, subject: str, limits: Limits) -> QuotaUsage:
         with self._lock:
             now = self._now_us()
             requests = tokens = None
@@ -176,7 +176,7 @@ class MemoryBackend(QuotaBackend):
             if limits.token_budget is not None and limits.budget_period is not None:
                 period = period_id(limits.budget_period, now)
                 used = self._budget_used(subject, period)
-            return Usage(requests, tokens, concurrent, used, period)
+            return QuotaUsage(requests, tokens, concurrent, used, period)
 
     async def close(self) -> None:
         """Nothing to release."""

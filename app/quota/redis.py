@@ -36,7 +36,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.quota.backend import PRECHECK_TOKENS, RECONCILE_WINDOW_S, QuotaBackend
 from app.quota.errors import QuotaBackendUnavailable
-from app.quota.limits import Limits, Usage
+from app.quota.limits import Limits, QuotaUsage
 from app.quota.outcomes import Admitted, Levels, Refused, Reservation, Subjects, Violation
 
 SCRIPTS = ("reserve", "precheck", "reconcile", "renew", "usage")
@@ -205,7 +205,7 @@ class RedisBackend(QuotaBackend):
         with _store_failures():
             return int(held) == len(keys)
 
-    async def _usage(self, subject: str, limits: Limits) -> Usage:
+    async def _usage(self, subject: str, limits: Limits) -> QuotaUsage:
         keys = [
             self._key("rq", subject),
             self._key("tk", subject),
@@ -216,7 +216,7 @@ class RedisBackend(QuotaBackend):
         args = [limits.requests_per_minute or 0, limits.tokens_per_minute or 0, period or ""]
         result = _decode(await self._run("usage", keys, args))
         with _store_failures():
-            return Usage(
+            return QuotaUsage(
                 requests=result.get("requests"),
                 tokens=result.get("tokens"),
                 concurrent=int(result["concurrent"]),
