@@ -46,11 +46,18 @@ def engine_args(settings: Settings) -> AsyncEngineArgs:
         gpu_memory_utilization=settings.gpu_memory_utilization,
         enforce_eager=settings.enforce_eager,
         seed=settings.seed,
-        # An engine-wide option in vLLM: its backends ignore the per-request one.
-        structured_outputs_config=StructuredOutputsConfig(
-            disable_any_whitespace=settings.structured_outputs_compact
-        ),
+        structured_outputs_config=structured_outputs_config(settings.structured_outputs_compact),
     )
+
+
+def structured_outputs_config(compact: bool) -> StructuredOutputsConfig:
+    """Compact JSON is an engine-wide option in vLLM (its backends ignore the per-request
+    one), and only xgrammar and guidance take it, so "auto" (which may fall back to
+    outlines) cannot. Guidance: its JSON Schema coverage is the wider, and it honours the
+    option fully (xgrammar 0.2.8 still writes a space after commas)."""
+    if not compact:
+        return StructuredOutputsConfig(backend="auto")
+    return StructuredOutputsConfig(backend="guidance", disable_any_whitespace=True)
 
 
 def lora_request(adapter: Adapter) -> LoRARequest:

@@ -9,10 +9,12 @@ import pytest
 from pydantic import ValidationError
 from vllm.v1.serial_utils import MsgpackEncoder
 
+from app.engine.vllm_engine import engine_args
 from app.errors import BadRequestError
 from app.protocol import UNSUPPORTED_FIELDS, ChatCompletionRequest, CompletionRequest
 from app.serving.generation import sampling_params
 from app.serving.structured import OutputConstraints
+from app.settings import Settings
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -202,3 +204,11 @@ def test_a_schema_that_is_not_json_schema_is_refused(schema: dict[str, Any]) -> 
         params_of(chat(response_format=json_schema(schema)))
     assert caught.value.param == "response_format.json_schema.schema"
     assert "not a valid JSON Schema" in caught.value.message
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_the_engine_takes_the_whitespace_setting(compact: bool) -> None:
+    # vLLM refuses disable_any_whitespace with its "auto" backend when the engine is built.
+    config = engine_args(Settings(_env_file=None, structured_outputs_compact=compact))  # type: ignore[call-arg]
+    assert config.structured_outputs_config.disable_any_whitespace is compact
+    assert config.structured_outputs_config.backend == ("guidance" if compact else "auto")
