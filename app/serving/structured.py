@@ -81,6 +81,12 @@ class OutputConstraints:
                 f"allows at most {self.max_depth}.",
                 param=param,
             )
+        dialect = schema.get("$schema")
+        if dialect is not None and not isinstance(dialect, str):
+            raise BadRequestError(
+                f"`{param}` is not a valid JSON Schema: `$schema` must be a URI string.",
+                param=param,
+            )
         try:
             validator_for(schema, default=Draft202012Validator).check_schema(schema)
         except SchemaError as exc:

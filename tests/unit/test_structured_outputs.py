@@ -197,6 +197,9 @@ def test_too_large_a_constraint_is_refused(constraint: dict[str, Any], param: st
         {"type": "strnig"},
         {"type": "object", "properties": {"a": {"minLength": -1}}},
         {"type": "object", "required": "a"},
+        {"type": "string", "pattern": "("},
+        {"$schema": 5},
+        {"$schema": ["x"]},
     ],
 )
 def test_a_schema_that_is_not_json_schema_is_refused(schema: dict[str, Any]) -> None:
