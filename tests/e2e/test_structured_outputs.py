@@ -180,3 +180,18 @@ def test_the_user_is_recorded_in_the_usage_ledger(gateway: LiveGateway) -> None:
             query = "SELECT user FROM usage WHERE request_id = ?"
             rows = connection.execute(query, (request_id,)).fetchall()
     assert rows == [("end-user-42",)]
+
+
+def test_a_streamed_json_answer_reassembles_to_valid_json(gateway: LiveGateway) -> None:
+    stream = gateway.client("st-marys").chat.completions.create(
+        model="medical_scribe",
+        messages=MESSAGES,
+        response_format=CITY_FORMAT,  # type: ignore[arg-type]
+        max_tokens=160,
+        temperature=0,
+        stream=True,
+    )
+    chunks = [chunk for chunk in stream if chunk.choices]
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
+    assert chunks[-1].choices[0].finish_reason == "stop", text
+    jsonschema.validate(json.loads(text), CITY_SCHEMA)
