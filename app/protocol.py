@@ -382,7 +382,8 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int]
+    # The bounds also tell /openapi.json's readers (and the fuzzer) that a prompt is not empty.
+    prompt: Annotated[str, Field(min_length=1)] | Annotated[list[int], Field(min_length=1)]
     logprobs: Annotated[int, Field(ge=0, le=5), JsonNumber] | None = None
     echo: Flag = False
     max_tokens: TokenCount | None = 16
