@@ -49,6 +49,7 @@ class Gateway:
             settings, sessions, base_model, on_change=self.reload
         )
         self.admin_tokens = settings.admin_tokens()
+        self.output_constraints = OutputConstraints.from_settings(settings)
         self.in_flight = InFlight()
         self.ledger = UsageLedger(sessions, backlog_max=settings.usage_backlog_max)
         self.quota = backend_from_url(
@@ -151,8 +152,8 @@ class Gateway:
 
     @property
     def chat(self) -> ChatService:
-        return ChatService(self.engine, OutputConstraints.from_settings(self.settings))
+        return ChatService(self.engine, self.output_constraints)
 
     @property
     def completions(self) -> CompletionService:
-        return CompletionService(self.engine, OutputConstraints.from_settings(self.settings))
+        return CompletionService(self.engine, self.output_constraints)

@@ -7,7 +7,6 @@ from functools import partial
 
 from vllm import CompletionOutput
 
-from app.engine.base import Engine
 from app.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -22,17 +21,12 @@ from app.protocol import (
 from app.serving import generation as gen
 from app.serving.logprobs import chat_logprobs
 from app.serving.sse import event_stream
-from app.serving.structured import OutputConstraints
 from app.serving.tracking import Run
 from app.tenancy.tenants import ModelTarget, Principal
 
 
-class ChatService:
+class ChatService(gen.EngineEndpoint):
     endpoint = "chat.completions"
-
-    def __init__(self, engine: Engine, constraints: OutputConstraints | None = None) -> None:
-        self.engine = engine
-        self.constraints = constraints or OutputConstraints()
 
     def prepare(
         self,
@@ -48,14 +42,7 @@ class ChatService:
         tokenizer = self.engine.tokenizer
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         prompt = tokenizer.encode(text, add_special_tokens=False)
-        params = gen.sampling_params(
-            request,
-            len(prompt),
-            self.engine.max_model_len,
-            vocabulary=len(self.engine.tokenizer),
-            constraints=self.constraints,
-        )
-        return gen.Generation(request_id, self.endpoint, principal, target, prompt, params)
+        return self._generation(request, prompt, principal, target, request_id)
 
     async def complete(self, request: ChatCompletionRequest, run: Run) -> ChatCompletion:
         generation = run.generation

@@ -7,7 +7,6 @@ from functools import partial
 
 from vllm import CompletionOutput
 
-from app.engine.base import Engine
 from app.errors import BadRequestError
 from app.protocol import (
     Completion,
@@ -19,17 +18,12 @@ from app.protocol import (
 from app.serving import generation as gen
 from app.serving.logprobs import completion_logprobs
 from app.serving.sse import event_stream
-from app.serving.structured import OutputConstraints
 from app.serving.tracking import Run
 from app.tenancy.tenants import ModelTarget, Principal
 
 
-class CompletionService:
+class CompletionService(gen.EngineEndpoint):
     endpoint = "completions"
-
-    def __init__(self, engine: Engine, constraints: OutputConstraints | None = None) -> None:
-        self.engine = engine
-        self.constraints = constraints or OutputConstraints()
 
     def prepare(
         self,
@@ -48,14 +42,7 @@ class CompletionService:
                     f"Token ids in `prompt` must be between 0 and {vocabulary - 1}.",
                     param="prompt",
                 )
-        params = gen.sampling_params(
-            request,
-            len(prompt),
-            self.engine.max_model_len,
-            vocabulary=len(self.engine.tokenizer),
-            constraints=self.constraints,
-        )
-        return gen.Generation(request_id, self.endpoint, principal, target, prompt, params)
+        return self._generation(request, prompt, principal, target, request_id)
 
     async def complete(self, request: CompletionRequest, run: Run) -> Completion:
         generation = run.generation

@@ -10,6 +10,7 @@ from vllm import CompletionOutput, RequestOutput, SamplingParams
 from vllm.logprobs import LogprobsOnePosition
 from vllm.sampling_params import RequestOutputKind
 
+from app.engine.base import Engine
 from app.errors import BadRequestError, ContextLengthExceededError, EngineUnavailableError
 from app.protocol import ChatCompletionRequest, CompletionRequest, Usage
 from app.serving.structured import OutputConstraints
@@ -33,6 +34,34 @@ class Generation:
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+
+class EngineEndpoint:
+    """What the chat and text completion services share: the engine, the bounds on output
+    constraints, and turning a tokenised prompt into a :class:`Generation`."""
+
+    endpoint: str
+
+    def __init__(self, engine: Engine, constraints: OutputConstraints | None = None) -> None:
+        self.engine = engine
+        self.constraints = constraints or OutputConstraints()
+
+    def _generation(
+        self,
+        request: CompletionLike,
+        prompt: list[int],
+        principal: Principal,
+        target: ModelTarget,
+        request_id: str,
+    ) -> Generation:
+        params = sampling_params(
+            request,
+            len(prompt),
+            self.engine.max_model_len,
+            vocabulary=len(self.engine.tokenizer),
+            constraints=self.constraints,
+        )
+        return Generation(request_id, self.endpoint, principal, target, prompt, params)
 
 
 def completion_budget(prompt_tokens: int, requested: int | None, max_model_len: int) -> int:
