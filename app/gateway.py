@@ -64,6 +64,7 @@ class Gateway:
             self.quota,
             self.background,
             lease_seconds=settings.quota_lease_seconds,
+            local_copy=self.admin.storage.local_copy,
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self.startup_error: str | None = None

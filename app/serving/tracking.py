@@ -17,8 +17,9 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel
@@ -31,6 +32,7 @@ from app.protocol import SamplingFields
 from app.quota import Limits, QuotaBackend, QuotaExceeded, QuotaTooLarge, Reservation
 from app.serving.generation import Generation
 from app.serving.inflight import InFlight
+from app.tenancy.adapters import Adapter
 from app.tenancy.registry import TenantRegistry
 from app.tenancy.tenants import ApiKey, ModelTarget, Principal
 from app.usage import UsageLedger, UsageRecord
@@ -201,9 +203,11 @@ class RequestTracker:
         spawn: Spawn,
         *,
         lease_seconds: float,
+        local_copy: Callable[[str], Path],
     ) -> None:
         self.in_flight = in_flight
         self._registry = registry
+        self._local_copy = local_copy
         self._ledger = ledger
         self._quota = quota
         self._spawn = spawn
@@ -260,6 +264,8 @@ class RequestTracker:
         try:
             target = self._registry().resolve(tenant, request.model)
             model = target.model
+            if target.adapter is not None:
+                target = await self._on_this_host(target, target.adapter)
             subjects = quota_subjects(principal)
             if subjects:
                 # The limits that need no token count, before the prompt is tokenised.
@@ -282,6 +288,14 @@ class RequestTracker:
             metrics.REQUESTS.labels(tenant.id, model, service.endpoint, status).inc()
             raise
         return generation, reservation
+
+    async def _on_this_host(self, target: ModelTarget, adapter: Adapter) -> ModelTarget:
+        """``target`` with its adapter at this host's copy of the content, fetched first when
+        the adapter store keeps it elsewhere (another replica registered it)."""
+        path = await asyncio.to_thread(self._local_copy, adapter.sha256)
+        return (
+            target if path == adapter.path else replace(target, adapter=replace(adapter, path=path))
+        )
 
     @staticmethod
     async def _checked(check: Coroutine[Any, Any, T], tenant_id: str) -> T:

@@ -141,9 +141,10 @@ def serve(tiny_model_dir: Path, tmp_path: Path) -> ServeFactory:
                 wait_until_ready, f"{base_url}/readyz", alive=lambda: not task.done(), timeout=30
             )
             served = Served(base_url, app.state.gateway, engine, "", app.state.metrics_dir)
-            await served.admin(
-                "POST", "/tenants", {"id": TENANT, "name": "Tenant A", "allow_base_model": True}
-            )
+            if TENANT not in {t["id"] for t in await served.admin("GET", "/tenants")}:
+                # A second gateway on the same store (a replica) finds the tenant there.
+                tenant = {"id": TENANT, "name": "Tenant A", "allow_base_model": True}
+                await served.admin("POST", "/tenants", tenant)
             served.key = (await served.admin("POST", f"/tenants/{TENANT}/keys", {"name": "k"}))[
                 "key"
             ]

@@ -17,7 +17,7 @@ import pytest
 from safetensors.numpy import save as save_tensors
 
 from app.tenancy.storage.s3 import S3Location, s3_client
-from tests.serving.conftest import ADMIN_TOKEN, ServeFactory
+from tests.serving.conftest import ADMIN_TOKEN, TENANT, ServeFactory
 from tests.support.s3_server import CREDENTIALS, s3_server
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.servers import free_port
@@ -117,3 +117,34 @@ async def test_an_upload_with_the_store_down_is_a_503_and_records_nothing(
     assert "unreachable" not in error["message"]  # the bucket is the operator's business
     assert registered == []
     assert not (tmp_path / "c" / "sha256").exists()
+
+
+async def test_a_replica_that_never_saw_the_upload_serves_the_adapter_from_the_bucket(
+    serve: ServeFactory, s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two replicas share the store and the bucket, not a disk: the second fetches the
+    adapter into its own cache before its engine loads it."""
+    aws_env(monkeypatch, s3_endpoint)
+    location = S3Location(f"adapters-{uuid.uuid4().hex}", "prod")
+    s3_client().create_bucket(Bucket=location.bucket)
+    store = f"s3://{location.bucket}/{location.prefix}"
+
+    async with serve(
+        ScriptedEngine(), adapter_store=store, adapter_cache_dir=tmp_path / "cache-a"
+    ) as first:
+        digest = (await upload(first.base_url, "support")).json()["sha256"]
+        await first.admin("PUT", f"/tenants/{TENANT}/adapters/support", {"adapter": "support"})
+
+    engine = ScriptedEngine()
+    second_replica = serve(engine, adapter_store=store, adapter_cache_dir=tmp_path / "cache-b")
+    async with second_replica as second, second.client() as client:
+        body = {"model": "support", "prompt": "hi", "max_tokens": 3}
+        response = await client.post("/v1/completions", json=body)
+
+    assert response.status_code == 200, response.text
+    [request] = engine.started()
+    assert request.adapter is not None and request.adapter.sha256 == digest
+    assert request.adapter.path == tmp_path / "cache-b" / "sha256" / digest
+    assert (request.adapter.path / "adapter_model.safetensors").read_bytes() == (
+        tmp_path / "cache-a" / "sha256" / digest / "adapter_model.safetensors"
+    ).read_bytes()
