@@ -9,7 +9,7 @@ error can still name the field.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -35,12 +35,9 @@ GREEDY_TEMPERATURE = 1e-5
 
 # Fields of OpenAI's chat and text completion APIs that this server does not honour yet,
 # each with the values besides null that mean "off" (SDKs send such defaults). Any other
-# value is refused with a 400 naming the field: a client asking for JSON mode or tools must
-# never get a 200 that silently ignored it. Supporting a field means deleting it here.
+# value is refused with a 400 naming the field: a client asking for something must never get
+# a 200 that silently ignored it. Supporting a field means deleting it here.
 UNSUPPORTED_FIELDS: Mapping[str, tuple[object, ...]] = {
-    "tools": ([],),
-    "tool_choice": ("none",),
-    "parallel_tool_calls": (True,),
     "functions": ([],),
     "function_call": ("none",),
     "audio": (),
@@ -54,13 +51,19 @@ UNSUPPORTED_FIELDS: Mapping[str, tuple[object, ...]] = {
     "best_of": (1,),  # text completions only
     "suffix": ("",),  # text completions only
 }
+# Tool calling is a chat feature: a text completion refuses these like the fields above.
+TOOL_FIELDS: Mapping[str, tuple[object, ...]] = {
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "parallel_tool_calls": (True,),
+}
 # Parts of messages that only make sense with tool calling or audio output.
 _UNSUPPORTED_MESSAGE_FIELDS: Mapping[str, tuple[object, ...]] = {
-    "tool_calls": ([],),
     "function_call": (),
     "audio": (),
 }
-_TOOL_ROLES = ("tool", "function")
+# OpenAI's function names (and vLLM's): what a tool call may name.
+FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_.-]{1,64}$")]
 
 
 def _refusal(model: str, errors: list[InitErrorDetails]) -> ValidationError:
@@ -100,10 +103,25 @@ class TextPart(OpenAIModel):
     text: str
 
 
+class CalledFunction(OpenAIModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(OpenAIModel):
+    """A call an earlier assistant turn made, as the client sends it back."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(OpenAIModel):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -111,10 +129,24 @@ class ChatMessage(OpenAIModel):
         if not isinstance(data, Mapping):
             return data
         role = data.get("role")
-        if role in _TOOL_ROLES:
-            message = f"`{role}` messages are not supported: this server has no tool calling"
+        if role == "function":
+            message = "`function` messages (the legacy shape) are not supported: send `tool`"
             raise _refusal(cls.__name__, [_unsupported("role", role, message)])
-        message = "`{}` in messages is not supported: this server has no tool calling or audio"
+        if role == "tool" and not isinstance(data.get("tool_call_id"), str):
+            error = InitErrorDetails(
+                type=PydanticCustomError(
+                    "missing_tool_call_id", "a `tool` message needs a string `tool_call_id`"
+                ),
+                loc=("tool_call_id",),
+                input=data.get("tool_call_id"),
+            )
+            raise _refusal(cls.__name__, [error])
+        if data.get("tool_calls") and role != "assistant":
+            message = "only `assistant` messages carry `tool_calls`"
+            raise _refusal(cls.__name__, [_unsupported("tool_calls", data["tool_calls"], message)])
+        message = (
+            "`{}` in messages is not supported: this server has no legacy function calls or audio"
+        )
         errors = [
             _unsupported(name, data[name], message.format(name))
             for name in _active(data, _UNSUPPORTED_MESSAGE_FIELDS)
@@ -233,6 +265,28 @@ class StructuredOutputs(OpenAIModel):
         return self
 
 
+class FunctionDefinition(OpenAIModel):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    # Decoding is constrained to ``parameters`` whenever a call is forced: always strict.
+    strict: Flag | None = None
+
+
+class Tool(OpenAIModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ChosenFunction(OpenAIModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIModel):
+    type: Literal["function"]
+    function: ChosenFunction
+
+
 def _logit_bias(bias: Any) -> Any:
     # JSON object keys are strings: OpenAI's token ids arrive as "123".
     if not isinstance(bias, Mapping):
@@ -267,6 +321,8 @@ def _logit_bias(bias: Any) -> Any:
 class SamplingFields(OpenAIModel):
     """Fields shared by chat and text completions; null means the field's default."""
 
+    refused_fields: ClassVar[Mapping[str, tuple[object, ...]]] = UNSUPPORTED_FIELDS
+
     model: str
     temperature: Annotated[float, Field(ge=0, le=2), JsonNumber] | None = None
     top_p: Annotated[float, Field(gt=0, le=1), JsonNumber] | None = None
@@ -294,7 +350,7 @@ class SamplingFields(OpenAIModel):
             return data
         errors = [
             _unsupported(name, data[name], f"`{name}` is not supported by this server; omit it")
-            for name in _active(data, UNSUPPORTED_FIELDS)
+            for name in _active(data, cls.refused_fields)
         ]
         if errors:
             raise _refusal(cls.__name__, errors)
@@ -361,6 +417,56 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: TokenCount | None = None
     logprobs: Flag = False
     top_logprobs: Annotated[int, Field(ge=0, le=20), JsonNumber] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: Flag = True
+
+    @model_validator(mode="after")
+    def _tool_choice_fits_tools(self) -> ChatCompletionRequest:
+        names = [tool.function.name for tool in self.tools or []]
+        if len(set(names)) != len(names):
+            raise _refusal(
+                type(self).__name__,
+                [_unsupported("tools", names, "tool names must be unique")],
+            )
+        choice = self.tool_choice
+        if choice == "none" or (choice is None and not names):
+            return self
+        errors: list[InitErrorDetails] = []
+        if not names:
+            message = "`tool_choice` other than `none` needs `tools`"
+            errors.append(_unsupported("tool_choice", choice, message))
+        elif choice in (None, "auto"):
+            # Telling a call from text in free output needs a parser that fits the model's
+            # own tool-call format; this server has none.
+            message = (
+                "`tool_choice` `auto` (the default when `tools` are given) needs a tool-call "
+                "parser, which this server does not have: send `required`, a named "
+                "function, or `none`"
+            )
+            errors.append(_unsupported("tool_choice", choice or "auto", message))
+        elif isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            message = f"`tool_choice` names `{choice.function.name}`, which is not in `tools`"
+            errors.append(_unsupported("tool_choice", choice.function.name, message))
+        constrained = self.structured_outputs is not None or (
+            self.response_format is not None and self.response_format.type != "text"
+        )
+        if not errors and constrained:
+            message = (
+                "a forced tool call constrains the output, like `response_format` and "
+                "`structured_outputs`: send one of them"
+            )
+            errors.append(_unsupported("tool_choice", choice, message))
+        if errors:
+            raise _refusal(type(self).__name__, errors)
+        return self
+
+    @property
+    def forced_tool(self) -> Literal["required"] | str | None:
+        """``"required"``, the name of the function a call is forced to, or ``None``."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.function.name
+        return "required" if self.tool_choice == "required" else None
 
     @field_validator("top_logprobs")
     @classmethod
@@ -381,6 +487,10 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
+    refused_fields: ClassVar[Mapping[str, tuple[object, ...]]] = {
+        **UNSUPPORTED_FIELDS,
+        **TOOL_FIELDS,
+    }
     # The bounds also tell /openapi.json's readers (and the fuzzer) that a prompt is not empty.
     prompt: Annotated[str, Field(min_length=1)] | Annotated[list[int], Field(min_length=1)]
     logprobs: Annotated[int, Field(ge=0, le=5), JsonNumber] | None = None

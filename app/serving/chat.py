@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 
 from vllm import CompletionOutput
@@ -18,7 +18,9 @@ from app.protocol import (
     ChatLogprobs,
     Usage,
 )
+from app.protocol.responses import FinishReason, FunctionCallDelta, ToolCallDelta
 from app.serving import generation as gen
+from app.serving import tools
 from app.serving.logprobs import chat_logprobs
 from app.serving.sse import event_stream
 from app.serving.tracking import Run
@@ -35,12 +37,8 @@ class ChatService(gen.EngineEndpoint):
         target: ModelTarget,
         request_id: str,
     ) -> gen.Generation:
-        messages = [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in request.messages
-        ]
         tokenizer = self.engine.tokenizer
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = tools.render_prompt(tokenizer, request)
         prompt = tokenizer.encode(text, add_special_tokens=False)
         return self._generation(request, prompt, principal, target, request_id)
 
@@ -50,11 +48,12 @@ class ChatService(gen.EngineEndpoint):
         choices = [
             ChatChoice(
                 index=out.index,
-                message=AssistantMessage(content=out.text),
+                message=message,
                 logprobs=self._logprobs(request, out),
-                finish_reason=gen.finish_reason(out.finish_reason),
+                finish_reason=finish,
             )
             for out in outputs
+            for message, finish in [_message(request, out)]
         ]
         completion_tokens = sum(len(out.token_ids) for out in outputs)
         return ChatCompletion(
@@ -73,6 +72,9 @@ class ChatService(gen.EngineEndpoint):
             return ChatCompletionChunk(
                 id=_completion_id(generation), model=request.model, choices=choices, usage=usage
             )
+
+        if request.forced_tool is not None:
+            return self._stream_call(request, run, chunk)
 
         def delta(out: CompletionOutput) -> ChatCompletionChunk:
             return chunk(
@@ -98,6 +100,60 @@ class ChatService(gen.EngineEndpoint):
             prompt_tokens=generation.prompt_tokens,
         )
 
+    def _stream_call(
+        self,
+        request: ChatCompletionRequest,
+        run: Run,
+        chunk: Callable[..., ChatCompletionChunk],
+    ) -> AsyncIterator[str]:
+        """A forced call, streamed as OpenAI streams one: a named function's arguments as
+        they are generated; for ``required``, each choice's JSON is held until it ends and
+        then sent as whole calls (or, when it is not a complete call, as content)."""
+        named = request.forced_tool != "required"
+        held: dict[int, list[str]] = {}
+
+        def opening(index: int) -> ChatDelta:
+            if not named:
+                return ChatDelta(role="assistant")
+            call = ToolCallDelta(
+                index=0,
+                id=tools.call_id(),
+                type="function",
+                function=FunctionCallDelta(name=request.forced_tool, arguments=""),
+            )
+            return ChatDelta(role="assistant", tool_calls=[call])
+
+        def delta(out: CompletionOutput) -> ChatCompletionChunk | None:
+            logprobs = self._logprobs(request, out)
+            finish = gen.finish_reason(out.finish_reason)
+            if named:
+                arguments = FunctionCallDelta(arguments=out.text)
+                body = ChatDelta(tool_calls=[ToolCallDelta(index=0, function=arguments)])
+            else:
+                text = held.setdefault(out.index, [])
+                text.append(out.text)
+                if finish is None and logprobs is None:
+                    return None
+                body = ChatDelta()
+                if finish is not None:
+                    message, finish = _message(request, _with_text(out, "".join(text)))
+                    body = _as_delta(message)
+            return chunk(
+                [
+                    ChatChunkChoice(
+                        index=out.index, delta=body, logprobs=logprobs, finish_reason=finish
+                    )
+                ]
+            )
+
+        return event_stream(
+            run.outputs(),
+            opening=[chunk([ChatChunkChoice(index=i, delta=opening(i))]) for i in range(request.n)],
+            chunk=delta,
+            usage=partial(chunk, []) if request.include_usage else None,
+            prompt_tokens=run.generation.prompt_tokens,
+        )
+
     @staticmethod
     def _logprobs(request: ChatCompletionRequest, out: CompletionOutput) -> ChatLogprobs | None:
         if request.num_logprobs is None or out.logprobs is None:
@@ -107,3 +163,47 @@ class ChatService(gen.EngineEndpoint):
 
 def _completion_id(generation: gen.Generation) -> str:
     return f"chatcmpl-{generation.request_id}"
+
+
+def _message(
+    request: ChatCompletionRequest, out: CompletionOutput
+) -> tuple[AssistantMessage, FinishReason]:
+    """The assistant's message and finish reason: a forced call that ended complete is
+    ``tool_calls`` (finishing ``tool_calls`` for ``required``, ``stop`` for a named function,
+    as OpenAI does); anything else, a cut-short call included, is content as generated."""
+    finish = gen.finish_reason(out.finish_reason)
+    if request.forced_tool is not None and finish == "stop":
+        calls = tools.read_calls(request, out.text)
+        if calls is not None:
+            reason: FinishReason = "tool_calls" if request.forced_tool == "required" else "stop"
+            return AssistantMessage(content=None, tool_calls=calls), reason
+    return AssistantMessage(content=out.text), finish  # type: ignore[return-value]
+
+
+def _as_delta(message: AssistantMessage) -> ChatDelta:
+    if message.tool_calls is None:
+        return ChatDelta(content=message.content)
+    return ChatDelta(
+        tool_calls=[
+            ToolCallDelta(
+                index=i,
+                id=call.id,
+                type="function",
+                function=FunctionCallDelta(
+                    name=call.function.name, arguments=call.function.arguments
+                ),
+            )
+            for i, call in enumerate(message.tool_calls)
+        ]
+    )
+
+
+def _with_text(out: CompletionOutput, text: str) -> CompletionOutput:
+    return CompletionOutput(
+        index=out.index,
+        text=text,
+        token_ids=out.token_ids,
+        cumulative_logprob=None,
+        logprobs=None,
+        finish_reason=out.finish_reason,
+    )

@@ -26,11 +26,12 @@ async def event_stream(
     outputs: AsyncIterator[RequestOutput],
     *,
     opening: Iterable[BaseModel],
-    chunk: Callable[[CompletionOutput], BaseModel],
+    chunk: Callable[[CompletionOutput], BaseModel | None],
     usage: Callable[[Usage], BaseModel] | None,
     prompt_tokens: int,
 ) -> AsyncIterator[str]:
-    """``opening`` events, one ``chunk`` per delta, then (when the client asked for it) the
+    """``opening`` events, one ``chunk`` per delta (none where it gives ``None``: a delta
+    held back to be sent later), then (when the client asked for it) the
     ``usage`` chunk, and [DONE].
 
     An error once the response has started can only be reported in-band:
@@ -43,7 +44,9 @@ async def event_stream(
         async for output in outputs:
             for delta in output.outputs:
                 completion_tokens += len(delta.token_ids)
-                yield event(chunk(delta))
+                piece = chunk(delta)
+                if piece is not None:
+                    yield event(piece)
     except GatewayError as exc:
         yield f"data: {_error_json(exc)}\n\n"
     except Exception:

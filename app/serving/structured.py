@@ -18,7 +18,8 @@ from jsonschema.validators import Draft202012Validator, validator_for
 from vllm.sampling_params import StructuredOutputsParams
 
 from app.errors import BadRequestError
-from app.protocol import SamplingFields
+from app.protocol import ChatCompletionRequest, SamplingFields
+from app.serving.tools import forced_call_schema
 from app.settings import Settings
 
 
@@ -38,6 +39,11 @@ class OutputConstraints:
 
     def params(self, request: SamplingFields) -> StructuredOutputsParams | None:
         """The request's constraint for the engine; ``None`` for free text."""
+        if isinstance(request, ChatCompletionRequest):
+            call = forced_call_schema(request)
+            if call is not None:
+                self._check_schema(call, "tools")
+                return StructuredOutputsParams(json=call)
         response_format = request.response_format
         if response_format is not None and response_format.type == "json_object":
             return StructuredOutputsParams(json_object=True)

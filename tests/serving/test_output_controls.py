@@ -65,7 +65,7 @@ async def test_refusals_name_the_field_and_reach_no_engine(serve: ServeFactory) 
         ),
         ({"logit_bias": {str(VOCABULARY): 1}}, "logit_bias"),
         ({"logit_bias": {"1": 500}}, "logit_bias"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
     ]
     async with serve(engine, max_json_schema_depth=2) as served, served.client() as client:
         for fields, param in cases:

@@ -19,6 +19,7 @@ from app.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
 )
+from app.protocol.requests import TOOL_FIELDS
 from app.serving.generation import sampling_params
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -65,7 +66,11 @@ REFUSED: list[tuple[Request, dict[str, Any], str]] = [
     (ChatCompletionRequest, chat(logprobs=True, top_logprobs=2**70), "top_logprobs"),
     (CompletionRequest, completion(logprobs=2**70), "logprobs"),
     (ChatCompletionRequest, chat(user="u" * 257), "user"),
-    (ChatCompletionRequest, chat(messages=[{"role": "tool", "content": "4"}]), "messages.0.role"),
+    (
+        ChatCompletionRequest,
+        chat(messages=[{"role": "tool", "content": "4"}]),
+        "messages.0.tool_call_id",
+    ),
     (ChatCompletionRequest, chat(messages=[{"role": "function", "name": "f"}]), "messages.0.role"),
     (
         ChatCompletionRequest,
@@ -75,7 +80,7 @@ REFUSED: list[tuple[Request, dict[str, Any], str]] = [
                 {"role": "assistant", "tool_calls": [{"id": "1", "type": "function"}]},
             ]
         ),
-        "messages.1.tool_calls",
+        "messages.1.tool_calls.0.function",
     ),
     (
         ChatCompletionRequest,
@@ -112,9 +117,6 @@ def test_bad_values_are_refused_naming_the_field(
 
 # A value each unsupported field may take that asks for something this server does not do.
 ACTIVE_VALUES: dict[str, object] = {
-    "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
-    "tool_choice": "required",
-    "parallel_tool_calls": False,
     "functions": [{"name": "f"}],
     "function_call": "auto",
     "audio": {"voice": "alloy", "format": "mp3"},
@@ -140,6 +142,21 @@ def test_unsupported_fields_are_refused_not_ignored(model: Request, field: str) 
     body = chat if model is ChatCompletionRequest else completion
     param, message = refusal(model, body(**{field: ACTIVE_VALUES[field]}))
     assert param == field and "not supported" in message
+
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+TOOL_VALUES: dict[str, object] = {
+    "tools": TOOLS,
+    "tool_choice": "required",
+    "parallel_tool_calls": False,
+}
+
+
+def test_tool_fields_are_refused_by_text_completions() -> None:
+    assert set(TOOL_VALUES) == set(TOOL_FIELDS)
+    for field, value in TOOL_VALUES.items():
+        param, message = refusal(CompletionRequest, completion(**{field: value}))
+        assert param == field and "not supported" in message
 
 
 @pytest.mark.parametrize("field", sorted(UNSUPPORTED_FIELDS))
@@ -228,7 +245,8 @@ HTTP_CASES = [
     ),
     ("/v1/chat/completions", json.dumps(chat(logit_bias={"5": 101})), "logit_bias"),
     ("/v1/chat/completions", json.dumps(chat(tool_choice="auto")), None),
-    ("/v1/chat/completions", json.dumps(chat(tools=ACTIVE_VALUES["tools"])), "tools"),
+    ("/v1/chat/completions", json.dumps(chat(tools=TOOLS)), "tool_choice"),
+    ("/v1/completions", json.dumps(completion(tools=TOOLS)), "tools"),
     ("/v1/chat/completions", json.dumps(chat(top_logprobs=2)), "top_logprobs"),
     ("/v1/completions", json.dumps(completion(best_of=2)), "best_of"),
     ("/v1/completions", json.dumps(completion(prompt=["a"])), "prompt"),

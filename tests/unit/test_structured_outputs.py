@@ -51,7 +51,7 @@ def params_of(body: dict[str, Any], **kwargs: Any) -> Any:
 def test_only_the_supported_fields_left_the_refusal_list() -> None:
     assert "response_format" not in UNSUPPORTED_FIELDS
     assert "logit_bias" not in UNSUPPORTED_FIELDS
-    assert {"tools", "tool_choice", "parallel_tool_calls"} <= set(UNSUPPORTED_FIELDS)
+    assert {"functions", "function_call"} <= set(UNSUPPORTED_FIELDS)
 
 
 def test_text_is_free_output() -> None:

@@ -1,0 +1,194 @@
+"""Tool calling on chat completions: the schema a forced call is decoded under, the prompt
+that describes tools and earlier calls, and the calls read back from the output.
+
+A forced call (``tool_choice`` ``required`` or a named function) works with any model: the
+engine constrains decoding to JSON, as vLLM's own server does. For a named function the
+output is that function's arguments; for ``required`` it is an array of
+``{"name", "parameters"}`` objects (vLLM's ``get_json_schema_from_tools``), at most one
+when ``parallel_tool_calls`` is false.
+
+Chat templates that know no tools (the embedded SmolLM2's ignores ``tools`` and fails on an
+assistant message whose content is null) get a fallback rendering: the tool definitions as
+JSON in the system message, earlier calls as a JSON block in the assistant's turn, and each
+result as a user turn "Result of <name> (<id>): ...".
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+from app.protocol.requests import ChatCompletionRequest, ChatMessage, Tool
+from app.protocol.responses import FunctionCall, ToolCall
+
+Message = dict[str, Any]
+
+FALLBACK_PREAMBLE = (
+    "You can call these tools. Each is described as a JSON object with its name, "
+    "description and JSON Schema parameters:"
+)
+
+
+def _parameters(tool: Tool) -> dict[str, Any]:
+    # No parameters still means arguments are a JSON object (as vLLM's server decodes them).
+    return tool.function.parameters or {"type": "object", "properties": {}}
+
+
+def forced_call_schema(request: ChatCompletionRequest) -> dict[str, Any] | None:
+    """The JSON schema decoding is constrained to, or ``None`` when no call is forced."""
+    forced = request.forced_tool
+    tools = request.tools or []
+    if forced is None:
+        return None
+    if forced != "required":
+        return next(_parameters(t) for t in tools if t.function.name == forced)
+    schema: dict[str, Any] = {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "type": "object",
+            "anyOf": [
+                {
+                    "properties": {
+                        "name": {"type": "string", "enum": [tool.function.name]},
+                        "parameters": _parameters(tool),
+                    },
+                    "required": ["name", "parameters"],
+                }
+                for tool in tools
+            ],
+        },
+    }
+    if not request.parallel_tool_calls:
+        schema["maxItems"] = 1
+    return schema
+
+
+def call_id() -> str:
+    return f"call_{secrets.token_hex(12)}"
+
+
+def read_calls(request: ChatCompletionRequest, text: str) -> list[ToolCall] | None:
+    """The calls a forced output holds; ``None`` when it is not the complete JSON the
+    constraint allows (cut short, or ended by a stop sequence), so it is never passed off
+    as a call."""
+    forced = request.forced_tool
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if forced != "required":
+        if not isinstance(value, dict) or forced is None:
+            return None
+        # The arguments as generated: what a stream of them reassembles to.
+        return [_call(forced, text.strip())]
+    if not isinstance(value, list) or not value:
+        return None
+    calls = []
+    for item in value:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            return None
+        arguments = json.dumps(item.get("parameters", {}), ensure_ascii=False)
+        calls.append(_call(item["name"], arguments))
+    return calls
+
+
+def _call(name: str, arguments: str) -> ToolCall:
+    return ToolCall(id=call_id(), function=FunctionCall(name=name, arguments=arguments))
+
+
+# --- the prompt ---------------------------------------------------------------------------
+
+
+def _tool_dicts(tools: Sequence[Tool]) -> list[dict[str, Any]]:
+    return [tool.model_dump(exclude_none=True) for tool in tools]
+
+
+def native_messages(messages: Sequence[ChatMessage]) -> list[Message]:
+    """The messages as OpenAI sends them, for templates that render tools themselves."""
+    rendered: list[Message] = []
+    for m in messages:
+        message: Message = {
+            "role": "system" if m.role == "developer" else m.role,
+            "content": m.text() if m.content is not None or m.role != "assistant" else None,
+        }
+        if m.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in m.tool_calls]
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        rendered.append(message)
+    return rendered
+
+
+def fallback_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool]) -> list[Message]:
+    """Plain system/user/assistant turns that carry tools, calls and results as text."""
+    names: dict[str, str] = {}
+    rendered: list[Message] = []
+    for m in messages:
+        role = "system" if m.role == "developer" else m.role
+        text = m.text()
+        if m.tool_calls:
+            calls = [
+                {
+                    "id": c.id,
+                    "name": c.function.name,
+                    "arguments": _loose_json(c.function.arguments),
+                }
+                for c in m.tool_calls
+            ]
+            names.update((c.id, c.function.name) for c in m.tool_calls)
+            block = "Tool calls:\n" + json.dumps(calls, ensure_ascii=False)
+            text = f"{text}\n{block}" if text else block
+        if role == "tool":
+            assert m.tool_call_id is not None  # the protocol requires it on tool messages
+            name = names.get(m.tool_call_id, "a tool")
+            role, text = "user", f"Result of {name} ({m.tool_call_id}): {text}"
+        rendered.append({"role": role, "content": text})
+    if tools:
+        described = "\n".join(json.dumps(t, ensure_ascii=False) for t in _tool_dicts(tools))
+        preamble = f"{FALLBACK_PREAMBLE}\n{described}"
+        if rendered and rendered[0]["role"] == "system":
+            rendered[0]["content"] = f"{rendered[0]['content']}\n\n{preamble}"
+        else:
+            rendered.insert(0, {"role": "system", "content": preamble})
+    return rendered
+
+
+def _loose_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def render_prompt(tokenizer: Any, request: ChatCompletionRequest) -> str:
+    """The prompt text: the model's own template where it shows every tool, call and result;
+    the fallback rendering otherwise."""
+    messages, tools = request.messages, request.tools or []
+    if not tools and not any(m.tool_calls or m.role == "tool" for m in messages):
+        plain = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in messages
+        ]
+        return _template(tokenizer, plain)
+    expected = [t.function.name for t in tools]
+    for m in messages:
+        expected.extend(call.function.name for call in m.tool_calls or [])
+        if m.role == "tool":
+            expected.append(m.text())
+    try:
+        native = _template(tokenizer, native_messages(messages), tools=_tool_dicts(tools) or None)
+    except Exception:  # any template failure means it does not know tools
+        native = None
+    if native is not None and all(item in native for item in expected):
+        return native
+    return _template(tokenizer, fallback_messages(messages, tools))
+
+
+def _template(tokenizer: Any, messages: list[Message], **kwargs: Any) -> str:
+    text = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False, **kwargs
+    )
+    return str(text)
