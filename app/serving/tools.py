@@ -4,8 +4,8 @@ that describes tools and earlier calls, and the calls read back from the output.
 A forced call (``tool_choice`` ``required`` or a named function) works with any model: the
 engine constrains decoding to JSON, as vLLM's own server does. For a named function the
 output is that function's arguments; for ``required`` it is an array of
-``{"name", "parameters"}`` objects (vLLM's ``get_json_schema_from_tools``), at most one
-when ``parallel_tool_calls`` is false.
+``{"name", "parameters"}`` objects (vLLM's ``get_json_schema_from_tools``, closed to other
+keys), at most one when ``parallel_tool_calls`` is false.
 
 Chat templates that know no tools (the embedded SmolLM2's ignores ``tools`` and fails on an
 assistant message whose content is null) get a fallback rendering: the tool definitions as
@@ -56,6 +56,9 @@ def forced_call_schema(request: ChatCompletionRequest) -> dict[str, Any] | None:
                         "parameters": _parameters(tool),
                     },
                     "required": ["name", "parameters"],
+                    # vLLM's server leaves a call open to other keys; small models then
+                    # fill it with made-up ones until max_tokens: a call is these two.
+                    "additionalProperties": False,
                 }
                 for tool in tools
             ],

@@ -124,6 +124,7 @@ def test_required_is_an_array_of_named_calls_as_vllm_builds_it() -> None:
         [],
         [{"name": "other", "parameters": {}}],
         [{"name": "get_weather", "parameters": {}}],
+        [{"name": "get_time", "parameters": {}, "value": "25.5"}],
     ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
