@@ -34,6 +34,7 @@ HOST = "127.0.0.1"
 READY_TIMEOUT_SECONDS = 600.0
 STOP_TIMEOUT_SECONDS = 30.0
 BENCH_ADMIN_TOKEN = "bench-admin-token"
+ADMIN_HEADERS = {"Authorization": f"Bearer {BENCH_ADMIN_TOKEN}"}
 
 
 def free_port() -> int:
@@ -199,9 +200,8 @@ class GatewaySystem:
     async def _provision(self, adapters: Sequence[BenchAdapter]) -> None:
         """Register every adapter and give each its own tenant (granted it under
         its own name, base model allowed) and key, over the admin API."""
-        headers = {"Authorization": f"Bearer {BENCH_ADMIN_TOKEN}"}
         async with httpx.AsyncClient(
-            base_url=f"{self.base_url}/admin/v1", headers=headers, timeout=120.0
+            base_url=f"{self.base_url}/admin/v1", headers=ADMIN_HEADERS, timeout=120.0
         ) as admin:
 
             async def checked(method: str, url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -237,7 +237,8 @@ class GatewaySystem:
         return Call(model, self.keys[planned.tenant])
 
     async def metrics_text(self) -> str | None:
-        async with httpx.AsyncClient(timeout=30.0) as client:
+        # /metrics names every tenant: the API port serves it to an admin token only.
+        async with httpx.AsyncClient(headers=ADMIN_HEADERS, timeout=30.0) as client:
             response = await client.get(f"{self.base_url}/metrics")
             response.raise_for_status()
             return response.text
