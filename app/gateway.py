@@ -19,6 +19,7 @@ from app.serving.chat import ChatService
 from app.serving.completions import CompletionService
 from app.serving.inflight import InFlight
 from app.serving.structured import OutputConstraints
+from app.serving.tools import tool_parser_class
 from app.serving.tracking import RequestTracker
 from app.settings import Settings
 from app.store.snapshot import load_registry, revision
@@ -50,6 +51,10 @@ class Gateway:
         )
         self.admin_tokens = settings.admin_tokens()
         self.output_constraints = OutputConstraints.from_settings(settings)
+        # Looked up here so that a misspelt parser stops the gateway at startup.
+        self.tool_parser = (
+            tool_parser_class(settings.tool_call_parser) if settings.tool_call_parser else None
+        )
         self.in_flight = InFlight()
         self.ledger = UsageLedger(sessions, backlog_max=settings.usage_backlog_max)
         self.quota = backend_from_url(
@@ -153,7 +158,7 @@ class Gateway:
 
     @property
     def chat(self) -> ChatService:
-        return ChatService(self.engine, self.output_constraints)
+        return ChatService(self.engine, self.output_constraints, self.tool_parser)
 
     @property
     def completions(self) -> CompletionService:

@@ -73,6 +73,13 @@ class Settings(BaseSettings):
         description="Deepest nesting of objects and arrays in a request's JSON schema "
         "(vLLM refuses more than 64).",
     )
+    tool_call_parser: str | None = Field(
+        None,
+        min_length=1,
+        description="vLLM's tool-call parser for tool_choice auto, named as vLLM's "
+        "--tool-call-parser (e.g. hermes, pythonic, llama3_json); it must fit the model's "
+        "call format. Unset: auto is refused. An unknown name stops the gateway at startup.",
+    )
 
     # Store and administration
     database_url: str = Field(

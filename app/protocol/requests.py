@@ -436,22 +436,15 @@ class ChatCompletionRequest(SamplingFields):
         if not names:
             message = "`tool_choice` other than `none` needs `tools`"
             errors.append(_unsupported("tool_choice", choice, message))
-        elif choice in (None, "auto"):
-            # Telling a call from text in free output needs a parser that fits the model's
-            # own tool-call format; this server has none.
-            message = (
-                "`tool_choice` `auto` (the default when `tools` are given) needs a tool-call "
-                "parser, which this server does not have: send `required`, a named "
-                "function, or `none`"
-            )
-            errors.append(_unsupported("tool_choice", choice or "auto", message))
         elif isinstance(choice, NamedToolChoice) and choice.function.name not in names:
             message = f"`tool_choice` names `{choice.function.name}`, which is not in `tools`"
             errors.append(_unsupported("tool_choice", choice.function.name, message))
         constrained = self.structured_outputs is not None or (
             self.response_format is not None and self.response_format.type != "text"
         )
-        if not errors and constrained:
+        # ``auto`` (whether a parser is configured is the chat service's to say) decodes
+        # freely: a response format may constrain it as it would plain text.
+        if not errors and constrained and self.forced_tool is not None:
             message = (
                 "a forced tool call constrains the output, like `response_format` and "
                 "`structured_outputs`: send one of them"
@@ -460,6 +453,12 @@ class ChatCompletionRequest(SamplingFields):
         if errors:
             raise _refusal(type(self).__name__, errors)
         return self
+
+    @property
+    def auto_tools(self) -> bool:
+        """Whether the model chooses between a call and text (``auto``, explicit or the
+        default when ``tools`` are given)."""
+        return bool(self.tools) and self.tool_choice in (None, "auto")
 
     @property
     def forced_tool(self) -> Literal["required"] | str | None:

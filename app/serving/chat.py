@@ -6,7 +6,10 @@ from collections.abc import AsyncIterator, Callable
 from functools import partial
 
 from vllm import CompletionOutput
+from vllm.tool_parsers import ToolParser
 
+from app.engine.base import Engine
+from app.errors import BadRequestError, GatewayError
 from app.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -23,12 +26,45 @@ from app.serving import generation as gen
 from app.serving import tools
 from app.serving.logprobs import chat_logprobs
 from app.serving.sse import event_stream
+from app.serving.structured import OutputConstraints
 from app.serving.tracking import Run
 from app.tenancy.tenants import ModelTarget, Principal
 
 
 class ChatService(gen.EngineEndpoint):
     endpoint = "chat.completions"
+
+    def __init__(
+        self,
+        engine: Engine,
+        constraints: OutputConstraints | None = None,
+        tool_parser: type[ToolParser] | None = None,
+    ) -> None:
+        super().__init__(engine, constraints)
+        self.tool_parser = tool_parser
+
+    def _auto_calls(self, request: ChatCompletionRequest) -> tools.AutoCalls | None:
+        """The parser that reads ``auto``'s calls; refused (before anything is held) when
+        no parser is configured."""
+        if not request.auto_tools:
+            return None
+        if self.tool_parser is None:
+            # Telling a call from text in free output needs a parser that fits the
+            # model's own tool-call format.
+            raise BadRequestError(
+                "`tool_choice` `auto` (the default when `tools` are given) needs a tool-call "
+                "parser, and this gateway has none configured (LORA_GATEWAY_TOOL_CALL_PARSER): "
+                "send `required`, a named function, or `none`",
+                param="tool_choice",
+            )
+        try:
+            return tools.AutoCalls(self.tool_parser, self.engine.tokenizer, request)
+        except (RuntimeError, ValueError, KeyError) as error:
+            # A parser that cannot find its markers in this model's vocabulary (llama3_json
+            # without <|python_tag|>) is a misconfigured gateway, not a bad request.
+            raise GatewayError(
+                f"the configured tool-call parser does not fit this model: {error}"
+            ) from error
 
     def prepare(
         self,
@@ -37,14 +73,20 @@ class ChatService(gen.EngineEndpoint):
         target: ModelTarget,
         request_id: str,
     ) -> gen.Generation:
+        auto = self._auto_calls(request)
         tokenizer = self.engine.tokenizer
         text = tools.render_prompt(tokenizer, request)
         prompt = tokenizer.encode(text, add_special_tokens=False)
-        return self._generation(request, prompt, principal, target, request_id)
+        generation = self._generation(request, prompt, principal, target, request_id)
+        if auto is not None and not auto.skip_special_tokens:
+            # The parser's markers (hermes' <tool_call>) are special tokens in some models.
+            generation.params.skip_special_tokens = False
+        return generation
 
     async def complete(self, request: ChatCompletionRequest, run: Run) -> ChatCompletion:
         generation = run.generation
         outputs = await gen.collect(run.outputs(), generation.params.n)
+        auto = self._auto_calls(request)
         choices = [
             ChatChoice(
                 index=out.index,
@@ -53,7 +95,7 @@ class ChatService(gen.EngineEndpoint):
                 finish_reason=finish,
             )
             for out in outputs
-            for message, finish in [_message(request, out)]
+            for message, finish in [_message(request, out, auto)]
         ]
         completion_tokens = sum(len(out.token_ids) for out in outputs)
         return ChatCompletion(
@@ -73,7 +115,7 @@ class ChatService(gen.EngineEndpoint):
                 id=_completion_id(generation), model=request.model, choices=choices, usage=usage
             )
 
-        if request.forced_tool is not None:
+        if request.forced_tool is not None or request.auto_tools:
             return self._stream_call(request, run, chunk)
 
         def delta(out: CompletionOutput) -> ChatCompletionChunk:
@@ -106,10 +148,11 @@ class ChatService(gen.EngineEndpoint):
         run: Run,
         chunk: Callable[..., ChatCompletionChunk],
     ) -> AsyncIterator[str]:
-        """A forced call, streamed as OpenAI streams one: a named function's arguments as
-        they are generated; for ``required``, each choice's JSON is held until it ends and
-        then sent as whole calls (or, when it is not a complete call, as content)."""
-        named = request.forced_tool != "required"
+        """A call, streamed as OpenAI streams one: a named function's arguments as they are
+        generated; for ``required`` and ``auto``, each choice's output is held until it ends
+        and then sent as whole calls (or, when it holds no complete call, as content)."""
+        named = request.forced_tool not in (None, "required")
+        auto = self._auto_calls(request)
         held: dict[int, list[str]] = {}
 
         def opening(index: int) -> ChatDelta:
@@ -136,7 +179,7 @@ class ChatService(gen.EngineEndpoint):
                     return None
                 body = ChatDelta()
                 if finish is not None:
-                    message, finish = _message(request, _with_text(out, "".join(text)))
+                    message, finish = _message(request, _with_text(out, "".join(text)), auto)
                     body = _as_delta(message)
             return chunk(
                 [
@@ -166,12 +209,19 @@ def _completion_id(generation: gen.Generation) -> str:
 
 
 def _message(
-    request: ChatCompletionRequest, out: CompletionOutput
+    request: ChatCompletionRequest, out: CompletionOutput, auto: tools.AutoCalls | None
 ) -> tuple[AssistantMessage, FinishReason]:
     """The assistant's message and finish reason: a forced call that ended complete is
     ``tool_calls`` (finishing ``tool_calls`` for ``required``, ``stop`` for a named function,
-    as OpenAI does); anything else, a cut-short call included, is content as generated."""
+    as OpenAI does), as are the calls the parser finds in a finished ``auto`` output (with
+    the text beside them as content); anything else, an output cut short included, is
+    content as generated."""
     finish = gen.finish_reason(out.finish_reason)
+    if auto is not None and finish == "stop":
+        found = auto.read(out.text)
+        if found is not None:
+            content, parsed = found
+            return AssistantMessage(content=content, tool_calls=parsed), "tool_calls"
     if request.forced_tool is not None and finish == "stop":
         calls = tools.read_calls(request, out.text)
         if calls is not None:
@@ -184,6 +234,7 @@ def _as_delta(message: AssistantMessage) -> ChatDelta:
     if message.tool_calls is None:
         return ChatDelta(content=message.content)
     return ChatDelta(
+        content=message.content,
         tool_calls=[
             ToolCallDelta(
                 index=i,
@@ -194,7 +245,7 @@ def _as_delta(message: AssistantMessage) -> ChatDelta:
                 ),
             )
             for i, call in enumerate(message.tool_calls)
-        ]
+        ],
     )
 
 

@@ -11,6 +11,10 @@ Chat templates that know no tools (the embedded SmolLM2's ignores ``tools`` and 
 assistant message whose content is null) get a fallback rendering: the tool definitions as
 JSON in the system message, earlier calls as a JSON block in the assistant's turn, and each
 result as a user turn "Result of <name> (<id>): ...".
+
+``auto`` decodes freely and reads calls back with one of vLLM's tool-call parsers (the
+``tool_call_parser`` setting, named as vLLM's ``--tool-call-parser``): only a parser that fits
+the model's own call format can tell a call from text.
 """
 
 from __future__ import annotations
@@ -19,6 +23,11 @@ import json
 import secrets
 from collections.abc import Sequence
 from typing import Any
+
+from vllm.entrypoints.openai.chat_completion.protocol import (
+    ChatCompletionRequest as VllmChatRequest,
+)
+from vllm.tool_parsers import ToolParser, ToolParserManager
 
 from app.protocol.requests import ChatCompletionRequest, ChatMessage, Tool
 from app.protocol.responses import FunctionCall, ToolCall
@@ -100,6 +109,60 @@ def read_calls(request: ChatCompletionRequest, text: str) -> list[ToolCall] | No
 
 def _call(name: str, arguments: str) -> ToolCall:
     return ToolCall(id=call_id(), function=FunctionCall(name=name, arguments=arguments))
+
+
+# --- auto: a parser reads calls out of free text -------------------------------------------
+
+
+def tool_parser_class(name: str) -> type[ToolParser]:
+    """vLLM's parser registered as ``name``; a ``ValueError`` listing the known names
+    otherwise (raised when the gateway starts, not on the first request)."""
+    known = ToolParserManager.list_registered()
+    if name not in known:
+        raise ValueError(
+            f"unknown tool_call_parser {name!r} (LORA_GATEWAY_TOOL_CALL_PARSER); "
+            f"vLLM's parsers are: {', '.join(sorted(known))}"
+        )
+    return ToolParserManager.get_tool_parser(name)
+
+
+class AutoCalls:
+    """One request's parser: vLLM's parsers read vLLM's own request (its ``tools`` and
+    ``tool_choice``, never the messages, which stay out), built here from ours."""
+
+    def __init__(
+        self, parser_class: type[ToolParser], tokenizer: Any, request: ChatCompletionRequest
+    ) -> None:
+        self.request = VllmChatRequest.model_validate(
+            {
+                "model": request.model,
+                "messages": [],
+                "tools": _tool_dicts(request.tools or []),
+                "tool_choice": "auto",
+                "parallel_tool_calls": request.parallel_tool_calls,
+            }
+        )
+        offered: list[Any] = list(self.request.tools or [])
+        self.parser = parser_class(tokenizer, offered)
+        if hasattr(self.parser, "skip_reasoning_parsing"):
+            # As vLLM's server does without a reasoning parser: reasoning markup is text.
+            self.parser.skip_reasoning_parsing = True
+        adjusted = self.parser.adjust_request(self.request)
+        assert isinstance(adjusted, VllmChatRequest)  # it adjusts the request it is given
+        self.request = adjusted
+
+    @property
+    def skip_special_tokens(self) -> bool:
+        """False where the parser needs its special tokens (``<tool_call>``) in the text."""
+        return bool(self.request.skip_special_tokens)
+
+    def read(self, text: str) -> tuple[str | None, list[ToolCall]] | None:
+        """The remaining content and the calls the output holds; ``None`` when it holds none."""
+        found = self.parser.extract_tool_calls(text, self.request)
+        if not found.tools_called or not found.tool_calls:
+            return None
+        calls = [_call(c.function.name, c.function.arguments) for c in found.tool_calls]
+        return found.content or None, calls
 
 
 # --- the prompt ---------------------------------------------------------------------------

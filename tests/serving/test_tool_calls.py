@@ -1,15 +1,21 @@
 """Tool calls through the real app over an engine that writes a given text: a forced call's
 JSON becomes ``tool_calls`` (whole and streamed, in OpenAI's shapes), the constraint reaches
-the engine, a cut-short call stays content, and ``auto`` is refused before anything is held."""
+the engine, a cut-short call stays content; ``auto`` is refused before anything is held when
+no parser is configured, and read back with the configured one (pythonic, which needs no
+special tokens in the toy vocabulary) otherwise."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
+import pytest
 from vllm import CompletionOutput, RequestOutput
 
+from app.main import create_app
+from app.settings import Settings
 from tests.serving.conftest import Served, ServeFactory, sse_events
 from tests.support.scripted_engine import ScriptedEngine, ScriptedRequest
 
@@ -210,3 +216,86 @@ async def test_a_history_with_calls_and_results_is_rendered(serve: ServeFactory)
     assert request.params.structured_outputs is None
     prompt = "".join(chr(t) for t in request.prompt_token_ids)
     assert "Result of get_weather (call_1): 18C, sunny" in prompt
+
+
+PYTHONIC_CALL = '[get_weather(city="Paris"), get_time()]'
+
+
+async def test_auto_reads_calls_with_the_configured_parser(serve: ServeFactory) -> None:
+    engine = WritingEngine(PYTHONIC_CALL)
+    async with (
+        serve(engine, tool_call_parser="pythonic") as served,
+        served.client() as client,
+    ):
+        for fields in ({}, {"tool_choice": "auto"}):
+            response = await client.post("/v1/chat/completions", json=chat(served, **fields))
+            assert response.status_code == 200, response.text
+            [choice] = response.json()["choices"]
+            assert choice["finish_reason"] == "tool_calls"
+            assert choice["message"]["content"] is None
+            calls = choice["message"]["tool_calls"]
+            assert all(call["id"].startswith("call_") for call in calls)
+            assert [
+                (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls
+            ] == [
+                ("get_weather", {"city": "Paris"}),
+                ("get_time", {}),
+            ]
+    for request in engine.requests.values():
+        # Free decoding, the tools described in the prompt.
+        assert request.params.structured_outputs is None
+        prompt = "".join(chr(t) for t in request.prompt_token_ids)
+        assert "get_weather" in prompt and "get_time" in prompt
+
+
+async def test_auto_text_is_content_and_a_cut_call_finishes_length(serve: ServeFactory) -> None:
+    for text, finish in (("It is sunny.", "stop"), (PYTHONIC_CALL, "length")):
+        engine = WritingEngine(text, finish_reason=finish)
+        async with (
+            serve(engine, tool_call_parser="pythonic") as served,
+            served.client() as client,
+        ):
+            response = await client.post("/v1/chat/completions", json=chat(served))
+        [choice] = response.json()["choices"]
+        assert choice["finish_reason"] == finish
+        assert choice["message"] == {"role": "assistant", "content": text, "tool_calls": None}
+
+
+async def test_auto_streams_each_choice_whole_once_it_ends(serve: ServeFactory) -> None:
+    for text, finish in ((PYTHONIC_CALL, "tool_calls"), ("It is sunny.", "stop")):
+        engine = WritingEngine(text)
+        async with (
+            serve(engine, tool_call_parser="pythonic") as served,
+            served.client() as client,
+        ):
+            body = chat(served, tool_choice="auto", stream=True)
+            response = await client.post("/v1/chat/completions", json=body)
+        events = sse_events(response.text)
+        assert events[-1] == "[DONE]"
+        [opening, last] = [event["choices"][0] for event in events[:-1]]
+        assert opening["delta"]["role"] == "assistant" and opening["finish_reason"] is None
+        assert last["finish_reason"] == finish
+        if finish == "stop":
+            assert last["delta"]["content"] == text and last["delta"]["tool_calls"] is None
+            continue
+        assert last["delta"]["content"] is None
+        calls = last["delta"]["tool_calls"]
+        assert [c["index"] for c in calls] == [0, 1]
+        assert all(c["id"].startswith("call_") and c["type"] == "function" for c in calls)
+        assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Paris"}, {}]
+
+
+async def test_an_unknown_parser_stops_the_gateway_at_startup(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    settings = Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        model=str(tiny_model_dir),
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}",
+        adapter_root=tmp_path / "adapters",
+        tool_call_parser="no-such-parser",
+    )
+    app = create_app(settings)
+    with pytest.raises(ValueError, match="unknown tool_call_parser 'no-such-parser'"):
+        async with app.router.lifespan_context(app):
+            pass

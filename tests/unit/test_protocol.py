@@ -245,7 +245,6 @@ HTTP_CASES = [
     ),
     ("/v1/chat/completions", json.dumps(chat(logit_bias={"5": 101})), "logit_bias"),
     ("/v1/chat/completions", json.dumps(chat(tool_choice="auto")), None),
-    ("/v1/chat/completions", json.dumps(chat(tools=TOOLS)), "tool_choice"),
     ("/v1/completions", json.dumps(completion(tools=TOOLS)), "tools"),
     ("/v1/chat/completions", json.dumps(chat(top_logprobs=2)), "top_logprobs"),
     ("/v1/completions", json.dumps(completion(best_of=2)), "best_of"),

@@ -16,6 +16,7 @@ from transformers import AutoTokenizer
 from app.protocol import ChatCompletionRequest
 from app.serving import tools
 from app.serving.structured import OutputConstraints
+from app.settings import Settings
 
 MODEL_DIR = Path(__file__).parents[2] / "models" / "SmolLM2-135M-Instruct"
 PARAMETERS = {
@@ -65,8 +66,7 @@ def test_forced_calls_none_and_a_history_are_accepted() -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [WEATHER]}, "tool_choice"),  # auto by default: no parser
-        ({"tools": [WEATHER], "tool_choice": "auto"}, "tool_choice"),
+        ({"tool_choice": "auto"}, "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice"),
         (
             {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
@@ -100,6 +100,55 @@ def test_forced_calls_none_and_a_history_are_accepted() -> None:
 )
 def test_bad_tool_requests_are_refused_naming_the_field(fields: dict[str, Any], param: str) -> None:
     assert refused_param(**fields) == param
+
+
+def test_auto_is_the_default_with_tools_and_leaves_decoding_free() -> None:
+    assert request(tools=[WEATHER]).auto_tools
+    assert request(tools=[WEATHER], tool_choice="auto").auto_tools
+    assert not request(tools=[WEATHER], tool_choice="none").auto_tools
+    assert not request(tools=[WEATHER], tool_choice="required").auto_tools
+    assert not request().auto_tools
+    chat = request(tools=[WEATHER], tool_choice="auto", response_format={"type": "json_object"})
+    assert tools.forced_call_schema(chat) is None
+
+
+def test_an_unknown_parser_name_is_refused_naming_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown tool_call_parser 'nope'.*hermes.*pythonic"):
+        tools.tool_parser_class("nope")
+    assert tools.tool_parser_class("pythonic").__name__ == "PythonicToolParser"
+    # The setting itself takes any name: looking it up imports vLLM, done when the gateway
+    # starts (tests/serving checks that an unknown one stops it there).
+    assert Settings(_env_file=None, tool_call_parser="nope").tool_call_parser == "nope"  # type: ignore[call-arg]
+
+
+def test_the_pythonic_parser_reads_calls_and_leaves_text_alone() -> None:
+    auto = tools.AutoCalls(tools.tool_parser_class("pythonic"), None, request(tools=[WEATHER]))
+    found = auto.read('[get_weather(city="Paris"), get_weather(city="Rome")]')
+    assert found is not None
+    content, calls = found
+    assert content is None
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_weather", {"city": "Rome"}),
+    ]
+    assert all(c.id.startswith("call_") for c in calls) and calls[0].id != calls[1].id
+    assert auto.read("It is sunny in Paris.") is None
+    assert auto.read("[get_weather(city=") is None
+    assert auto.skip_special_tokens
+
+
+def test_the_hermes_parser_keeps_the_text_before_a_call(smollm2: Any) -> None:
+    auto = tools.AutoCalls(tools.tool_parser_class("hermes"), smollm2, request(tools=[WEATHER]))
+    call_json = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    text = f"Let me check.<tool_call>{call_json}</tool_call>"
+    found = auto.read(text)
+    assert found is not None
+    content, [call] = found
+    assert content == "Let me check."
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    # <tool_call> is a special token in hermes-style models: the engine must keep it.
+    assert not auto.skip_special_tokens
 
 
 def test_a_named_function_is_decoded_under_its_parameters() -> None:
