@@ -48,6 +48,8 @@ UNSUPPORTED_FIELDS: Mapping[str, tuple[object, ...]] = {
     "verbosity": ("medium",),
     "service_tier": ("auto", "default"),
     "store": (False,),
+    # Only meaningful for completions OpenAI stores, which this server never does.
+    "metadata": ({},),
     "best_of": (1,),  # text completions only
     "suffix": ("",),  # text completions only
 }
@@ -342,6 +344,10 @@ class SamplingFields(OpenAIModel):
     ignore_eos: Flag = False
     min_tokens: Annotated[int, Field(ge=0, le=INT64_MAX), JsonNumber] = 0
     structured_outputs: StructuredOutputs | None = None
+    # -1 or 0: every token.
+    top_k: Annotated[int, Field(ge=-1, le=INT64_MAX), JsonNumber] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1), JsonNumber] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0, le=2), JsonNumber] | None = None
 
     @model_validator(mode="before")
     @classmethod

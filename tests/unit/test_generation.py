@@ -51,3 +51,22 @@ def test_vllm_length_controls_pass_through() -> None:
     too_many = request.model_copy(update={"min_tokens": 9})
     with pytest.raises(BadRequestError, match="min_tokens"):
         sampling_params(too_many, prompt_tokens=10, max_model_len=100)
+
+
+def test_vllm_sampling_extensions_pass_through() -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    request = ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "messages": messages,
+            "top_k": 5,
+            "min_p": 0.1,
+            "repetition_penalty": 1.3,
+        }
+    )
+    params = sampling_params(request, prompt_tokens=10, max_model_len=100)
+    assert (params.top_k, params.min_p, params.repetition_penalty) == (5, 0.1, 1.3)
+    default = sampling_params(
+        ChatCompletionRequest.model_validate({"model": "m", "messages": messages}), 10, 100
+    )
+    assert (default.top_k, default.min_p, default.repetition_penalty) == (0, 0.0, 1.0)

@@ -44,6 +44,9 @@ def refusal(model: Request, body: dict[str, Any]) -> tuple[str, str]:
 
 REFUSED: list[tuple[Request, dict[str, Any], str]] = [
     (ChatCompletionRequest, chat(stop=""), "stop"),
+    (ChatCompletionRequest, chat(top_k=-2), "top_k"),
+    (ChatCompletionRequest, chat(min_p=1.5), "min_p"),
+    (CompletionRequest, completion(repetition_penalty=0), "repetition_penalty"),
     (ChatCompletionRequest, chat(stop=[""]), "stop"),
     (ChatCompletionRequest, chat(stop=["END", ""]), "stop"),
     (CompletionRequest, completion(stop=""), "stop"),
@@ -127,6 +130,7 @@ ACTIVE_VALUES: dict[str, object] = {
     "verbosity": "low",
     "service_tier": "priority",
     "store": True,
+    "metadata": {"team": "a"},
     "best_of": 3,
     "suffix": "}",
 }
@@ -179,8 +183,8 @@ def test_what_sdks_send_by_default_is_accepted() -> None:
             stream=None,
             stop=None,
             user="customer-42",
-            metadata={"team": "a"},
-            top_k=5,  # another server's extension: ignored, as before
+            metadata={},
+            top_p_tail=5,  # another server's extension: ignored, as before
         )
     )
     assert request.n == 1 and request.logprobs is False and request.stream is False
