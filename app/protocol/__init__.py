@@ -1,9 +1,8 @@
-"""OpenAI wire models: what clients send (:mod:`.requests`) and what they get back
-(:mod:`.responses`)."""
+"""OpenAI wire models: what clients send (:mod:`.requests`, with :mod:`.tools` and the
+shared :mod:`.common`) and what they get back (:mod:`.responses`)."""
 
+from app.protocol.common import INT64_MAX, INT64_MIN
 from app.protocol.requests import (
-    INT64_MAX,
-    INT64_MIN,
     UNSUPPORTED_FIELDS,
     ChatCompletionRequest,
     CompletionRequest,

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -23,13 +22,21 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from app.protocol.common import (
+    INT64_MAX,
+    Flag,
+    Int64,
+    JsonNumber,
+    OpenAIModel,
+    TokenCount,
+)
+from app.protocol.tools import NamedToolChoice, Tool, ToolCall
+
 MAX_STOP_SEQUENCES = 4
 MAX_USER_LENGTH = 256
 # OpenAI's bounds on logit_bias.
 MAX_LOGIT_BIAS_ENTRIES = 300
 MAX_LOGIT_BIAS = 100.0
-# The engine's transport (MessagePack) carries signed 64-bit integers at most.
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # vLLM samples greedily below this temperature (vllm.sampling_params._SAMPLING_EPS).
 GREEDY_TEMPERATURE = 1e-5
 
@@ -64,8 +71,6 @@ _UNSUPPORTED_MESSAGE_FIELDS: Mapping[str, tuple[object, ...]] = {
     "function_call": (),
     "audio": (),
 }
-# OpenAI's function names (and vLLM's): what a tool call may name.
-FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_.-]{1,64}$")]
 
 
 def _refusal(model: str, errors: list[InitErrorDetails]) -> ValidationError:
@@ -94,28 +99,9 @@ def _active(data: Mapping[str, Any], fields: Mapping[str, tuple[object, ...]]) -
     ]
 
 
-class OpenAIModel(BaseModel):
-    # Clients send fields outside OpenAI's API (other servers' extensions): ignore those.
-    # JSON has no NaN or infinity, but Python's parser accepts them: refuse them.
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
-
-
 class TextPart(OpenAIModel):
     type: Literal["text"]
     text: str
-
-
-class CalledFunction(OpenAIModel):
-    name: str
-    arguments: str
-
-
-class ToolCall(OpenAIModel):
-    """A call an earlier assistant turn made, as the client sends it back."""
-
-    id: str
-    type: Literal["function"] = "function"
-    function: CalledFunction
 
 
 class ChatMessage(OpenAIModel):
@@ -187,22 +173,6 @@ class StreamOptions(OpenAIModel):
     include_usage: Flag = False
 
 
-def _json_number(value: Any) -> Any:
-    # JSON Schema's types, which /openapi.json states: pydantic's lax mode would read
-    # `true` as 1 and "0.5" as 0.5.
-    if isinstance(value, (bool, str)):
-        kind = "a boolean" if isinstance(value, bool) else "a string"
-        raise PydanticCustomError("json_number", "must be a number, not {kind}", {"kind": kind})
-    return value
-
-
-JsonNumber = BeforeValidator(_json_number)
-# true or false only: lax mode reads 0, "no" and "off" as false.
-Flag = Annotated[bool, Field(strict=True)]
-Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX), JsonNumber]
-TokenCount = Annotated[int, Field(ge=1, le=INT64_MAX), JsonNumber]
-
-
 class JsonSchemaSpec(OpenAIModel):
     """``response_format.json_schema``. Decoding is always constrained to ``schema``, so
     ``strict`` changes nothing (OpenAI's strict mode is what this server always does)."""
@@ -265,28 +235,6 @@ class StructuredOutputs(OpenAIModel):
                 "exactly one of `json`, `regex`, `choice`, `grammar`, `json_object` is needed",
             )
         return self
-
-
-class FunctionDefinition(OpenAIModel):
-    name: FunctionName
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    # Decoding is constrained to ``parameters`` whenever a call is forced: always strict.
-    strict: Flag | None = None
-
-
-class Tool(OpenAIModel):
-    type: Literal["function"]
-    function: FunctionDefinition
-
-
-class ChosenFunction(OpenAIModel):
-    name: str
-
-
-class NamedToolChoice(OpenAIModel):
-    type: Literal["function"]
-    function: ChosenFunction
 
 
 def _logit_bias(bias: Any) -> Any:

@@ -29,8 +29,9 @@ from vllm.entrypoints.openai.chat_completion.protocol import (
 )
 from vllm.tool_parsers import ToolParser, ToolParserManager
 
-from app.protocol.requests import ChatCompletionRequest, ChatMessage, Tool
+from app.protocol.requests import ChatCompletionRequest, ChatMessage
 from app.protocol.responses import FunctionCall, ToolCall
+from app.protocol.tools import Tool
 
 Message = dict[str, Any]
 
