@@ -74,13 +74,19 @@ def aws_env(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
 
 
-async def test_an_uploaded_adapter_lands_in_the_bucket(
-    serve: ServeFactory, s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> S3Location:
+    """A new, empty bucket on the S3 server, which the gateway reaches through AWS_*."""
     aws_env(monkeypatch, s3_endpoint)
     location = S3Location(f"adapters-{uuid.uuid4().hex}", "prod")
     s3_client().create_bucket(Bucket=location.bucket)
-    store = f"s3://{location.bucket}/{location.prefix}"
+    return location
+
+
+async def test_an_uploaded_adapter_lands_in_the_bucket(
+    serve: ServeFactory, bucket: S3Location, tmp_path: Path
+) -> None:
+    store = f"s3://{bucket.bucket}/{bucket.prefix}"
 
     async with serve(
         ScriptedEngine(), adapter_store=store, adapter_cache_dir=tmp_path / "cache"
@@ -89,12 +95,12 @@ async def test_an_uploaded_adapter_lands_in_the_bucket(
 
     assert response.status_code == 201, response.text
     digest = response.json()["sha256"]
-    listed = s3_client().list_objects_v2(Bucket=location.bucket)["Contents"]
+    listed = s3_client().list_objects_v2(Bucket=bucket.bucket)["Contents"]
     assert {item["Key"] for item in listed} == {
-        location.content_key(digest, "adapter_config.json"),
-        location.content_key(digest, "adapter_model.safetensors"),
-        location.manifest_key(digest),
-        location.version_key("support@v1"),
+        bucket.content_key(digest, "adapter_config.json"),
+        bucket.content_key(digest, "adapter_model.safetensors"),
+        bucket.manifest_key(digest),
+        bucket.version_key("support@v1"),
     }
     assert (tmp_path / "cache" / "sha256" / digest / "adapter_model.safetensors").is_file()
 
@@ -120,14 +126,11 @@ async def test_an_upload_with_the_store_down_is_a_503_and_records_nothing(
 
 
 async def test_a_replica_that_never_saw_the_upload_serves_the_adapter_from_the_bucket(
-    serve: ServeFactory, s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    serve: ServeFactory, bucket: S3Location, tmp_path: Path
 ) -> None:
     """Two replicas share the store and the bucket, not a disk: the second fetches the
     adapter into its own cache before its engine loads it."""
-    aws_env(monkeypatch, s3_endpoint)
-    location = S3Location(f"adapters-{uuid.uuid4().hex}", "prod")
-    s3_client().create_bucket(Bucket=location.bucket)
-    store = f"s3://{location.bucket}/{location.prefix}"
+    store = f"s3://{bucket.bucket}/{bucket.prefix}"
 
     async with serve(
         ScriptedEngine(), adapter_store=store, adapter_cache_dir=tmp_path / "cache-a"
