@@ -20,6 +20,27 @@ class Settings(BaseSettings):
         env_prefix="LORA_GATEWAY_", env_file=".env", extra="ignore", frozen=True
     )
 
+    # Role in a deployment
+    role: Literal["all", "front", "engine"] = Field(
+        "all",
+        description="all: one process with the engine inside (the default); front: keys, "
+        "quotas and aliases, forwarding to upstream_url (no engine); engine: vLLM's OpenAI "
+        "server with our plugins, adapters resolved from adapter_store by global name.",
+    )
+    upstream_url: str | None = Field(
+        None,
+        description="Front role: the OpenAI-compatible server requests are forwarded to "
+        "(in Kubernetes, the inference gateway in front of the InferencePool).",
+    )
+    upstream_timeout_seconds: float = Field(
+        600.0, gt=0, description="Front role: longest wait for an upstream response to end."
+    )
+    scheduler: Literal["fair", "fcfs"] = Field(
+        "fair",
+        description="Admission to the in-process engine: fair (per-tenant weighted queues, "
+        "adapter-aware) or fcfs (straight into vLLM's queue, for comparison).",
+    )
+
     # Base model and engine
     model: str = Field(
         str(EMBEDDED_MODEL_DIR),
@@ -182,6 +203,8 @@ class Settings(BaseSettings):
             raise ValueError("ssl_certfile and ssl_keyfile must be given together")
         if self.metrics_port is not None and self.metrics_port == self.port != 0:
             raise ValueError("metrics_port must differ from port")
+        if self.role == "front" and not self.upstream_url:
+            raise ValueError("the front role needs upstream_url")
         return self
 
     def admin_tokens(self) -> list[str]:
