@@ -17,7 +17,10 @@ from app.tenancy.manifests import (
     GRANT_ALIAS_RULE,
     TENANT_ID_PATTERN,
     AdapterName,
+    PriorityClass,
+    Weight,
 )
+from app.tenancy.tenants import DEFAULT_PRIORITY, DEFAULT_WEIGHT, Priority
 
 Name = Annotated[str, Field(min_length=1, max_length=200)]
 # Strict: an admin's 0, 1.0 or "5" is refused (400 naming the field), not read as
@@ -76,6 +79,8 @@ class TenantCreate(Strict):
     id: Annotated[str, Field(pattern=TENANT_ID_PATTERN)]
     name: Name
     allow_base_model: Flag = False
+    weight: Weight = DEFAULT_WEIGHT
+    priority: PriorityClass = DEFAULT_PRIORITY
 
 
 class TenantUpdate(Strict):
@@ -84,6 +89,8 @@ class TenantUpdate(Strict):
     name: Name | None = None
     allow_base_model: Flag | None = None
     enabled: Flag | None = Field(None, description="false: every key of the tenant is refused")
+    weight: Weight | None = None
+    priority: PriorityClass | None = None
 
 
 class Out(BaseModel):
@@ -95,6 +102,8 @@ class TenantOut(Out):
     name: str
     allow_base_model: bool
     enabled: bool
+    weight: int
+    priority: Priority
     created_at: datetime
 
 

@@ -120,6 +120,8 @@ class AdminService:
                 name=body.name,
                 allow_base_model=body.allow_base_model,
                 enabled=True,
+                weight=body.weight,
+                priority=body.priority,
                 created_at=now(),
             )
             session.add(row)
@@ -388,6 +390,8 @@ class AdminService:
                         id=manifest.id,
                         name=manifest.name,
                         allow_base_model=manifest.allow_base_model,
+                        weight=manifest.weight,
+                        priority=manifest.priority,
                     ),
                 )
                 changes.append(f"created tenant {manifest.id}")
@@ -395,6 +399,8 @@ class AdminService:
                 name=manifest.name,
                 allow_base_model=manifest.allow_base_model,
                 enabled=manifest.enabled,
+                weight=manifest.weight,
+                priority=manifest.priority,
             )
             if any(
                 getattr(current, f) != v for f, v in update_.model_dump(exclude_none=True).items()

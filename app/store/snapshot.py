@@ -82,6 +82,8 @@ async def load_registry(
             enabled=row.enabled,
             adapters=grants[row.id],
             limits=quotas.get(row.id, Limits()),
+            weight=row.weight,
+            priority="batch" if row.priority == "batch" else "interactive",
         )
         for row in tenant_rows
     ]

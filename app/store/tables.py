@@ -51,6 +51,11 @@ class TenantRow(Base):
     allow_base_model: Mapped[bool] = mapped_column(Boolean, default=False)
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[datetime]
+    # Scheduling: the tenant's share of the engine and its class (interactive or batch).
+    weight: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    priority: Mapped[str] = mapped_column(
+        String(16), default="interactive", server_default="interactive"
+    )
 
 
 class ApiKeyRow(Base):

@@ -6,6 +6,8 @@ A manifest::
     id: acme-legal
     name: ACME Legal LLP
     allow_base_model: false
+    weight: 2            # share of the engine under contention (default 1)
+    priority: batch      # interactive (default) or batch
     adapters:            # alias the tenant calls -> registered adapter (latest version)
       legal_advisor: legal_advisor
 
@@ -15,10 +17,12 @@ Keys are never declared: they are issued (and shown once) by the API or CLI.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Final
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.tenancy.tenants import DEFAULT_PRIORITY, DEFAULT_WEIGHT, Priority
 
 TENANT_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
@@ -34,6 +38,22 @@ GRANT_ALIAS_RULE = (
 )
 GrantAlias = Annotated[str, Field(pattern=GRANT_ALIAS_PATTERN, description=GRANT_ALIAS_RULE)]
 AdapterName = Annotated[str, Field(pattern=ADAPTER_NAME_PATTERN)]
+# A weight is a share relative to other tenants'; beyond a few hundred a tenant would take
+# the engine whole, and the scheduler's token credit (weight x quantum) stays an int.
+MAX_WEIGHT: Final = 1000
+Weight = Annotated[
+    int,
+    Field(
+        ge=1,
+        le=MAX_WEIGHT,
+        strict=True,
+        description="Share of the engine under contention, relative to other tenants' weights.",
+    ),
+]
+PriorityClass = Annotated[
+    Priority,
+    Field(description="interactive: latency-sensitive; batch: may wait (the llm-d objective)."),
+]
 
 
 class ManifestError(ValueError):
@@ -47,6 +67,8 @@ class TenantManifest(BaseModel):
     name: str
     allow_base_model: bool = False
     enabled: bool = True
+    weight: Weight = DEFAULT_WEIGHT
+    priority: PriorityClass = DEFAULT_PRIORITY
     adapters: dict[GrantAlias, AdapterName] = Field(default_factory=dict)
 
 

@@ -5,9 +5,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Final, Literal
 
 from app.quota.limits import Limits
 from app.tenancy.adapters import Adapter
+
+Priority = Literal["interactive", "batch"]
+"""A tenant's scheduling class: ``interactive`` traffic is latency-sensitive, ``batch`` may
+wait. The front tier sends it as the llm-d objective header."""
+
+PRIORITIES: Final[tuple[Priority, ...]] = ("interactive", "batch")
+DEFAULT_WEIGHT: Final = 1
+DEFAULT_PRIORITY: Final[Priority] = "interactive"
 
 
 @dataclass(frozen=True)
@@ -19,6 +28,10 @@ class Tenant:
     adapters: Mapping[str, Adapter] = field(default_factory=dict)
     enabled: bool = True
     limits: Limits = field(default_factory=Limits)
+    # The tenant's share of the engine relative to other tenants' (>= 1): under contention a
+    # tenant of weight 2 is admitted twice the tokens of a tenant of weight 1.
+    weight: int = DEFAULT_WEIGHT
+    priority: Priority = DEFAULT_PRIORITY
 
 
 @dataclass(frozen=True)

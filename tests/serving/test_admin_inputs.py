@@ -39,3 +39,27 @@ async def test_quota_usage_of_an_unknown_tenant_is_a_404(serve: ServeFactory) ->
         response = await admin.get("/tenants/nobody/quota/usage")
         assert response.status_code == 404
         assert response.json()["error"]["code"] == "not_found"
+
+
+async def test_scheduling_attributes_over_the_admin_api(serve: ServeFactory) -> None:
+    async with (
+        serve(ScriptedEngine()) as served,
+        httpx.AsyncClient(
+            base_url=f"{served.base_url}/admin/v1",
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        ) as admin,
+    ):
+        created = await admin.post(
+            "/tenants", json={"id": "batchy", "name": "B", "weight": 3, "priority": "batch"}
+        )
+        assert created.status_code == 201, created.text
+        assert (created.json()["weight"], created.json()["priority"]) == (3, "batch")
+        for body, field in (({"weight": 0}, "weight"), ({"priority": "urgent"}, "priority")):
+            refused = await admin.patch("/tenants/batchy", json=body)
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error"]["param"] == field
+        patched = await admin.patch("/tenants/batchy", json={"priority": "interactive"})
+        assert patched.json()["priority"] == "interactive"
+        read = (await admin.get("/tenants/batchy")).json()
+        assert (read["weight"], read["priority"]) == (3, "interactive")
+        assert served.gateway.registry.tenant("batchy").weight == 3

@@ -267,3 +267,32 @@ async def test_a_path_through_a_symlink_loop_is_refused(admin: AdminService) -> 
     (admin.storage.root / "b").symlink_to("a")
     with pytest.raises(BadRequestError, match="cannot be resolved"):
         await register(admin, "looped", "a/adapter")
+
+
+async def test_scheduling_attributes_round_trip(
+    admin: AdminService, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    plain = await admin.create_tenant(ACTOR, schemas.TenantCreate(id="plain", name="Plain"))
+    assert (plain.weight, plain.priority) == (1, "interactive")
+    heavy = schemas.TenantCreate(id="heavy", name="Heavy", weight=3, priority="batch")
+    await admin.create_tenant(ACTOR, heavy)
+    await admin.update_tenant(ACTOR, "plain", schemas.TenantUpdate(weight=5))
+    read = await admin.get_tenant("plain")
+    assert (read.weight, read.priority) == (5, "interactive")
+    view = await registry(sessions)
+    assert (view.tenant("plain").weight, view.tenant("plain").priority) == (5, "interactive")
+    assert (view.tenant("heavy").weight, view.tenant("heavy").priority) == (3, "batch")
+
+
+async def test_manifests_set_and_reset_scheduling_attributes(
+    admin: AdminService, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    weighted = TenantManifest(id="acme", name="ACME", weight=4, priority="batch")
+    assert await admin.apply_manifests(ACTOR, [weighted]) == ["created tenant acme"]
+    tenant = (await registry(sessions)).tenant("acme")
+    assert (tenant.weight, tenant.priority) == (4, "batch")
+    # A manifest that no longer names them puts the defaults back.
+    plain = TenantManifest(id="acme", name="ACME")
+    assert await admin.apply_manifests(ACTOR, [plain]) == ["updated tenant acme"]
+    tenant = (await registry(sessions)).tenant("acme")
+    assert (tenant.weight, tenant.priority) == (1, "interactive")

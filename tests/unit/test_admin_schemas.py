@@ -62,3 +62,35 @@ def test_bad_grant_aliases_are_a_400_naming_alias(alias: str, match: str) -> Non
     with pytest.raises(BadRequestError, match=match) as caught:
         schemas.check_grant_alias(alias, BASE)
     assert caught.value.param == "alias" and caught.value.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"weight": 0}, "weight"),
+        ({"weight": 1001}, "weight"),
+        ({"weight": "2"}, "weight"),
+        ({"weight": 1.5}, "weight"),
+        ({"priority": "urgent"}, "priority"),
+        ({"priority": 1}, "priority"),
+    ],
+)
+def test_bad_scheduling_attributes_are_refused_naming_the_field(
+    body: dict[str, object], field: str
+) -> None:
+    for model, base in (
+        (schemas.TenantCreate, {"id": "acme", "name": "ACME"}),
+        (schemas.TenantUpdate, {}),
+    ):
+        with pytest.raises(ValidationError) as caught:
+            model.model_validate_json(json.dumps({**base, **body}))
+        assert {error["loc"][0] for error in caught.value.errors()} == {field}
+
+
+def test_scheduling_attributes_default_to_one_share_interactive() -> None:
+    created = schemas.TenantCreate(id="acme", name="ACME")
+    assert (created.weight, created.priority) == (1, "interactive")
+    assert schemas.TenantUpdate(weight=3, priority="batch").model_dump(exclude_none=True) == {
+        "weight": 3,
+        "priority": "batch",
+    }
