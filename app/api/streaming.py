@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Mapping
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import anyio
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -29,7 +29,7 @@ class CompletionResponse(Response, Generic[Request]):
     def __init__(
         self,
         tracker: RequestTracker,
-        service: Service[Request],
+        service: Service[Request, Any],
         request: Request,
         principal: Principal,
         request_id: str,

@@ -22,25 +22,28 @@ from app.protocol import (
     Usage,
 )
 from app.protocol.responses import FinishReason, FunctionCallDelta, ToolCallDelta
+from app.quota import Reservation
 from app.serving import generation as gen
 from app.serving import tools
+from app.serving.engine_run import EngineRun
 from app.serving.logprobs import chat_logprobs
 from app.serving.sse import event_stream
 from app.serving.structured import OutputConstraints
-from app.serving.tracking import Run
 from app.tenancy.tenants import ModelTarget, Principal
 
 
-class ChatService(gen.EngineEndpoint):
+class ChatPreparation(gen.PromptEndpoint):
+    """A chat request checked and tokenised, wherever it then runs."""
+
     endpoint = "chat.completions"
 
     def __init__(
         self,
-        engine: Engine,
+        model: gen.PromptModel,
         constraints: OutputConstraints | None = None,
         tool_parser: type[ToolParser] | None = None,
     ) -> None:
-        super().__init__(engine, constraints)
+        super().__init__(model, constraints)
         self.tool_parser = tool_parser
 
     def _auto_calls(self, request: ChatCompletionRequest) -> tools.AutoCalls | None:
@@ -58,7 +61,7 @@ class ChatService(gen.EngineEndpoint):
                 param="tool_choice",
             )
         try:
-            return tools.AutoCalls(self.tool_parser, self.engine.tokenizer, request)
+            return tools.AutoCalls(self.tool_parser, self.model.tokenizer, request)
         except (RuntimeError, ValueError, KeyError) as error:
             # A parser that cannot find its markers in this model's vocabulary (llama3_json
             # without <|python_tag|>) is a misconfigured gateway, not a bad request.
@@ -74,7 +77,7 @@ class ChatService(gen.EngineEndpoint):
         request_id: str,
     ) -> gen.Generation:
         auto = self._auto_calls(request)
-        tokenizer = self.engine.tokenizer
+        tokenizer = self.model.tokenizer
         text = tools.render_prompt(tokenizer, request)
         prompt = tokenizer.encode(text, add_special_tokens=False)
         generation = self._generation(request, prompt, principal, target, request_id)
@@ -83,7 +86,23 @@ class ChatService(gen.EngineEndpoint):
             generation.params.skip_special_tokens = False
         return generation
 
-    async def complete(self, request: ChatCompletionRequest, run: Run) -> ChatCompletion:
+
+class ChatService(ChatPreparation):
+    """Chat on the engine in this process."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        constraints: OutputConstraints | None = None,
+        tool_parser: type[ToolParser] | None = None,
+    ) -> None:
+        super().__init__(engine, constraints, tool_parser)
+        self.engine = engine
+
+    def start(self, generation: gen.Generation, reservation: Reservation | None) -> EngineRun:
+        return EngineRun(self.engine, generation, reservation)
+
+    async def complete(self, request: ChatCompletionRequest, run: EngineRun) -> ChatCompletion:
         generation = run.generation
         outputs = await gen.collect(run.outputs(), generation.params.n)
         auto = self._auto_calls(request)
@@ -105,7 +124,7 @@ class ChatService(gen.EngineEndpoint):
             usage=gen.usage(generation.prompt_tokens, completion_tokens),
         )
 
-    def stream(self, request: ChatCompletionRequest, run: Run) -> AsyncIterator[str]:
+    def stream(self, request: ChatCompletionRequest, run: EngineRun) -> AsyncIterator[str]:
         generation = run.generation
 
         def chunk(
@@ -145,7 +164,7 @@ class ChatService(gen.EngineEndpoint):
     def _stream_call(
         self,
         request: ChatCompletionRequest,
-        run: Run,
+        run: EngineRun,
         chunk: Callable[..., ChatCompletionChunk],
     ) -> AsyncIterator[str]:
         """A call, streamed as OpenAI streams one: a named function's arguments as they are

@@ -7,6 +7,7 @@ from functools import partial
 
 from vllm import CompletionOutput
 
+from app.engine.base import Engine
 from app.errors import BadRequestError
 from app.protocol import (
     Completion,
@@ -15,14 +16,18 @@ from app.protocol import (
     CompletionRequest,
     Usage,
 )
+from app.quota import Reservation
 from app.serving import generation as gen
+from app.serving.engine_run import EngineRun
 from app.serving.logprobs import completion_logprobs
 from app.serving.sse import event_stream
-from app.serving.tracking import Run
+from app.serving.structured import OutputConstraints
 from app.tenancy.tenants import ModelTarget, Principal
 
 
-class CompletionService(gen.EngineEndpoint):
+class CompletionPreparation(gen.PromptEndpoint):
+    """A text completion request checked and tokenised, wherever it then runs."""
+
     endpoint = "completions"
 
     def prepare(
@@ -33,10 +38,10 @@ class CompletionService(gen.EngineEndpoint):
         request_id: str,
     ) -> gen.Generation:
         if isinstance(request.prompt, str):
-            prompt = self.engine.tokenizer.encode(request.prompt)
+            prompt = self.model.tokenizer.encode(request.prompt)
         else:
             prompt = list(request.prompt)
-            vocabulary = len(self.engine.tokenizer)
+            vocabulary = len(self.model.tokenizer)
             if not all(0 <= token < vocabulary for token in prompt):
                 raise BadRequestError(
                     f"Token ids in `prompt` must be between 0 and {vocabulary - 1}.",
@@ -44,7 +49,18 @@ class CompletionService(gen.EngineEndpoint):
                 )
         return self._generation(request, prompt, principal, target, request_id)
 
-    async def complete(self, request: CompletionRequest, run: Run) -> Completion:
+
+class CompletionService(CompletionPreparation):
+    """Text completions on the engine in this process."""
+
+    def __init__(self, engine: Engine, constraints: OutputConstraints | None = None) -> None:
+        super().__init__(engine, constraints)
+        self.engine = engine
+
+    def start(self, generation: gen.Generation, reservation: Reservation | None) -> EngineRun:
+        return EngineRun(self.engine, generation, reservation)
+
+    async def complete(self, request: CompletionRequest, run: EngineRun) -> Completion:
         generation = run.generation
         outputs = await gen.collect(run.outputs(), generation.params.n)
         echo = self._echo(request, generation)
@@ -65,7 +81,7 @@ class CompletionService(gen.EngineEndpoint):
             usage=gen.usage(generation.prompt_tokens, completion_tokens),
         )
 
-    def stream(self, request: CompletionRequest, run: Run) -> AsyncIterator[str]:
+    def stream(self, request: CompletionRequest, run: EngineRun) -> AsyncIterator[str]:
         generation = run.generation
         echo = self._echo(request, generation)
         offsets = dict.fromkeys(range(request.n), len(echo))

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from vllm import CompletionOutput, RequestOutput, SamplingParams
 from vllm.logprobs import LogprobsOnePosition
 from vllm.sampling_params import RequestOutputKind
 
-from app.engine.base import Engine
 from app.errors import BadRequestError, ContextLengthExceededError, EngineUnavailableError
 from app.protocol import ChatCompletionRequest, CompletionRequest, Usage
 from app.serving.structured import OutputConstraints
@@ -36,14 +36,27 @@ class Generation:
         return len(self.prompt_token_ids)
 
 
-class EngineEndpoint:
-    """What the chat and text completion services share: the engine, the bounds on output
-    constraints, and turning a tokenised prompt into a :class:`Generation`."""
+class PromptModel(Protocol):
+    """What preparing a request needs of the model: its tokenizer and context length. The
+    in-process engine has both; the front role loads them from the model directory, with no
+    engine, so that it refuses what the engine would refuse before anything is held."""
+
+    max_model_len: int
+
+    @property
+    def tokenizer(self) -> Any:
+        """A Hugging Face tokenizer (``encode``, ``decode``, ``apply_chat_template``)."""
+
+
+class PromptEndpoint:
+    """What the chat and text completion endpoints share, wherever their requests run: the
+    model's tokenizer and context length, the bounds on output constraints, and turning a
+    tokenised prompt into a :class:`Generation`."""
 
     endpoint: str
 
-    def __init__(self, engine: Engine, constraints: OutputConstraints | None = None) -> None:
-        self.engine = engine
+    def __init__(self, model: PromptModel, constraints: OutputConstraints | None = None) -> None:
+        self.model = model
         self.constraints = constraints or OutputConstraints()
 
     def _generation(
@@ -57,8 +70,8 @@ class EngineEndpoint:
         params = sampling_params(
             request,
             len(prompt),
-            self.engine.max_model_len,
-            vocabulary=len(self.engine.tokenizer),
+            self.model.max_model_len,
+            vocabulary=len(self.model.tokenizer),
             constraints=self.constraints,
         )
         return Generation(request_id, self.endpoint, principal, target, prompt, params)

@@ -3,10 +3,15 @@
 :meth:`RequestTracker.track` is the whole of it, as one ``async with``: resolve the request's
 ``model`` for its tenant, check the request-rate limits that need no token count, tokenise off
 the event loop, reserve the worst case against the quotas, then hand the caller a :class:`Run`
-whose engine stream it may read. However the block ends (the engine finished, the client left,
-an error, a shutdown), the exit aborts an unfinished engine request, counts what the engine
-produced up to then, settles the reservation exactly once with it, closes the engine stream,
-counts the outcome and writes the usage record. The JSON and the SSE response both run inside it.
+whose answer it may read. However the block ends (it finished, the client left, an error, a
+shutdown), the exit closes the run (an unfinished request is aborted and what it produced up to
+then is counted), settles the reservation exactly once with that count, counts the outcome and
+writes the usage record. The JSON and the SSE response both run inside it.
+
+What a request runs on is its service's choice (:meth:`Service.start`): the in-process engine
+(:class:`app.serving.engine_run.EngineRun`) or, in the front role, an upstream OpenAI server
+(:class:`app.serving.upstream_run.UpstreamRun`). The tracker only needs a :class:`Run`'s
+headers, outcome and token counts, and its :meth:`Run.close`.
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ from pydantic import BaseModel
 from vllm import RequestOutput
 
 from app import metrics
-from app.engine.base import Engine
 from app.errors import GatewayError
 from app.protocol import SamplingFields
 from app.quota import Limits, QuotaBackend, QuotaExceeded, QuotaTooLarge, Reservation
@@ -45,31 +49,59 @@ RequestContra = TypeVar("RequestContra", bound=SamplingFields, contravariant=Tru
 Outcome = Literal["ok", "cancelled", "error"]
 Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
-DRAIN_SECONDS = 2.0
-"""How long an aborted request's last output may take to arrive: it carries the tokens the
-engine produced that the client had not read yet, which are charged too."""
-
 
 class ClientDisconnected(Exception):
     """The client left before its response was complete."""
 
 
-class Service(Protocol[RequestContra]):
-    """An endpoint (chat, completions): how its requests are prepared and answered."""
+class Run(Protocol):
+    """One admitted request, running. The service that started it reads its answer; the
+    tracker closes it, then settles with its token counts."""
+
+    generation: Generation
+    reservation: Reservation | None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The response's headers (``x-ratelimit-*``)."""
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens to charge."""
+
+    @property
+    def completion_tokens(self) -> int:
+        """Completion tokens to charge: what was produced, as far as it is known once
+        :meth:`close` has returned."""
+
+    def outcome(self) -> Outcome:
+        """``ok`` when the answer was complete, ``error`` when it failed, else ``cancelled``."""
+
+    async def close(self) -> None:
+        """Stop whatever still runs for the request and count what it produced."""
+
+
+RunT = TypeVar("RunT", bound=Run)
+
+
+class Service(Protocol[RequestContra, RunT]):
+    """An endpoint (chat, completions): how its requests are prepared, run and answered."""
 
     endpoint: str
-    engine: Engine
 
     def prepare(
         self, request: RequestContra, principal: Principal, target: ModelTarget, request_id: str
     ) -> Generation:
         """Tokenise and build the sampling parameters (CPU work, run off the event loop)."""
 
-    async def complete(self, request: RequestContra, run: Run) -> BaseModel:
-        """The whole response, once the engine has finished."""
+    def start(self, generation: Generation, reservation: Reservation | None) -> RunT:
+        """The run of an admitted request; nothing is sent anywhere until it is read."""
 
-    def stream(self, request: RequestContra, run: Run) -> AsyncIterator[str]:
-        """The response as server-sent events, as the engine produces it."""
+    async def complete(self, request: RequestContra, run: RunT) -> BaseModel:
+        """The whole response, once the request has finished."""
+
+    def stream(self, request: RequestContra, run: RunT) -> AsyncIterator[str]:
+        """The response as server-sent events, as it is produced."""
 
 
 @dataclass
@@ -104,80 +136,6 @@ class TokenMeter:
         self.last_token_at = now
 
 
-class Run:
-    """One admitted request. :meth:`outputs` opens its engine stream (once); the tracker
-    closes it."""
-
-    def __init__(
-        self, engine: Engine, generation: Generation, reservation: Reservation | None
-    ) -> None:
-        self.generation = generation
-        self.reservation = reservation
-        tenant = generation.principal.tenant.id
-        self.meter = TokenMeter(tenant, generation.target.model)
-        self._engine = engine
-        self._stream: AsyncIterator[RequestOutput] | None = None
-        self._finished = False
-        self._failed = False
-
-    @property
-    def headers(self) -> dict[str, str]:
-        """The ``x-ratelimit-*`` headers of the response."""
-        return dict(self.reservation.headers) if self.reservation is not None else {}
-
-    async def outputs(self) -> AsyncIterator[RequestOutput]:
-        """The engine's deltas, as it produces them."""
-        if self._stream is not None:
-            raise RuntimeError("a request's engine stream is read once")
-        generation = self.generation
-        self._stream = self._engine.generate(
-            generation.prompt_token_ids,
-            generation.params,
-            generation.request_id,
-            generation.target.adapter,
-            # A tenant's cached prefixes never serve another tenant: no timing
-            # side channel reveals what others have asked.
-            cache_salt=generation.principal.tenant.id,
-        )
-        try:
-            async for output in self._stream:
-                self._observe(output)
-                yield output
-        except Exception:
-            self._failed = True
-            raise
-
-    def outcome(self) -> Outcome:
-        if self._failed:
-            return "error"
-        return "ok" if self._finished else "cancelled"
-
-    def _observe(self, output: RequestOutput) -> None:
-        self.meter.observe(output)
-        self._finished = output.finished
-
-    async def _drain(self, stream: AsyncIterator[RequestOutput]) -> None:
-        async for output in stream:
-            self._observe(output)
-
-    async def close(self) -> None:
-        """Abort an unfinished engine request, count what it produced until then, and close
-        the stream."""
-        stream = self._stream
-        if stream is None:
-            return
-        try:
-            if not self._finished and not self._failed:
-                await self._engine.abort(self.generation.request_id)
-                await asyncio.wait_for(self._drain(stream), DRAIN_SECONDS)
-        except Exception:
-            logger.warning(
-                "could not drain aborted request %s", self.generation.request_id, exc_info=True
-            )
-        finally:
-            await stream.aclose()  # type: ignore[attr-defined]
-
-
 def key_subject(key: ApiKey) -> str:
     """The quota subject of a key's own limits; a tenant's is its id."""
     return f"{key.tenant_id}/{key.id}"
@@ -203,8 +161,11 @@ class RequestTracker:
         spawn: Spawn,
         *,
         lease_seconds: float,
-        local_copy: Callable[[str], Path],
+        local_copy: Callable[[str], Path] | None,
     ) -> None:
+        """``local_copy`` gives this host's copy of an adapter's content (by digest) for an
+        engine in this process to load; ``None`` where the engine is elsewhere (the front
+        role), which names adapters by their global name and never needs their content."""
         self.in_flight = in_flight
         self._registry = registry
         self._local_copy = local_copy
@@ -223,14 +184,15 @@ class RequestTracker:
     @asynccontextmanager
     async def track(
         self,
-        service: Service[Request],
+        service: Service[Request, RunT],
         request: Request,
         principal: Principal,
         request_id: str,
-    ) -> AsyncIterator[Run]:
+    ) -> AsyncIterator[RunT]:
         """Admit the request and yield its :class:`Run`; settle and record it on exit."""
         generation, reservation = await self._admit(service, request, principal, request_id)
-        run = Run(service.engine, generation, reservation)
+        run = service.start(generation, reservation)
+        began = time.monotonic()
         adapter = generation.target.adapter
         started_at = datetime.now(timezone.utc)
         if adapter is not None:
@@ -248,12 +210,12 @@ class RequestTracker:
                 if lease is not None:
                     lease.cancel()
                 # Shielded: a shutdown that cancels this request still settles and records it.
-                finish = self._finish(run, outcome, started_at, request.user)
+                finish = self._finish(run, outcome, began, started_at, request.user)
                 await asyncio.shield(self._spawn(finish))
 
     async def _admit(
         self,
-        service: Service[Request],
+        service: Service[Request, Any],
         request: Request,
         principal: Principal,
         request_id: str,
@@ -264,8 +226,8 @@ class RequestTracker:
         try:
             target = self._registry().resolve(tenant, request.model)
             model = target.model
-            if target.adapter is not None:
-                target = await self._on_this_host(target, target.adapter)
+            if target.adapter is not None and self._local_copy is not None:
+                target = await self._on_this_host(target, target.adapter, self._local_copy)
             subjects = quota_subjects(principal)
             if subjects:
                 # The limits that need no token count, before the prompt is tokenised.
@@ -289,10 +251,13 @@ class RequestTracker:
             raise
         return generation, reservation
 
-    async def _on_this_host(self, target: ModelTarget, adapter: Adapter) -> ModelTarget:
+    @staticmethod
+    async def _on_this_host(
+        target: ModelTarget, adapter: Adapter, local_copy: Callable[[str], Path]
+    ) -> ModelTarget:
         """``target`` with its adapter at this host's copy of the content, fetched first when
         the adapter store keeps it elsewhere (another replica registered it)."""
-        path = await asyncio.to_thread(self._local_copy, adapter.sha256)
+        path = await asyncio.to_thread(local_copy, adapter.sha256)
         return (
             target if path == adapter.path else replace(target, adapter=replace(adapter, path=path))
         )
@@ -317,23 +282,23 @@ class RequestTracker:
                 logger.warning("could not renew lease %s", reservation.id, exc_info=True)
 
     async def _finish(
-        self, run: Run, outcome: Outcome, started_at: datetime, user: str | None
+        self, run: Run, outcome: Outcome, began: float, started_at: datetime, user: str | None
     ) -> None:
-        """Close the engine stream, then settle and record with what the engine produced."""
+        """Close the run, then settle and record with what it produced."""
         await run.close()
-        generation, meter = run.generation, run.meter
-        completion_tokens = meter.completion_tokens
+        generation = run.generation
+        prompt_tokens, completion_tokens = run.prompt_tokens, run.completion_tokens
         if run.reservation is not None:
-            actual = generation.prompt_tokens + completion_tokens
+            actual = prompt_tokens + completion_tokens
             self._spawn(self._quota.reconcile(run.reservation, actual))
         tenant, model, endpoint = (
             generation.principal.tenant.id,
             generation.target.model,
             (generation.endpoint),
         )
-        elapsed = time.monotonic() - meter.started
+        elapsed = time.monotonic() - began
         metrics.REQUESTS.labels(tenant, model, endpoint, outcome).inc()
-        metrics.PROMPT_TOKENS.labels(tenant, model).inc(generation.prompt_tokens)
+        metrics.PROMPT_TOKENS.labels(tenant, model).inc(prompt_tokens)
         metrics.COMPLETION_TOKENS.labels(tenant, model).inc(completion_tokens)
         metrics.REQUEST_DURATION.labels(tenant, model, endpoint).observe(elapsed)
         adapter = generation.target.adapter
@@ -346,7 +311,7 @@ class RequestTracker:
                 model=model,
                 adapter=adapter.name if adapter else None,
                 adapter_version=adapter.version if adapter else None,
-                prompt_tokens=generation.prompt_tokens,
+                prompt_tokens=prompt_tokens,
                 completion_tokens=completion_tokens,
                 status=outcome,
                 latency_ms=round(elapsed * 1000),
