@@ -34,14 +34,21 @@ async def event_stream(
     held back to be sent later), then (when the client asked for it) the
     ``usage`` chunk, and [DONE].
 
+    The opening events leave with the engine's first output, not before: clients time the
+    first token by the first event (vLLM's server opens its streams the same way), and an
+    opening sent at admission would report a queued request as already answering.
+
     An error once the response has started can only be reported in-band:
     it becomes one OpenAI-shaped error event before [DONE].
     """
     completion_tokens = 0
+    opened = False
     try:
-        for payload in opening:
-            yield event(payload)
         async for output in outputs:
+            if not opened:
+                opened = True
+                for payload in opening:
+                    yield event(payload)
             for delta in output.outputs:
                 completion_tokens += len(delta.token_ids)
                 piece = chunk(delta)
