@@ -41,6 +41,10 @@ def serve(settings: Settings) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
+    if settings.role == "engine":  # vLLM's own server with our plugins, no gateway app
+        from app.engine.engine_server import serve_engine
+
+        sys.exit(serve_engine(settings))
     server.run(create_app(settings), settings)
 
 

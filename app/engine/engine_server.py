@@ -1,0 +1,191 @@
+"""The engine role: vLLM's own OpenAI server on the configured model, with our plugins.
+
+``LORA_GATEWAY_ROLE=engine lora-gateway serve`` runs
+``python -m vllm.entrypoints.openai.api_server`` (vLLM's server: the surface the llm-d
+router's EPP and llm-d's manifests expect: ``/v1/*``, ``/health``, ``/metrics`` with
+``vllm:lora_requests_info``) in a child process, configured from the one settings object:
+
+* the engine arguments the in-process engine takes (:func:`app.engine.vllm_engine.engine_args`),
+  as command-line flags, the base model served as ``settings.base_model_id``;
+* ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` and ``VLLM_PLUGINS`` naming our two
+  ``vllm.general_plugins``: ``lora_gateway`` (the CPU isolation fix, the residency
+  metrics: :mod:`app.engine.vllm_plugin`) and ``lora_gateway_resolver`` (global adapter
+  names from the shared store: :mod:`app.engine.lora_resolver`), and the settings the
+  resolver reads;
+* a fresh ``PROMETHEUS_MULTIPROC_DIR``, so that the residency metrics, written in the engine
+  core's process, reach the server's ``/metrics`` beside vLLM's own; removed at exit.
+
+As the in-process gateway does, it refuses to start when the isolation fix would not be
+active in vLLM's processes (:func:`app.engine.vllm_plugin.require_isolation_fix`).
+SIGTERM and SIGINT are passed on to vLLM's server, which drains and exits; its exit status
+is the role's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from importlib import metadata
+from types import FrameType
+
+from app.engine.vllm_plugin import ENV_VAR as ISOLATION_FIX_ENV
+from app.engine.vllm_plugin import (
+    PLUGIN_GROUP,
+    PLUGIN_NAME,
+    IsolationFixUnavailable,
+    require_isolation_fix,
+)
+from app.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+RESOLVER_PLUGIN_NAME = "lora_gateway_resolver"
+RESOLVER_TARGET = "app.engine.lora_resolver:register"
+PLUGINS = f"{PLUGIN_NAME},{RESOLVER_PLUGIN_NAME}"
+GIB = 1 << 30
+
+
+def vllm_server_argv(settings: Settings) -> list[str]:
+    """The command line of vLLM's server for ``settings`` (the flags mirror ``engine_args``)."""
+    from app.engine.vllm_engine import structured_outputs_config
+
+    structured = structured_outputs_config(settings.structured_outputs_compact)
+    structured_flag = {
+        "backend": structured.backend,
+        "disable_any_whitespace": structured.disable_any_whitespace,
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        VLLM_SERVER_MODULE,
+        "--model",
+        settings.model,
+        "--served-model-name",
+        settings.base_model_id,
+        "--dtype",
+        settings.dtype,
+        "--max-model-len",
+        str(settings.max_model_len),
+        "--max-num-seqs",
+        str(settings.max_num_seqs),
+        "--enable-lora",
+        "--max-loras",
+        str(settings.max_loras),
+        "--max-cpu-loras",
+        str(settings.max_cpu_loras),
+        "--max-lora-rank",
+        str(settings.max_lora_rank),
+        "--gpu-memory-utilization",
+        str(settings.gpu_memory_utilization),
+        "--enforce-eager" if settings.enforce_eager else "--no-enforce-eager",
+        "--seed",
+        str(settings.seed),
+        "--structured-outputs-config",
+        json.dumps(structured_flag),
+        "--host",
+        settings.host,
+        "--port",
+        str(settings.port),
+        "--uvicorn-log-level",
+        settings.log_level,
+    ]
+    if settings.kv_cache_gib is not None:
+        argv += ["--kv-cache-memory-bytes", str(int(settings.kv_cache_gib * GIB))]
+    if settings.tool_call_parser is not None:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", settings.tool_call_parser]
+    if settings.ssl_certfile is not None and settings.ssl_keyfile is not None:
+        argv += ["--ssl-certfile", str(settings.ssl_certfile)]
+        argv += ["--ssl-keyfile", str(settings.ssl_keyfile)]
+    return argv
+
+
+def vllm_server_env(
+    settings: Settings, metrics_dir: str, environ: Mapping[str, str] = os.environ
+) -> dict[str, str]:
+    """``environ`` plus what vLLM's server and our plugins need to act on ``settings``."""
+    return {
+        **environ,
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
+        "VLLM_PLUGINS": PLUGINS,
+        "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
+        ISOLATION_FIX_ENV: "1" if settings.isolation_fix else "0",
+        # What the resolver reads (it builds its Settings from the environment), so that it
+        # sees this settings object even where it came from elsewhere than the environment.
+        "LORA_GATEWAY_ROLE": "engine",
+        "LORA_GATEWAY_MODEL": settings.model,
+        "LORA_GATEWAY_ADAPTER_STORE": settings.adapter_store,
+        "LORA_GATEWAY_ADAPTER_ROOT": str(settings.adapter_root),
+        "LORA_GATEWAY_ADAPTER_CACHE_DIR": str(settings.adapter_cache_dir),
+        "LORA_GATEWAY_ADAPTER_CACHE_BYTES": str(settings.adapter_cache_bytes),
+        "LORA_GATEWAY_DATABASE_URL": settings.database_url,
+        "LORA_GATEWAY_MAX_LORA_RANK": str(settings.max_lora_rank),
+        "LORA_GATEWAY_MAX_ADAPTER_BYTES": str(settings.max_adapter_bytes),
+    }
+
+
+def _installed_plugins() -> Iterable[metadata.EntryPoint]:
+    return metadata.entry_points(group=PLUGIN_GROUP)
+
+
+class ResolverUnavailable(RuntimeError):
+    """vLLM would not load our LoRA resolver: every adapter name would be a 404."""
+
+
+def require_resolver(
+    find_plugins: Callable[[], Iterable[metadata.EntryPoint]] = _installed_plugins,
+) -> None:
+    """Check that the resolver's entry point is installed (``pip install -e .``)."""
+    found = [ep.value for ep in find_plugins() if ep.name == RESOLVER_PLUGIN_NAME]
+    if found != [RESOLVER_TARGET]:
+        raise ResolverUnavailable(
+            f"the entry point {PLUGIN_GROUP}: {RESOLVER_PLUGIN_NAME} = {RESOLVER_TARGET} is not "
+            f"installed (found {found or 'none'}), so vLLM's server could not resolve adapter "
+            "names: reinstall the gateway (pip install -e .)"
+        )
+
+
+def check_plugins(settings: Settings, env: Mapping[str, str]) -> str:
+    """Refuse (``IsolationFixUnavailable``, ``ResolverUnavailable``) to start vLLM's server
+    with ``env`` unless both plugins will be loaded; the isolation fix's outcome."""
+    import vllm
+    from vllm.platforms import current_platform
+
+    require_resolver()
+    return require_isolation_fix(
+        settings.isolation_fix,
+        is_cpu=current_platform.is_cpu(),
+        vllm_version=vllm.__version__,
+        environ=env,
+    )
+
+
+def serve_engine(settings: Settings) -> int:
+    """Run vLLM's server for ``settings`` until it exits; its exit status (1 when the plugins
+    are not in place)."""
+    metrics_dir = tempfile.mkdtemp(prefix="lora-gateway-engine-metrics-")
+    try:
+        env = vllm_server_env(settings, metrics_dir)
+        try:
+            logger.info("CPU punica isolation fix: %s", check_plugins(settings, env))
+        except (IsolationFixUnavailable, ResolverUnavailable) as exc:
+            logger.error("not starting vLLM's server: %s", exc)
+            return 1
+        # A session of its own: a terminal's Ctrl-C reaches it once, through forward().
+        server = subprocess.Popen(vllm_server_argv(settings), env=env, start_new_session=True)
+
+        def forward(signum: int, _: FrameType | None) -> None:
+            server.send_signal(signum)
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, forward)
+        return server.wait()
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)

@@ -1,0 +1,200 @@
+"""vLLM LoRA resolver: an engine serves an adapter version by its global name, ``name@vN``.
+
+In the engine role (:mod:`app.engine.engine_server`) vLLM's OpenAI server meets a request
+whose ``model`` is neither the base model nor an adapter it has loaded; with
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` it takes a lock for that name, asks every registered
+:class:`~vllm.lora.resolver.LoRAResolver`, and loads what one returns with ``add_lora``
+(``OpenAIServingModels.resolve_lora``). vLLM then remembers the name for its lifetime and
+never asks again.
+
+:class:`StoreLoRAResolver` answers from the shared adapter store, without the gateway:
+
+1. ``name@vN`` -> the content digest: the bucket's ``versions/name@vN.json``
+   (:meth:`S3Content.version_digest`); with the local-directory store (front and engine on
+   one host) the store's database, which is then the only index of versions.
+2. the digest -> this host's directory of the content: the host cache downloads it once
+   per host under the digest's file lock and checks every file and the digest before it
+   appears (:mod:`app.tenancy.storage.cache`).
+3. a ``LoRARequest`` for that directory.
+
+An unknown name is ``None``: vLLM answers 404 ``The model ... does not exist``. Content that
+is missing, corrupt (a digest mismatch) or unreachable raises a ``GracefulHTTPError``
+carrying our status (404, 503), which vLLM's exception handler renders as that status with
+our message; nothing is loaded and the name stays unknown, so a later request tries again.
+
+The cache entry of every version this process resolved stays held (shared ``flock``) until
+the process exits: vLLM reloads an adapter from its path whenever its host-memory LRU
+(``max_cpu_loras``) dropped it, so the directory must outlive eviction by the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+from collections.abc import Callable
+from contextlib import ExitStack
+from http import HTTPStatus
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from vllm.exceptions import GracefulHTTPError
+from vllm.lora.request import LoRARequest
+from vllm.lora.resolver import LoRAResolver, LoRAResolverRegistry
+
+from app.errors import GatewayError
+from app.settings import Settings
+from app.tenancy.base_model import BaseModelInfo
+from app.tenancy.storage import open_adapter_store
+from app.tenancy.storage.cache import AdapterCache
+from app.tenancy.storage.errors import AdapterContentMissing
+from app.tenancy.storage.s3 import S3Content, S3Location
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+logger = logging.getLogger("lora_gateway.lora_resolver")
+
+RESOLVER_NAME = "lora_gateway_store"
+# The admin API's adapter names (ADAPTER_NAME_PATTERN), then the version: no slash, no comma
+# (the EPP splits vllm:lora_requests_info's adapter lists on commas).
+GLOBAL_NAME = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]{0,99})@v(?P<version>[1-9][0-9]{0,8})")
+
+
+class VersionIndex(Protocol):
+    """Which content a version is."""
+
+    async def digest(self, name: str, version: int) -> str | None:
+        """The content digest of ``name@v<version>``; ``None`` when no such version exists."""
+
+
+class BucketVersions:
+    """``versions/<name>@v<N>.json`` in the bucket the admin service publishes to."""
+
+    def __init__(self, content: S3Content) -> None:
+        self._content = content
+
+    async def digest(self, name: str, version: int) -> str | None:
+        try:
+            return await asyncio.to_thread(self._content.version_digest, f"{name}@v{version}")
+        except AdapterContentMissing:
+            return None
+
+
+class DatabaseVersions:
+    """The store's ``adapter_versions`` table (local-directory store: one host, one database)."""
+
+    def __init__(self, database_url: str) -> None:
+        self._url = database_url
+        self._engine: AsyncEngine | None = None
+
+    async def digest(self, name: str, version: int) -> str | None:
+        from sqlalchemy import select
+
+        from app.store.db import create_engine
+        from app.store.tables import AdapterVersionRow
+
+        if self._engine is None:  # in vLLM's event loop, where it is used
+            self._engine = create_engine(self._url)
+        query = select(AdapterVersionRow.sha256).where(
+            AdapterVersionRow.name == name, AdapterVersionRow.version == version
+        )
+        async with self._engine.connect() as connection:
+            digest = await connection.scalar(query)
+        return str(digest) if digest is not None else None
+
+
+class CachedBucketContent:
+    """Content in the bucket, through this host's cache; every entry served stays held."""
+
+    def __init__(self, cache: AdapterCache, content: S3Content) -> None:
+        self._cache = cache
+        self._content = content
+        self._held: dict[str, Path] = {}
+        self._holds: list[ExitStack] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, digest: str) -> Path:
+        with self._lock:
+            if digest in self._held:
+                return self._held[digest]
+        # Outside the lock: one adapter's download must not hold up another's.
+        hold = ExitStack()
+        path = hold.enter_context(self._cache.open(digest, self._content))
+        with self._lock:
+            if digest in self._held:  # two names of the same content, resolved at once
+                hold.close()
+            else:
+                self._held[digest] = path
+                self._holds.append(hold)
+            return self._held[digest]
+
+
+class StoreLoRAResolver(LoRAResolver):
+    """Global adapter version names -> ``LoRARequest`` for this host's copy of the content."""
+
+    def __init__(self, versions: VersionIndex, local_copy: Callable[[str], Path]) -> None:
+        """``local_copy``: this host's directory of a digest's content, fetched first if
+        needed and kept in place while this process lives (it may block)."""
+        self.versions = versions
+        self.local_copy = local_copy
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> StoreLoRAResolver:
+        if settings.adapter_store:
+            bucket = S3Content(S3Location.parse(settings.adapter_store))
+            cache = AdapterCache(settings.adapter_cache_dir, settings.adapter_cache_bytes)
+            return cls(BucketVersions(bucket), CachedBucketContent(cache, bucket))
+        # One host: the store's own directory, which nothing evicts.
+        store = open_adapter_store(settings, BaseModelInfo.from_model_dir(settings.model_dir()))
+        return cls(DatabaseVersions(settings.database_url), store.local_copy)
+
+    async def resolve_lora(self, base_model_name: str, lora_name: str) -> LoRARequest | None:
+        match = GLOBAL_NAME.fullmatch(lora_name)
+        if match is None:
+            return None
+        try:
+            digest = await self.versions.digest(match["name"], int(match["version"]))
+            if digest is None:
+                return None
+            path = await asyncio.to_thread(self.local_copy, digest)
+        except GatewayError as exc:
+            logger.warning("adapter %s refused: %s", lora_name, exc.message)
+            raise GracefulHTTPError(
+                f"Adapter `{lora_name}` cannot be loaded: {exc.message} ({exc.code})",
+                HTTPStatus(exc.status_code),
+            ) from exc
+        logger.info("resolved %s to content %s", lora_name, digest[:12])
+        # vLLM numbers resolved adapters itself (it overwrites lora_int_id); the name and the
+        # content-addressed path identify the version for its prefix cache.
+        return LoRARequest(lora_name=lora_name, lora_int_id=1, lora_path=str(path))
+
+
+def register() -> None:
+    """``vllm.general_plugins`` entry point ``lora_gateway_resolver``: register the resolver
+    (vLLM calls this in each of its processes; only the API server's asks resolvers).
+
+    Settings come from the environment the engine role gives vLLM's server, read on the
+    first resolution so that processes which never resolve never build a client."""
+    if RESOLVER_NAME not in LoRAResolverRegistry.get_supported_resolvers():
+        # vLLM configures logging for its own loggers only: ours would drop INFO and below.
+        if not logger.handlers and not logging.getLogger().handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
+        LoRAResolverRegistry.register_resolver(RESOLVER_NAME, GatewayStoreResolver())
+
+
+class GatewayStoreResolver(LoRAResolver):
+    """The registered resolver: a :class:`StoreLoRAResolver` built from the environment's
+    settings on first use."""
+
+    def __init__(self) -> None:
+        self._resolver: StoreLoRAResolver | None = None
+
+    async def resolve_lora(self, base_model_name: str, lora_name: str) -> LoRARequest | None:
+        if self._resolver is None:
+            self._resolver = StoreLoRAResolver.from_settings(Settings())
+        return await self._resolver.resolve_lora(base_model_name, lora_name)
