@@ -99,7 +99,12 @@ class ChatService(ChatPreparation):
         super().__init__(engine, constraints, tool_parser)
         self.engine = engine
 
-    def start(self, generation: gen.Generation, reservation: Reservation | None) -> EngineRun:
+    def start(
+        self,
+        request: ChatCompletionRequest,
+        generation: gen.Generation,
+        reservation: Reservation | None,
+    ) -> EngineRun:
         return EngineRun(self.engine, generation, reservation)
 
     async def complete(self, request: ChatCompletionRequest, run: EngineRun) -> ChatCompletion:

@@ -57,7 +57,12 @@ class CompletionService(CompletionPreparation):
         super().__init__(engine, constraints)
         self.engine = engine
 
-    def start(self, generation: gen.Generation, reservation: Reservation | None) -> EngineRun:
+    def start(
+        self,
+        request: CompletionRequest,
+        generation: gen.Generation,
+        reservation: Reservation | None,
+    ) -> EngineRun:
         return EngineRun(self.engine, generation, reservation)
 
     async def complete(self, request: CompletionRequest, run: EngineRun) -> Completion:

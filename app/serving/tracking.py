@@ -94,7 +94,9 @@ class Service(Protocol[RequestContra, RunT]):
     ) -> Generation:
         """Tokenise and build the sampling parameters (CPU work, run off the event loop)."""
 
-    def start(self, generation: Generation, reservation: Reservation | None) -> RunT:
+    def start(
+        self, request: RequestContra, generation: Generation, reservation: Reservation | None
+    ) -> RunT:
         """The run of an admitted request; nothing is sent anywhere until it is read."""
 
     async def complete(self, request: RequestContra, run: RunT) -> BaseModel:
@@ -191,7 +193,7 @@ class RequestTracker:
     ) -> AsyncIterator[RunT]:
         """Admit the request and yield its :class:`Run`; settle and record it on exit."""
         generation, reservation = await self._admit(service, request, principal, request_id)
-        run = service.start(generation, reservation)
+        run = service.start(request, generation, reservation)
         began = time.monotonic()
         adapter = generation.target.adapter
         started_at = datetime.now(timezone.utc)
