@@ -230,6 +230,41 @@ ADAPTER_TIER = Gauge(
     multiprocess_mode="livemax",
 )
 
+# -- fair admission: recorded in the gateway process ----------------------------
+
+SCHEDULER_QUEUE_DEPTH = Gauge(
+    "lora_gateway_scheduler_queue_depth",
+    "Requests waiting in the gateway for an engine slot, by tenant.",
+    ["tenant"],
+    multiprocess_mode="livesum",
+)
+SCHEDULER_QUEUE_WAIT = Histogram(
+    "lora_gateway_scheduler_queue_wait_seconds",
+    "Time a request waited in the gateway for an engine slot (0 when it found one free).",
+    ["tenant"],
+    buckets=LATENCY_BUCKETS_S,
+)
+SCHEDULER_DISPATCHES = Counter(
+    "lora_gateway_scheduler_dispatches",
+    "Requests let into the engine, by why that one: immediate (a slot was free), "
+    "fair_share (its tenant's turn), adapter_affinity (an equal claim whose adapter was "
+    "resident or fit went first), age (it waited the adapter-wait bound).",
+    ["reason"],
+)
+SCHEDULER_REJECTIONS = Counter(
+    "lora_gateway_scheduler_rejections",
+    "Requests refused with 429 by the scheduler, by tenant and reason (queue_full, "
+    "queue_timeout).",
+    ["tenant", "reason"],
+)
+SCHEDULER_SLOTS = Gauge(
+    "lora_gateway_scheduler_slots",
+    "The in-flight window: its size (state=window) and the sequences in the engine "
+    "(state=in_flight).",
+    ["state"],
+    multiprocess_mode="livesum",
+)
+
 # -- access: recorded in the gateway process -----------------------------------
 
 ADMIN_AUTH_FAILURES = Counter(
@@ -260,6 +295,11 @@ METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
     QUOTA_BACKEND_ERRORS,
     USAGE_RECORDS,
     USAGE_PENDING,
+    SCHEDULER_QUEUE_DEPTH,
+    SCHEDULER_QUEUE_WAIT,
+    SCHEDULER_DISPATCHES,
+    SCHEDULER_REJECTIONS,
+    SCHEDULER_SLOTS,
 )
 
 

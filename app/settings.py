@@ -40,6 +40,44 @@ class Settings(BaseSettings):
         description="Admission to the in-process engine: fair (per-tenant weighted queues, "
         "adapter-aware) or fcfs (straight into vLLM's queue, for comparison).",
     )
+    scheduler_window: int | None = Field(
+        None,
+        ge=1,
+        description="Fair scheduler: most sequences inside the engine at once (unset: "
+        "max_num_seqs, so vLLM's own FCFS queue stays empty and the order is ours).",
+    )
+    scheduler_headroom_slots: int = Field(
+        2,
+        ge=0,
+        description="Fair scheduler: the last slots of the window, kept for tenants below "
+        "their fair share so a newcomer never waits for another tenant's long streams; a "
+        "tenant alone runs at most window - headroom requests (docs/scheduling.md).",
+    )
+    scheduler_quantum_tokens: int = Field(
+        1024,
+        ge=1,
+        description="Fair scheduler: tokens (prompt + max_tokens) a tenant of weight 1 is "
+        "credited per round of deficit round robin; larger rounds leave more ties for "
+        "adapter affinity to break, smaller ones interleave tenants more finely.",
+    )
+    scheduler_max_adapter_wait_seconds: float = Field(
+        2.0,
+        ge=0,
+        description="Fair scheduler: a queued request passed over this long for requests "
+        "whose adapter is resident goes next, whatever its adapter.",
+    )
+    scheduler_max_queue_depth: int = Field(
+        256,
+        ge=1,
+        description="Fair scheduler: requests one tenant may have waiting; beyond, 429 "
+        "rate_limit_exceeded with Retry-After.",
+    )
+    scheduler_max_queue_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="Fair scheduler: longest a request waits for an engine slot; then 429 "
+        "rate_limit_exceeded with Retry-After.",
+    )
 
     # Base model and engine
     model: str = Field(

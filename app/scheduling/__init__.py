@@ -1,0 +1,45 @@
+"""Admission to the engine: which request goes in next, and which waits (``docs/scheduling.md``).
+
+The policy is chosen here, once, from the settings: :class:`FairAdmission` (per-tenant
+weighted queues, adapter-aware, with headroom) in front of an in-process engine by default;
+:class:`FcfsAdmission` with ``scheduler=fcfs``, and in the front role, where the llm-d
+router's flow control keeps the tenants fair (the front sends the tenant as its fairness id).
+"""
+
+from __future__ import annotations
+
+from app.scheduling.base import Admission, Slot, Ticket
+from app.scheduling.errors import AdmissionRefused
+from app.scheduling.fair import FairAdmission
+from app.scheduling.fcfs import FcfsAdmission
+from app.scheduling.policy import FairQueue
+from app.settings import Settings
+
+__all__ = [
+    "Admission",
+    "AdmissionRefused",
+    "FairAdmission",
+    "FairQueue",
+    "FcfsAdmission",
+    "Slot",
+    "Ticket",
+    "admission_for",
+]
+
+
+def admission_for(settings: Settings) -> Admission:
+    """The admission policy ``settings`` ask for."""
+    if settings.role == "front" or settings.scheduler == "fcfs":
+        return FcfsAdmission()
+    queue = FairQueue(
+        window=settings.scheduler_window or settings.max_num_seqs,
+        headroom=settings.scheduler_headroom_slots,
+        quantum=settings.scheduler_quantum_tokens,
+        max_adapter_wait=settings.scheduler_max_adapter_wait_seconds,
+        max_loras=settings.max_loras,
+    )
+    return FairAdmission(
+        queue,
+        max_queue_depth=settings.scheduler_max_queue_depth,
+        max_queue_seconds=settings.scheduler_max_queue_seconds,
+    )

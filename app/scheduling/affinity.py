@@ -1,0 +1,57 @@
+"""Which adapters are likely in a device slot, as the scheduler can tell from what it sent.
+
+vLLM keeps ``max_loras`` adapters in device slots and evicts the least recently used. Every
+engine step touches the adapters of the running batch, so an adapter with a request in the
+engine holds a slot, and the remaining slots hold the adapters whose requests ended most
+recently. This model follows the same rule from the requests the scheduler dispatched and saw
+end; it cannot see an eviction vLLM makes for another reason, which only costs a load the
+model did not predict.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from typing import Literal
+
+Fit = Literal[0, 1, 2]
+RESIDENT: Fit = 0  # the base model, or an adapter in a slot: no swap
+FITS: Fit = 1  # a slot is free or idle: one load, nobody running is displaced
+CROWDS: Fit = 2  # every slot is busy with running requests: vLLM must hold it back
+
+
+class AdapterAffinity:
+    def __init__(self, max_loras: int) -> None:
+        self.max_loras = max_loras
+        self._running: Counter[int] = Counter()
+        # Adapters whose last request ended, most recent last.
+        self._idle: OrderedDict[int, None] = OrderedDict()
+
+    def fit(self, adapter: int | None) -> Fit:
+        if adapter is None or adapter in self._running:
+            return RESIDENT
+        free = self.max_loras - len(self._running)
+        if free <= 0:
+            return CROWDS
+        recent = list(self._idle)[-free:]
+        return RESIDENT if adapter in recent else FITS
+
+    def started(self, adapter: int | None) -> None:
+        if adapter is None:
+            return
+        self._running[adapter] += 1
+        self._idle.pop(adapter, None)
+
+    def finished(self, adapter: int | None) -> None:
+        if adapter is None or not self._running[adapter]:
+            return
+        self._running[adapter] -= 1
+        if not self._running[adapter]:
+            del self._running[adapter]
+            self._idle[adapter] = None
+            while len(self._idle) > self.max_loras:
+                self._idle.popitem(last=False)
+
+    @property
+    def running(self) -> int:
+        """Distinct adapters with requests in the engine."""
+        return len(self._running)

@@ -1,0 +1,61 @@
+"""The admission interface between the request path and the engine.
+
+A request that has passed its quotas asks :meth:`Admission.admit` for a :class:`Slot` and
+holds it for its whole time in the engine: ``await slot.acquire()`` waits for its turn (or
+raises :class:`~app.scheduling.errors.AdmissionRefused`), ``slot.release()`` gives it back once
+the engine request has finished and was settled. ``async with admission.admit(ticket):`` does
+both. Which policy decides the order is chosen once, by :func:`app.scheduling.admission_for`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """What the scheduler knows of one request."""
+
+    request_id: str
+    tenant: str
+    # The tenant's share of the engine relative to other tenants' (Tenant.weight).
+    weight: int
+    # Worst-case tokens: prompt + n x max_tokens (what the quota reserves).
+    cost: int
+    # The adapter version's engine id (lora_id); None: the base model.
+    adapter: int | None = None
+    # Sequences the request puts in the engine's batch (its n).
+    seqs: int = 1
+
+
+class Slot(Protocol):
+    """A request's place in the engine: waited for once, given back once."""
+
+    async def acquire(self) -> None:
+        """Wait for the request's turn. Cancelled, it leaves the queue at once and holds
+        nothing; refused (queue full, waited too long), it raises ``AdmissionRefused``."""
+
+    def settle(self, tokens: int) -> None:
+        """The tokens the request really used (prompt + completion), known at its end: the
+        scheduler charges the tenant these instead of the worst case."""
+
+    def release(self) -> None:
+        """Give the slot back (idempotent; a no-op when it was never acquired)."""
+
+    async def __aenter__(self) -> Slot: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None: ...
+
+
+class Admission(Protocol):
+    """A policy that decides when each request enters the engine."""
+
+    def admit(self, ticket: Ticket) -> Slot:
+        """The request's slot, not yet acquired."""

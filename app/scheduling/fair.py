@@ -1,0 +1,143 @@
+"""Fair admission on the event loop: requests wait for :class:`~app.scheduling.policy.FairQueue`
+to let them into the engine, within per-tenant limits on queue depth and time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from types import TracebackType
+
+from app import metrics
+from app.scheduling.base import Ticket
+from app.scheduling.errors import AdmissionRefused, RefusalReason
+from app.scheduling.policy import FairQueue, Waiting
+
+# Weight of the newest request in the running mean of how long a request holds its slot,
+# which Retry-After is estimated from.
+HOLD_SMOOTHING = 0.2
+FIRST_HOLD_GUESS_SECONDS = 1.0
+
+
+class FairAdmission:
+    def __init__(
+        self,
+        queue: FairQueue,
+        *,
+        max_queue_depth: int,
+        max_queue_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.queue = queue
+        self.max_queue_depth = max_queue_depth
+        self.max_queue_seconds = max_queue_seconds
+        self._clock = clock
+        self._granted: dict[int, asyncio.Future[None]] = {}
+        self._mean_hold = FIRST_HOLD_GUESS_SECONDS
+        metrics.SCHEDULER_SLOTS.labels("window").set(queue.window)
+        metrics.SCHEDULER_SLOTS.labels("in_flight").set(0)
+
+    def admit(self, ticket: Ticket) -> FairSlot:
+        return FairSlot(self, ticket)
+
+    def retry_after(self, ticket: Ticket) -> float:
+        """Seconds until the tenant's queue has moved by its own length, at its fair share of
+        the window and the recent time a request holds a slot."""
+        queue = self.queue
+        slots = max(1.0, queue.share(ticket.tenant, ticket.weight))
+        return self._mean_hold * (queue.depth(ticket.tenant) + 1) / slots
+
+    # -- driven by the slots ------------------------------------------------------
+
+    def _enqueue(self, ticket: Ticket) -> tuple[Waiting, asyncio.Future[None]]:
+        if self.queue.depth(ticket.tenant) >= self.max_queue_depth:
+            raise self._refuse(ticket, "queue_full")
+        waiting = self.queue.push(ticket, self._clock())
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._granted[id(waiting)] = future
+        self._depth_changed(ticket.tenant)
+        self._dispatch(immediate=waiting)
+        return waiting, future
+
+    def _leave(self, waiting: Waiting) -> None:
+        self._granted.pop(id(waiting), None)
+        self.queue.remove(waiting)
+        self._depth_changed(waiting.ticket.tenant)
+
+    def _refuse(self, ticket: Ticket, reason: RefusalReason) -> AdmissionRefused:
+        metrics.SCHEDULER_REJECTIONS.labels(ticket.tenant, reason).inc()
+        return AdmissionRefused(reason, self.retry_after(ticket))
+
+    def _release(self, ticket: Ticket, held: float, used: int | None) -> None:
+        self._mean_hold += HOLD_SMOOTHING * (held - self._mean_hold)
+        self.queue.done(ticket, used)
+        self._dispatch()
+
+    def _dispatch(self, immediate: Waiting | None = None) -> None:
+        now = self._clock()
+        while (dispatch := self.queue.pop(now)) is not None:
+            waiting = dispatch.waiting
+            ticket = waiting.ticket
+            future = self._granted.pop(id(waiting))
+            self._depth_changed(ticket.tenant)
+            if future.done():
+                # Its client left in the same tick, before it could leave the queue.
+                self.queue.done(ticket, 0)
+                continue
+            reason = "immediate" if waiting is immediate else dispatch.reason
+            metrics.SCHEDULER_DISPATCHES.labels(reason).inc()
+            metrics.SCHEDULER_QUEUE_WAIT.labels(ticket.tenant).observe(now - waiting.since)
+            future.set_result(None)
+        metrics.SCHEDULER_SLOTS.labels("in_flight").set(self.queue.in_flight)
+
+    def _depth_changed(self, tenant: str) -> None:
+        metrics.SCHEDULER_QUEUE_DEPTH.labels(tenant).set(self.queue.depth(tenant))
+
+
+class FairSlot:
+    def __init__(self, admission: FairAdmission, ticket: Ticket) -> None:
+        self._admission = admission
+        self._ticket = ticket
+        self._held_since: float | None = None
+        self._used: int | None = None
+
+    async def acquire(self) -> None:
+        admission = self._admission
+        waiting, granted = admission._enqueue(self._ticket)
+        try:
+            async with asyncio.timeout(admission.max_queue_seconds):
+                await asyncio.shield(granted)
+        except TimeoutError:
+            if not granted.done():
+                admission._leave(waiting)
+                raise admission._refuse(self._ticket, "queue_timeout") from None
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self._held_since = admission._clock()
+                self.release()
+            else:
+                granted.cancel()
+                admission._leave(waiting)
+            raise
+        self._held_since = admission._clock()
+
+    def settle(self, tokens: int) -> None:
+        self._used = tokens
+
+    def release(self) -> None:
+        if self._held_since is None:
+            return
+        held, self._held_since = self._admission._clock() - self._held_since, None
+        self._admission._release(self._ticket, held, self._used)
+
+    async def __aenter__(self) -> FairSlot:
+        await self.acquire()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.release()

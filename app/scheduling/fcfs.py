@@ -1,0 +1,36 @@
+"""First come, first served: every request goes straight to the engine (vLLM's own FCFS
+queue), as before the fair scheduler; the front role, whose fairness the llm-d router's flow
+control provides, admits this way too."""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from app.scheduling.base import Ticket
+
+
+class FcfsAdmission:
+    def admit(self, ticket: Ticket) -> PassThrough:
+        return PassThrough()
+
+
+class PassThrough:
+    async def acquire(self) -> None:
+        return None
+
+    def settle(self, tokens: int) -> None:
+        return None
+
+    def release(self) -> None:
+        return None
+
+    async def __aenter__(self) -> PassThrough:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        return None

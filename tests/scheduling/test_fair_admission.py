@@ -1,0 +1,141 @@
+"""Fair admission on the event loop: waiting, leaving the queue, and refusals with 429."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.scheduling import AdmissionRefused, FairAdmission, FairQueue, Ticket, admission_for
+from app.scheduling.fcfs import FcfsAdmission
+from app.settings import Settings
+
+
+def admission(
+    *, window: int = 1, headroom: int = 0, depth: int = 8, seconds: float = 30.0
+) -> FairAdmission:
+    fair = FairQueue(
+        window=window, headroom=headroom, quantum=100, max_adapter_wait=10.0, max_loras=2
+    )
+    return FairAdmission(fair, max_queue_depth=depth, max_queue_seconds=seconds)
+
+
+def ticket(tenant: str, number: int, weight: int = 1) -> Ticket:
+    return Ticket(f"{tenant}-{number}", tenant, weight, 100)
+
+
+async def settle_loop() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_request_waits_for_a_slot_and_takes_it_when_one_is_released() -> None:
+    fair = admission()
+    first = fair.admit(ticket("a", 0))
+    await first.acquire()
+    second = fair.admit(ticket("a", 1))
+    waiting = asyncio.create_task(second.acquire())
+    await settle_loop()
+    assert not waiting.done() and fair.queue.depth("a") == 1
+    first.release()
+    await asyncio.wait_for(waiting, 1)
+    assert fair.queue.in_flight == 1
+    second.release()
+    assert fair.queue.in_flight == 0
+
+
+async def test_a_full_queue_is_a_429_with_retry_after() -> None:
+    fair = admission(depth=2)
+    held = fair.admit(ticket("a", 0))
+    await held.acquire()
+    queued = [asyncio.create_task(fair.admit(ticket("a", n)).acquire()) for n in (1, 2)]
+    await settle_loop()
+    with pytest.raises(AdmissionRefused) as refused:
+        await fair.admit(ticket("a", 3)).acquire()
+    error = refused.value
+    assert (error.status_code, error.code, error.reason) == (
+        429,
+        "rate_limit_exceeded",
+        "queue_full",
+    )
+    assert int(error.headers["retry-after"]) >= 1
+    # Another tenant's queue is its own.
+    other = asyncio.create_task(fair.admit(ticket("b", 0)).acquire())
+    await settle_loop()
+    assert not other.done()
+    for task in (*queued, other):
+        task.cancel()
+    await asyncio.gather(*queued, other, return_exceptions=True)
+    assert fair.queue.waiting() == 0
+
+
+async def test_retry_after_grows_with_the_queue_ahead() -> None:
+    fair = admission(depth=100)
+    held = fair.admit(ticket("a", 0))
+    await held.acquire()
+    short = fair.retry_after(ticket("a", 1))
+    queued = [asyncio.create_task(fair.admit(ticket("a", n)).acquire()) for n in range(1, 20)]
+    await settle_loop()
+    assert fair.retry_after(ticket("a", 20)) > 10 * short
+    for task in queued:
+        task.cancel()
+    await asyncio.gather(*queued, return_exceptions=True)
+
+
+async def test_a_request_that_waits_too_long_is_a_429_and_leaves_the_queue() -> None:
+    fair = admission(seconds=0.05)
+    held = fair.admit(ticket("a", 0))
+    await held.acquire()
+    with pytest.raises(AdmissionRefused) as refused:
+        await fair.admit(ticket("a", 1)).acquire()
+    assert refused.value.reason == "queue_timeout"
+    assert "retry-after" in refused.value.headers
+    assert fair.queue.depth("a") == 0
+    held.release()
+    assert fair.queue.in_flight == 0
+
+
+async def test_a_cancelled_wait_leaves_the_queue_at_once_and_holds_nothing() -> None:
+    fair = admission()
+    held = fair.admit(ticket("a", 0))
+    await held.acquire()
+    leaving = asyncio.create_task(fair.admit(ticket("b", 0)).acquire())
+    await settle_loop()
+    assert fair.queue.depth("b") == 1
+    leaving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    assert fair.queue.depth("b") == 0
+    held.release()
+    assert fair.queue.in_flight == 0
+
+
+async def test_a_wait_cancelled_as_it_was_granted_gives_the_slot_back() -> None:
+    fair = admission()
+    held = fair.admit(ticket("a", 0))
+    await held.acquire()
+    late = asyncio.create_task(fair.admit(ticket("b", 0)).acquire())
+    await settle_loop()
+    held.release()  # grants b's slot; b has not run yet
+    late.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await late
+    assert fair.queue.in_flight == 0
+
+
+async def test_async_with_holds_the_slot_for_the_block() -> None:
+    fair = admission(window=2)
+    async with fair.admit(ticket("a", 0)):
+        assert fair.queue.in_flight == 1
+    assert fair.queue.in_flight == 0
+
+
+def test_the_policy_is_chosen_once_from_the_settings() -> None:
+    base = {"_env_file": None}
+    assert isinstance(admission_for(Settings(**base)), FairAdmission)  # type: ignore[arg-type]
+    fcfs = Settings(**base, scheduler="fcfs")  # type: ignore[arg-type]
+    assert isinstance(admission_for(fcfs), FcfsAdmission)
+    front = Settings(**base, role="front", upstream_url="http://upstream")  # type: ignore[arg-type]
+    assert isinstance(admission_for(front), FcfsAdmission)
+    sized = admission_for(Settings(**base, max_num_seqs=24))  # type: ignore[arg-type]
+    assert isinstance(sized, FairAdmission) and sized.queue.window == 24

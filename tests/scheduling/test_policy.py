@@ -1,0 +1,224 @@
+"""The fair admission policy, step by step: no event loop, time passed in."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from app.scheduling import FairQueue, Ticket
+from app.scheduling.policy import Dispatch
+
+SMALL = 100
+
+
+def queue(
+    *,
+    window: int = 1,
+    headroom: int = 0,
+    quantum: int = SMALL,
+    max_adapter_wait: float = 10.0,
+    max_loras: int = 2,
+) -> FairQueue:
+    return FairQueue(
+        window=window,
+        headroom=headroom,
+        quantum=quantum,
+        max_adapter_wait=max_adapter_wait,
+        max_loras=max_loras,
+    )
+
+
+def ticket(
+    tenant: str, number: int, *, weight: int = 1, cost: int = SMALL, adapter: int | None = None
+) -> Ticket:
+    return Ticket(f"{tenant}-{number}", tenant, weight, cost, adapter)
+
+
+def drain(fair: FairQueue, count: int, now: float = 0.0) -> list[Dispatch]:
+    """Dispatch ``count`` requests one at a time, each ending before the next starts."""
+    dispatched = []
+    for _ in range(count):
+        dispatch = fair.pop(now)
+        assert dispatch is not None
+        dispatched.append(dispatch)
+        fair.done(dispatch.waiting.ticket, None)
+    return dispatched
+
+
+@pytest.mark.parametrize(("light", "heavy"), [(1, 1), (1, 3), (2, 5)])
+def test_tenants_are_served_tokens_in_proportion_to_their_weights(light: int, heavy: int) -> None:
+    fair = queue()
+    for number in range(200):
+        fair.push(ticket("a", number, weight=light), 0.0)
+        fair.push(ticket("b", number, weight=heavy), 0.0)
+    served = Counter(d.waiting.ticket.tenant for d in drain(fair, 140))
+    assert served["b"] / served["a"] == pytest.approx(heavy / light, rel=0.1)
+
+
+def test_shares_are_in_tokens_not_requests() -> None:
+    fair = queue()
+    for number in range(100):
+        fair.push(ticket("long", number, cost=4 * SMALL), 0.0)
+        fair.push(ticket("short", number, cost=SMALL), 0.0)
+    served = Counter(d.waiting.ticket.tenant for d in drain(fair, 50))
+    assert served["short"] == pytest.approx(4 * served["long"], abs=2)
+
+
+def test_requests_of_one_tenant_go_in_arrival_order() -> None:
+    fair = queue(window=3)
+    for number in range(5):
+        fair.push(ticket("a", number), float(number))
+        fair.push(ticket("b", number), float(number))
+    order = [d.waiting.ticket.request_id for d in drain(fair, 10, now=5.0)]
+    assert [r for r in order if r.startswith("a")] == [f"a-{n}" for n in range(5)]
+    assert [r for r in order if r.startswith("b")] == [f"b-{n}" for n in range(5)]
+
+
+def test_a_new_tenant_is_not_behind_a_backlog() -> None:
+    fair = queue()
+    for number in range(50):
+        fair.push(ticket("flood", number), 0.0)
+    drain(fair, 3)
+    fair.push(ticket("new", 0), 1.0)
+    upcoming = [d.waiting.ticket.tenant for d in drain(fair, 3, now=1.0)]
+    assert "new" in upcoming
+
+
+def test_the_window_bounds_what_is_in_flight() -> None:
+    fair = queue(window=3)
+    for number in range(5):
+        fair.push(ticket("a", number), 0.0)
+    assert [fair.pop(0.0) is not None for _ in range(4)] == [True, True, True, False]
+    assert fair.in_flight == 3
+
+
+def adapters_in_flight(fair: FairQueue, *adapters: int) -> list[Ticket]:
+    """Put requests for ``adapters`` in the engine (tenant ``running``)."""
+    held = []
+    for number, adapter in enumerate(adapters):
+        fair.push(ticket("running", number, adapter=adapter), 0.0)
+        dispatch = fair.pop(0.0)
+        assert dispatch is not None
+        held.append(dispatch.waiting.ticket)
+    return held
+
+
+def test_among_equal_claims_a_resident_adapter_goes_first() -> None:
+    fair = queue(window=8, max_loras=2)
+    adapters_in_flight(fair, 1, 2)  # both slots busy
+    fair.push(ticket("x", 0, adapter=3), 0.0)  # would displace a running adapter
+    fair.push(ticket("y", 0, adapter=2), 0.0)  # resident
+    first = fair.pop(0.0)
+    assert first is not None
+    assert (first.waiting.ticket.tenant, first.reason) == ("y", "adapter_affinity")
+    second = fair.pop(0.0)
+    assert second is not None and second.waiting.ticket.tenant == "x"
+
+
+def test_affinity_prefers_an_adapter_that_fits_to_one_that_crowds() -> None:
+    fair = queue(window=8, max_loras=2)
+    adapters_in_flight(fair, 1)  # one slot free
+    fair.push(ticket("x", 0), 0.0)  # base model: resident
+    fair.push(ticket("y", 0, adapter=5), 0.0)  # fits the free slot
+    fair.push(ticket("z", 0, adapter=1), 0.0)  # resident
+    tenants = [fair.pop(0.0) for _ in range(3)]
+    assert [d.waiting.ticket.tenant for d in tenants if d] == ["x", "z", "y"]
+
+
+def test_affinity_never_overrides_a_fair_claim() -> None:
+    """A tenant whose turn it is goes, even with a cold adapter: affinity only orders ties."""
+    fair = queue(window=8, max_loras=1, quantum=SMALL)
+    adapters_in_flight(fair, 1)
+    fair.push(ticket("cold", 0, adapter=2), 0.0)
+    # Costs four rounds of credit: not an equal claim with the cold request's one round.
+    fair.push(ticket("warm", 0, adapter=1, cost=4 * SMALL), 0.0)
+    first = fair.pop(0.0)
+    assert first is not None
+    assert (first.waiting.ticket.tenant, first.reason) == ("cold", "fair_share")
+
+
+def test_a_request_passed_over_past_the_age_bound_goes_first() -> None:
+    fair = queue(window=8, max_loras=2, max_adapter_wait=2.0)
+    adapters_in_flight(fair, 1, 2)
+    fair.push(ticket("x", 0, adapter=3), 0.0)
+    fair.push(ticket("y", 0, adapter=2), 0.5)
+    early = fair.pop(1.0)
+    assert early is not None and early.reason == "adapter_affinity"
+    fair.done(early.waiting.ticket, None)
+    fair.push(ticket("y", 1, adapter=2), 1.5)
+    late = fair.pop(2.0)
+    assert late is not None
+    assert (late.waiting.ticket.tenant, late.reason) == ("x", "age")
+
+
+def test_headroom_keeps_the_last_slots_for_a_newcomer() -> None:
+    fair = queue(window=4, headroom=1)
+    for number in range(10):
+        fair.push(ticket("flood", number), 0.0)
+    held = []
+    while (dispatch := fair.pop(0.0)) is not None:
+        held.append(dispatch)
+    # Alone, the flooder runs window - headroom requests: that is what headroom costs it.
+    assert len(held) == 3
+    fair.push(ticket("new", 0), 1.0)
+    newcomer = fair.pop(1.0)
+    assert newcomer is not None and newcomer.waiting.ticket.tenant == "new"
+
+
+def test_without_headroom_a_newcomer_waits_for_the_flood() -> None:
+    """The case headroom exists for: the window full of one tenant's long streams."""
+    fair = queue(window=4, headroom=0)
+    for number in range(10):
+        fair.push(ticket("flood", number), 0.0)
+    while fair.pop(0.0) is not None:
+        pass
+    fair.push(ticket("new", 0), 1.0)
+    assert fair.pop(1.0) is None
+
+
+def test_a_flooder_over_its_share_does_not_take_the_headroom_back() -> None:
+    fair = queue(window=4, headroom=1)
+    for number in range(10):
+        fair.push(ticket("flood", number), 0.0)
+    held = [fair.pop(0.0) for _ in range(3)]
+    fair.push(ticket("new", 0), 1.0)
+    newcomer = fair.pop(1.0)
+    assert newcomer is not None
+    fair.done(newcomer.waiting.ticket, None)
+    # The newcomer left: the flooder (3 of 4, above its share) still may not take slot 4.
+    assert fair.pop(2.0) is None
+    first = held[0]
+    assert first is not None
+    fair.done(first.waiting.ticket, None)
+    again = fair.pop(2.0)
+    assert again is not None and again.waiting.ticket.tenant == "flood"
+
+
+def test_a_request_that_used_less_than_its_worst_case_is_refunded() -> None:
+    """Tokens settle to what was used: a tenant whose requests stop early is not charged
+    for max_tokens it never got."""
+    fair = queue()
+    for number in range(100):
+        fair.push(ticket("early", number, cost=4 * SMALL), 0.0)
+        fair.push(ticket("full", number, cost=4 * SMALL), 0.0)
+    served: Counter[str] = Counter()
+    for _ in range(60):
+        dispatch = fair.pop(0.0)
+        assert dispatch is not None
+        tenant = dispatch.waiting.ticket.tenant
+        served[tenant] += 1
+        fair.done(dispatch.waiting.ticket, SMALL if tenant == "early" else None)
+    assert served["early"] > 2 * served["full"]
+
+
+def test_a_removed_request_leaves_no_trace() -> None:
+    fair = queue()
+    fair.push(ticket("a", 0), 0.0)
+    first = fair.pop(0.0)
+    gone = fair.push(ticket("b", 0), 0.0)
+    fair.remove(gone)
+    assert fair.depth("b") == 0 and fair.waiting() == 0
+    assert first is not None
+    fair.done(first.waiting.ticket, None)
+    assert fair.pop(0.0) is None and fair.in_flight == 0
