@@ -1,28 +1,58 @@
-"""``python -m bench`` (``make bench``, ``make bench-quick``): the gateway against vLLM's own
-OpenAI server on one workload; the engine settings come from the environment, as for
-``lora-gateway serve``."""
+"""``python -m bench`` (``make bench``, ``make bench-quick``): the gateway, vLLM's OpenAI
+server with our ops and vLLM's server as shipped, side by side in interleaved rounds; the
+engine settings come from the environment, as for ``lora-gateway serve``."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from app.settings import Settings
-from bench.runner import BenchConfig, run_bench
-
-# The options that override a field of BenchConfig of the same name.
-CONFIG_OPTIONS = (
-    *("rate", "duration", "adapters", "zipf", "base_share"),
-    *("sweep_duration", "output_tokens", "rounds", "sweep", "seed", "out"),
-)
+from bench.config import SYSTEMS, BenchConfig
+from bench.runner import run_bench
 
 
-def adapter_counts(text: str) -> tuple[int, ...]:
-    return tuple(int(n) for n in text.split(",") if n)
+def _list(kind: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
+    return lambda text: tuple(kind(item) for item in text.split(",") if item)
+
+
+def _systems(text: str) -> tuple[str, ...]:
+    names = _list(str)(text)
+    if unknown := set(names) - set(SYSTEMS):
+        raise argparse.ArgumentTypeError(f"unknown system(s) {', '.join(sorted(unknown))}")
+    return names
+
+
+# option -> (type, help); each overrides the BenchConfig field of the same name.
+OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "systems": (_systems, f"systems to compare, from {','.join(SYSTEMS)}"),
+    "rounds": (int, "interleaved rounds (each system once per round)"),
+    "max_loras": (int, "adapters in device slots at once (every system)"),
+    "adapters": (int, "a: distinct adapters"),
+    "zipf": (float, "a: adapter popularity exponent"),
+    "base_share": (float, "a: share of base-model requests (0-1)"),
+    "output_tokens": (int, "a, c: max_tokens of every request"),
+    "concurrencies": (_list(int), "a: closed-loop concurrencies, e.g. 16,64"),
+    "waves": (int, "a: a closed loop sends waves x concurrency requests"),
+    "curve_fractions": (_list(float), "a: open-loop rates as shares of saturation, e.g. 0.5,1"),
+    "curve_requests": (int, "a: requests per open-loop rate"),
+    "flood_streams": (int, "b: tenant A's concurrent streams"),
+    "flood_tokens": (int, "b: max_tokens of tenant A's requests"),
+    "victim_requests": (int, "b: tenant B's requests, alone and under the flood"),
+    "victim_tokens": (int, "b: max_tokens of tenant B's requests"),
+    "registered": (int, "c: adapters registered on the gateway (0 skips c)"),
+    "registered_concurrency": (int, "c: closed-loop concurrency"),
+    "registered_requests": (int, "c: requests per point"),
+    "seed": (int, "workload and bootstrap seed"),
+    "draws": (int, "bootstrap draws per interval"),
+    "out": (Path, "results parent directory (default bench/results)"),
+}
+CONFIG_OPTIONS = tuple(OPTIONS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,22 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmark the gateway against vLLM's own server "
         "(engine settings from the LORA_GATEWAY_* environment).",
     )
-    parser.add_argument("--quick", action="store_true", help="one short round (under 3 minutes)")
-    parser.add_argument("--rate", type=float, help="offered load, requests/s (Poisson)")
-    parser.add_argument("--duration", type=float, help="seconds of arrivals, main workload")
     parser.add_argument(
-        "--sweep-duration", type=float, help="seconds of arrivals per adapter-sweep point"
+        "--quick",
+        action="store_true",
+        help="one round of a subset: gateway and vllm, scenarios a and b, small sizes",
     )
-    parser.add_argument("--adapters", type=int, help="distinct adapters in the main workload")
-    parser.add_argument("--zipf", type=float, help="adapter popularity exponent")
-    parser.add_argument("--base-share", type=float, help="share of base-model requests (0-1)")
-    parser.add_argument("--output-tokens", type=int, help="max_tokens of every request")
-    parser.add_argument("--rounds", type=int, help="gateway/vLLM rounds, alternating")
-    parser.add_argument(
-        "--sweep", type=adapter_counts, help="adapter counts of the sweep, e.g. 1,8,32,128"
-    )
-    parser.add_argument("--seed", type=int, help="workload seed")
-    parser.add_argument("--out", type=Path, help="results parent directory (default bench/results)")
+    for name, (kind, text) in OPTIONS.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
     return parser
 
 
@@ -61,7 +82,11 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else list(argv)
-    config = config_from(build_parser().parse_args(arguments))
+    parser = build_parser()
+    try:
+        config = config_from(parser.parse_args(arguments))
+    except ValueError as exc:
+        parser.error(str(exc))
     command = " ".join(["python -m bench", *arguments])
     asyncio.run(run_bench(config, Settings(), command))
     return 0

@@ -1,15 +1,22 @@
-"""An open-loop streaming client: every request leaves at its planned time.
+"""The streaming client, open loop and closed loop.
 
-One asyncio task per request, started on schedule whether or not earlier
-requests have answered, so a system that falls behind builds a queue (and
-shows it in its latencies) instead of silently slowing the offered load.
+Open loop: one asyncio task per request, started on schedule whether or not
+earlier requests have answered, so a system that falls behind builds a queue
+(and shows it in its latencies) instead of silently slowing the offered load.
+
+Closed loop: a fixed number of clients, each sending its next request as soon
+as its last one finished: the system's throughput at that concurrency.
+
+TTFT is the time to the first chunk that carries generated text (not the
+role-only opening chunk; see ``bench.events``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -127,9 +134,7 @@ async def run_workload(
     drain deadline, ``drain_seconds`` after the last arrival, when requests
     still run then: they are cancelled and count as errors).
     """
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(connect=10.0, read=None, write=10.0, pool=None)
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
+    async with _client(base_url) as client:
         start = time.perf_counter()
 
         def clock() -> float:
@@ -156,4 +161,126 @@ async def run_workload(
             await asyncio.gather(*pending, return_exceptions=True)
         finished = [r.started + r.e2e for r in records if r.e2e is not None]
         wall = max(finished, default=clock())
+    return records, wall
+
+
+def _client(base_url: str) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(connect=10.0, read=None, write=10.0, pool=None)
+    return httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout)
+
+
+class ClosedLoop:
+    """``concurrency`` clients working through ``requests`` (or cycling through
+    them until stopped), each sending its next request when its last one ended.
+
+    Records appear in the order requests were sent; times are seconds from
+    ``start``. ``stop`` cancels whatever is still running: the client hangs up,
+    as a user would, and those records say so.
+    """
+
+    CANCELLED = "cancelled when the loop stopped"
+
+    def __init__(
+        self,
+        base_url: str,
+        system: str,
+        point: str,
+        requests: Sequence[PlannedRequest],
+        call_for: Callable[[PlannedRequest], Call],
+        *,
+        concurrency: int,
+        cycle: bool = False,
+        on_finished: Callable[[RequestRecord], None] = lambda record: None,
+    ) -> None:
+        if concurrency < 1 or not requests:
+            raise ValueError("a closed loop needs a client and a request")
+        self.base_url, self.system, self.point = base_url, system, point
+        self.call_for = call_for
+        self.concurrency = concurrency
+        self.records: list[RequestRecord] = []
+        self.on_finished = on_finished
+        self._next: Iterator[PlannedRequest] = (
+            itertools.cycle(requests) if cycle else iter(requests)
+        )
+        self._sent = 0
+        self._stopping = False
+        self._workers: list[asyncio.Task[None]] = []
+        self._http: httpx.AsyncClient | None = None
+        self._start = 0.0
+
+    def clock(self) -> float:
+        return time.perf_counter() - self._start
+
+    async def _worker(self, http: httpx.AsyncClient) -> None:
+        while not self._stopping:
+            planned = next(self._next, None)
+            if planned is None:
+                return
+            call = self.call_for(planned)
+            record = RequestRecord(
+                self.system, self.point, self._sent, planned.tenant, call.model, self.clock()
+            )
+            self._sent += 1
+            self.records.append(record)
+            await _one(http, planned, call, record, self.clock)
+            if self._stopping and record.error == "not finished before the drain deadline":
+                record.error = self.CANCELLED
+            self.on_finished(record)
+
+    def start(self) -> None:
+        self._http = _client(self.base_url)
+        self._start = time.perf_counter()
+        self._workers = [
+            asyncio.create_task(self._worker(self._http)) for _ in range(self.concurrency)
+        ]
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Wait until every request has ended; False if ``timeout`` came first."""
+        _, pending = await asyncio.wait(self._workers, timeout=timeout)
+        return not pending
+
+    async def stop(self) -> float:
+        """Cancel what still runs, close the connections; the loop's wall time."""
+        self._stopping = True
+        for worker in self._workers:
+            worker.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        if self._http is not None:
+            await self._http.aclose()
+        finished = [r.started + r.e2e for r in self.records if r.e2e is not None]
+        return max(finished, default=self.clock())
+
+
+async def run_closed_loop(
+    base_url: str,
+    system: str,
+    point: str,
+    requests: Sequence[PlannedRequest],
+    call_for: Callable[[PlannedRequest], Call],
+    *,
+    concurrency: int,
+    timeout_seconds: float,
+    on_finished: Callable[[RequestRecord], None] = lambda record: None,
+) -> tuple[list[RequestRecord], float]:
+    """Run ``requests`` at ``concurrency``; their records and the wall time from the
+    first request sent to the last answer. Requests not answered within
+    ``timeout_seconds`` are cancelled, and those never sent are recorded too,
+    all as errors."""
+    loop = ClosedLoop(
+        base_url, system, point, requests, call_for,
+        concurrency=concurrency, on_finished=on_finished,
+    )  # fmt: skip
+    loop.start()
+    finished = await loop.wait(timeout_seconds)
+    wall = await loop.stop()
+    records = loop.records
+    if not finished:
+        for record in records:
+            if record.error == ClosedLoop.CANCELLED:
+                record.error = "not finished before the deadline"
+        for planned in requests[len(records) :]:
+            record = RequestRecord(system, point, len(records), planned.tenant, "-", wall)
+            record.error = "not sent before the deadline"
+            records.append(record)
     return records, wall

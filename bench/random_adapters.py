@@ -120,8 +120,10 @@ def bench_adapter_name(index: int) -> str:
     return f"bench-{index:03d}"
 
 
-def ensure_bench_adapters(model_dir: Path, root: Path, count: int) -> list[BenchAdapter]:
-    """``count`` deterministic adapters under ``root`` (ranks alternating 8, 16).
+def ensure_bench_adapters(
+    model_dir: Path, root: Path, count: int, ranks: Sequence[int] = BENCH_RANKS
+) -> list[BenchAdapter]:
+    """``count`` deterministic adapters under ``root`` (ranks taking turns from ``ranks``).
 
     Adapter ``i`` always has the same weights (its seed is ``i``): one already
     on disk from the same recipe is reused, so reruns skip the writing and
@@ -130,7 +132,7 @@ def ensure_bench_adapters(model_dir: Path, root: Path, count: int) -> list[Bench
     adapters: list[BenchAdapter] = []
     for index in range(count):
         name = bench_adapter_name(index)
-        rank = BENCH_RANKS[index % len(BENCH_RANKS)]
+        rank = ranks[index % len(ranks)]
         out = root / name
         recipe = {
             "rank": rank,

@@ -1,10 +1,11 @@
-"""One benchmark run: adapters, then rounds of gateway and vLLM server, then the report.
+"""One benchmark run: adapters, then interleaved rounds of every system, then the
+many-adapters phase on the gateway, then the report.
 
-Each system starts once per round and runs every workload point (the main
-workload, then the adapter-count sweep) against one engine, since an engine
-start costs far more than a point. The systems alternate round by round on
-the same machine, so drift over the run (other load, thermal state) hits
-both alike.
+Each system starts once per round and runs every scenario against one engine,
+since an engine start costs far more than a point. The systems take turns in
+the same order every round (A B C A B C ...), so drift over the run (other
+load on the machine, thermal state) weighs on all of them alike, and every
+comparison pairs samples of the same round.
 """
 
 from __future__ import annotations
@@ -17,85 +18,51 @@ import platform
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from app.settings import Settings
 from bench.client import RequestRecord, run_workload
-from bench.random_adapters import BenchAdapter, ensure_bench_adapters
-from bench.report import (
-    MAIN_POINT,
-    PointRun,
-    aggregate,
-    figures_table,
-    plot,
-    render_markdown,
-    summary_json,
-    sweep_point_name,
-    write_requests,
+from bench.config import (
+    GATEWAY,
+    GATEWAY_FCFS,
+    VLLM,
+    VLLM_SHIPPED,
+    BenchConfig,
+    many_adapters_point,
 )
+from bench.random_adapters import BenchAdapter, ensure_bench_adapters
+from bench.report import render_markdown, summary_json, write_requests
+from bench.scenarios import curve, noisy_neighbour, registered_adapters, saturation
+from bench.stats import REQUESTS_PS, Sample, interleaved
 from bench.status import StatusLine
-from bench.swap_counters import parse_swap_counters
 from bench.systems import EngineConfig, GatewaySystem, System, VLLMServer
-from bench.workload import PlannedRequest, WorkloadSpec, plan
+from bench.targets import evaluate
+from bench.workload import PlannedRequest
 
 WARMUP_TOKENS = 2
-# Requests still running this long after the last arrival count as errors.
-MIN_DRAIN_SECONDS = 45.0
+RANK_OF_MANY = (8,)
 
 
-@dataclass(frozen=True)
-class BenchConfig:
-    # The default load keeps the small CPU engine below overload, so that both
-    # systems answer every request; a GPU takes --rate about a hundred times
-    # higher. docs/performance.md gives the measurements behind these numbers.
-    rate: float = 0.25
-    duration: float = 40.0
-    sweep_duration: float = 20.0
-    adapters: int = 32
-    zipf: float = 1.0
-    base_share: float = 0.2
-    output_tokens: int = 32
-    rounds: int = 2
-    sweep: tuple[int, ...] = (1, 8, 32, 128)
-    seed: int = 0
-    out: Path = Path("bench/results")
-    adapter_cache: Path = Path("var/bench/adapters")
-
-    @classmethod
-    def quick(cls) -> BenchConfig:
-        """Under three minutes with both engine starts: one round, a short load,
-        a small sweep."""
-        return cls(rate=0.4, duration=12.0, sweep_duration=12.0, adapters=8, rounds=1, sweep=(1, 8))
-
-    def points(self) -> dict[str, WorkloadSpec]:
-        main = WorkloadSpec(
-            rate=self.rate,
-            duration=self.duration,
-            adapters=self.adapters,
-            zipf=self.zipf,
-            base_share=self.base_share,
-            output_tokens=self.output_tokens,
-            seed=self.seed,
-        )
-        points = {MAIN_POINT: main}
-        for count in self.sweep:
-            if count != self.adapters:  # the main point is that sweep point already
-                points[sweep_point_name(count)] = replace(
-                    main, adapters=count, duration=self.sweep_duration
-                )
-        return points
+def build_system(name: str, engine: EngineConfig, adapter_root: Path, work_dir: Path) -> System:
+    if name in (GATEWAY, GATEWAY_FCFS):
+        scheduler = "fcfs" if name == GATEWAY_FCFS else "fair"
+        return GatewaySystem(engine, adapter_root, work_dir, name=name, scheduler=scheduler)
+    if name in (VLLM, VLLM_SHIPPED):
+        return VLLMServer(engine, name=name, isolation_fix=name == VLLM)
+    raise ValueError(f"unknown system {name}")
 
 
 def warmup_plan(adapters: int, group: int, cached: int) -> list[list[PlannedRequest]]:
     """Warm-up before measuring: a base-model request, then the last ``cached``
     (max_cpu_loras) adapters once each, in order, ``group`` (max_loras) at a time.
 
-    First-call costs then land in neither system's figures, and both engines
-    start measuring with the same adapters cached: vLLM's server loads every
+    First-call costs then land in no system's figures, and every engine starts
+    measuring with the same adapters cached: vLLM's server loads every
     ``--lora-modules`` adapter at start-up (its host cache keeps the last
-    ``cached``) while our gateway loads on first use; after this pass both hold
+    ``cached``) while our gateway loads on first use; after this pass all hold
     exactly those adapters in host memory, and the last group in device slots.
     """
     base = [PlannedRequest(0, 0.0, 0, None, "Say hello.", WARMUP_TOKENS)]
@@ -108,79 +75,144 @@ def warmup_plan(adapters: int, group: int, cached: int) -> list[list[PlannedRequ
 
 async def warm_up(system: System, adapters: Sequence[BenchAdapter]) -> None:
     settings = system.engine.settings
-    for batch in warmup_plan(len(adapters), settings.max_loras, settings.max_cpu_loras):
+    cached = min(settings.max_cpu_loras, len(adapters))
+    for batch in warmup_plan(len(adapters), settings.max_loras, cached):
         records, _ = await run_workload(
             system.base_url,
             system.name,
             "warmup",
             batch,
             lambda p: system.call_for(p, adapters),
-            drain_seconds=120.0,
+            drain_seconds=300.0,
         )
         if failed := [r.error for r in records if not r.ok]:
             raise RuntimeError(f"{system.name} failed a warm-up request: {failed[0]}")
 
 
-async def run_system(
+def curve_rates(config: BenchConfig, samples: Sequence[Sample]) -> dict[float, float]:
+    """The open-loop rates (fraction -> req/s): shares of the completed req/s of the
+    first saturation sample at the highest concurrency."""
+    top = max(config.concurrencies)
+    first = next(s for s in samples if s.point.endswith(f"concurrency {top}"))
+    saturated = REQUESTS_PS.of(first)
+    if not saturated:
+        raise RuntimeError(f"{first.system} completed nothing at concurrency {top}")
+    return {fraction: fraction * saturated for fraction in config.curve_fractions}
+
+
+def planned_requests(config: BenchConfig) -> int:
+    """Requests the status line counts (tenant A's flood is open-ended, not counted)."""
+    per_visit = config.waves * sum(config.concurrencies)
+    per_visit += config.curve_requests * len(config.curve_fractions) + 2 * config.victim_requests
+    many = 2 * config.rounds * config.registered_requests if config.registered else 0
+    return per_visit * config.rounds * len(config.systems) + many
+
+
+async def _visit(
     system: System,
     round_: int,
     adapters: Sequence[BenchAdapter],
-    points: dict[str, WorkloadSpec],
-    plans: dict[str, list[PlannedRequest]],
+    config: BenchConfig,
+    samples: list[Sample],
     out_dir: Path,
     status: StatusLine,
-) -> tuple[list[PointRun], float]:
-    """Start ``system``, run every point against it, stop it; the runs and start-up seconds."""
-    status.set(system.name, f"round {round_ + 1}: starting")
+) -> float:
+    """Start ``system``, run scenarios a and b, stop it; the start-up seconds."""
+
+    def progress(_: RequestRecord) -> None:
+        status.done += 1
+
+    label = f"round {round_ + 1}"
+    status.set(system.name, f"{label}: starting")
     try:
-        startup = await system.start(
-            adapters, out_dir / "logs" / f"{system.name}-round{round_ + 1}.log"
-        )
-        status.note(f"{system.name} ready in {startup:.0f}s (round {round_ + 1})")
-        status.set(system.name, f"round {round_ + 1}: warm-up")
+        startup = await system.start(adapters, out_dir / "logs" / f"{system.name}-{label}.log")
+        status.note(f"{system.name} ready in {startup:.0f}s ({label})")
+        status.set(system.name, f"{label}: warm-up")
         await warm_up(system, adapters)
-        runs: list[PointRun] = []
-        for name, spec in points.items():
-            status.set(system.name, f"round {round_ + 1}: {name}")
-            before = await system.metrics_text()
-
-            def finished(_: object) -> None:
-                status.done += 1
-
-            records, wall = await run_workload(
-                system.base_url,
-                system.name,
-                name,
-                plans[name],
-                lambda p: system.call_for(p, adapters),
-                drain_seconds=max(MIN_DRAIN_SECONDS, spec.duration),
-                on_finished=finished,
-            )
-            after = await system.metrics_text()
-            residency = (
-                parse_swap_counters(after) - parse_swap_counters(before)
-                if before is not None and after is not None
-                else None
-            )
-            runs.append(PointRun(system.name, name, round_, spec, records, wall, residency))
-            errors = sum(1 for r in records if not r.ok)
-            status.note(
-                f"{system.name} round {round_ + 1} {name}: "
-                f"{len(records) - errors}/{len(records)} ok in {wall:.1f}s"
-                + (
-                    f" (first error: {first_error})"
-                    if (first_error := _first_error(records))
-                    else ""
+        status.set(system.name, f"{label}: a, saturation")
+        samples += await saturation(system, adapters, config, round_, progress)
+        if config.curve_fractions:
+            rates = curve_rates(config, samples)
+            status.set(system.name, f"{label}: a, open loop")
+            samples += await curve(system, adapters, config, rates, round_, progress)
+        status.set(system.name, f"{label}: b, noisy neighbour")
+        samples += await noisy_neighbour(system, adapters, config, round_, progress)
+        for sample in samples:
+            if sample.system == system.name and sample.round == round_:
+                status.note(
+                    f"{system.name} {label} {sample.point}: "
+                    f"{len(sample.records) - sample.errors}/{len(sample.records)} ok "
+                    f"in {sample.wall_seconds:.1f}s"
+                    + (f" (first error: {e})" if (e := _first_error(sample)) else "")
                 )
-            )
-        return runs, startup
+        return startup
     finally:
-        status.set(system.name, f"round {round_ + 1}: stopping")
+        status.set(system.name, f"{label}: stopping")
         await asyncio.to_thread(system.stop)
 
 
-def _first_error(records: Sequence[RequestRecord]) -> str | None:
-    return next((r.error for r in records if r.error), None)
+def _first_error(sample: Sample) -> str | None:
+    return next((r.error for r in sample.records if r.error), None)
+
+
+async def _registered_phase(
+    config: BenchConfig,
+    engine: EngineConfig,
+    model: Path,
+    work_dir: Path,
+    out_dir: Path,
+    status: StatusLine,
+) -> list[Sample]:
+    status.set(GATEWAY, f"writing {config.registered} rank-8 adapters")
+    adapters = await asyncio.to_thread(
+        ensure_bench_adapters, model, config.registered_cache, config.registered, RANK_OF_MANY
+    )
+    system = GatewaySystem(
+        engine, config.registered_cache, work_dir, tenants=config.registered_tenants
+    )
+    status.set(GATEWAY, f"c: starting, registering {config.registered} adapters")
+    try:
+        await system.start(adapters, out_dir / "logs" / f"gateway-{config.registered}.log")
+        await warm_up(system, adapters[:1])
+        status.set(GATEWAY, f"c: 1 against {config.registered} adapters")
+        return await registered_adapters(
+            system,
+            adapters,
+            config,
+            config.rounds,
+            lambda _: setattr(status, "done", status.done + 1),
+        )
+    finally:
+        await asyncio.to_thread(system.stop)
+
+
+def _context(
+    config: BenchConfig, engine: EngineConfig, command: str, started: datetime, status: StatusLine,
+    order: list[str], startups: dict[str, list[float]],
+) -> dict[str, Any]:  # fmt: skip
+    s = engine.settings
+    return {
+        "command": command,
+        "started": started.isoformat(timespec="seconds"),
+        "wall_seconds": time.perf_counter() - status.started,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} "
+        f"{platform.release()}, Python {platform.python_version()}",
+        "engine": f"{s.model} dtype={s.dtype} max_model_len={s.max_model_len} "
+        f"max_num_seqs={s.max_num_seqs} max_loras={s.max_loras} max_cpu_loras={s.max_cpu_loras} "
+        f"max_lora_rank={s.max_lora_rank} kv_cache_gib={s.kv_cache_gib} "
+        f"enforce_eager={s.enforce_eager} seed={s.seed}",
+        "workload": f"{config.adapters} adapters (ranks 8 and 16, attention projections), Zipf "
+        f"{config.zipf:g}, {config.base_share:.0%} base-model requests, {config.output_tokens} "
+        f"output tokens (greedy, ignore_eos, streamed); closed loops of {config.waves} x "
+        f"concurrency requests at concurrency {', '.join(map(str, config.concurrencies))}",
+        "rounds": config.rounds,
+        "order": order,
+        "startup_seconds": startups,
+        "seed": config.seed,
+        "draws": config.draws,
+        "flood_streams": config.flood_streams,
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
+    }
 
 
 async def run_bench(config: BenchConfig, settings: Settings, command: str) -> Path:
@@ -189,65 +221,48 @@ async def run_bench(config: BenchConfig, settings: Settings, command: str) -> Pa
     out_dir = config.out / started_at.strftime("%Y%m%dT%H%M%SZ")
     work_dir = out_dir / "tmp"
     work_dir.mkdir(parents=True, exist_ok=True)
-    engine = EngineConfig(settings)
-    points = config.points()
-    plans = {name: plan(spec) for name, spec in points.items()}
-    total = 2 * config.rounds * sum(len(p) for p in plans.values())
-    status = StatusLine(total)
-
+    engine = EngineConfig(
+        settings.model_copy(
+            update={
+                "max_loras": config.max_loras,
+                "max_cpu_loras": max(settings.max_cpu_loras, config.max_loras),
+            }
+        )
+    )
+    status = StatusLine(planned_requests(config))
     status.set("-", "writing adapters")
-    count = max(spec.adapters for spec in points.values())
     adapters = await asyncio.to_thread(
-        ensure_bench_adapters, Path(settings.model), config.adapter_cache, count
+        ensure_bench_adapters, Path(settings.model), config.adapter_cache, config.adapters
     )
     ticker = asyncio.create_task(status.run(0.5))
-    runs: list[PointRun] = []
-    startups: dict[str, list[float]] = {"gateway": [], "vllm": []}
+    samples: list[Sample] = []
+    startups: dict[str, list[float]] = {name: [] for name in config.systems}
     order: list[str] = []
     try:
-        for round_ in range(config.rounds):
-            systems: list[System] = [
-                GatewaySystem(engine, config.adapter_cache, work_dir),
-                VLLMServer(engine),
-            ]
-            if round_ % 2:  # A B B A ...: a drift over the run weighs on both alike
-                systems.reverse()
-            for system in systems:
-                system_runs, startup = await run_system(
-                    system, round_, adapters, points, plans, out_dir, status
-                )
-                runs += system_runs
-                startups[system.name].append(startup)
-                order.append(system.name)
+        for round_, name in interleaved(config.systems, config.rounds):
+            system = build_system(name, engine, config.adapter_cache, work_dir)
+            startups[name].append(
+                await _visit(system, round_, adapters, config, samples, out_dir, status)
+            )
+            order.append(name)
+        if config.registered:
+            samples += await _registered_phase(
+                config, engine, Path(settings.model), work_dir, out_dir, status
+            )
     finally:
         ticker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await ticker
         status.finish()
 
-    s = engine.settings
-    context = {
-        "command": command,
-        "started": started_at.isoformat(timespec="seconds"),
-        "wall_seconds": time.perf_counter() - status.started,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} "
-        f"{platform.release()}, Python {platform.python_version()}",
-        "engine": f"{s.model} dtype={s.dtype} max_model_len={s.max_model_len} "
-        f"max_num_seqs={s.max_num_seqs} max_loras={s.max_loras} max_cpu_loras={s.max_cpu_loras} "
-        f"max_lora_rank={s.max_lora_rank} kv_cache_gib={s.kv_cache_gib} "
-        f"enforce_eager={s.enforce_eager} seed={s.seed}",
-        "rounds": config.rounds,
-        "order": order,
-        "startup_seconds": startups,
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
-    }
-    results = aggregate(runs)
-    write_requests(out_dir / "requests.jsonl", runs)
-    plot_name = "bench.png"
-    plot(out_dir / plot_name, results, config.sweep)
-    (out_dir / "summary.md").write_text(render_markdown(results, config.sweep, context, plot_name))
+    context = _context(config, engine, command, started_at, status, order, startups)
+    registered = many_adapters_point(config.registered) if config.registered else None
+    targets = evaluate(samples, config.concurrencies, config.registered, config.seed, config.draws)
+    text, ratios = render_markdown(samples, targets, context, registered)
+    write_requests(out_dir / "requests.jsonl", samples)
+    (out_dir / "summary.md").write_text(text)
     (out_dir / "summary.json").write_text(
-        json.dumps(summary_json(results, context), indent=2) + "\n"
+        json.dumps(summary_json(samples, targets, context, ratios), indent=2) + "\n"
     )
     with contextlib.suppress(OSError):  # the throwaway stores; logs stay
         for leftover in work_dir.rglob("*"):
@@ -255,10 +270,6 @@ async def run_bench(config: BenchConfig, settings: Settings, command: str) -> Pa
                 leftover.unlink()
         for directory in [*sorted(work_dir.rglob("*"), reverse=True), work_dir]:
             directory.rmdir()
-
-    main = results[MAIN_POINT]
-    print("\n".join(figures_table(main)))
-    for target in main.targets():
-        print(f"{'met   ' if target.met else 'MISSED'} {target.name}: {target.detail}")
+    print(text)
     print(f"results: {out_dir}", file=sys.stdout)
     return out_dir

@@ -1,19 +1,34 @@
-"""From per-request records to the figures the report compares."""
+"""From per-request records to figures, and from rounds to ratios with intervals.
+
+A *sample* is one system's run of one workload point in one round. A figure
+(output tok/s, TTFT p99, adapter swaps per 100 requests, ...) is computed per
+sample; a comparison pairs the samples of two systems (or two conditions) round
+by round, and its estimate is the median over rounds of the per-round ratios.
+
+Its 95% interval is a seeded hierarchical bootstrap: each draw picks rounds
+with replacement, then resamples each picked round's requests with
+replacement (both sides), recomputes the round's ratio and takes the median
+over the picked rounds; the interval is the 2.5th-97.5th percentile of the
+draws. Resampling rounds carries the drift between rounds (which dominates a
+throughput ratio, where every request generates the same tokens); resampling
+requests carries the spread of latency percentiles within a round.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
 
 from bench.client import RequestRecord
 
-# What "no meaningful cost over vLLM" means, checked on the main workload point
-# (docs/performance.md, "The gateway against vLLM's own server").
-THROUGHPUT_RATIO_TARGET = 0.97  # ours / vLLM output tokens per second, at least
-TTFT_P50_RATIO_TARGET = 1.05  # ours <= 1.05 x vLLM's p50 TTFT ...
-TTFT_P50_SLACK_SECONDS = 0.002  # ... + 2 ms
+Array = npt.NDArray[np.float64]
+DRAWS = 2000
+CONFIDENCE = 0.95
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -28,114 +43,195 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 @dataclass(frozen=True)
-class Summary:
-    requests: int
-    completed: int
-    errors: int
+class Sample:
+    """One system's run of one point in one round."""
+
+    system: str
+    point: str
+    round: int
+    records: tuple[RequestRecord, ...]
     wall_seconds: float
-    requests_per_second: float
-    output_tokens_per_second: float
-    ttft_p50: float | None
-    ttft_p99: float | None
-    itl_p50: float | None
-    itl_p99: float | None
-    e2e_p50: float | None
-    e2e_p99: float | None
-    mean_output_tokens: float | None
-    mean_prompt_tokens: float | None
-    start_lag_p99: float | None  # how late the client itself sent requests
+    # Counters read from the system over the run (the gateway's adapter swaps);
+    # empty where the system exposes none.
+    counters: Mapping[str, float] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    @property
+    def errors(self) -> int:
+        return sum(1 for r in self.records if not r.ok)
 
 
-# The figures compared between systems, with whether higher is better.
-FIGURES: dict[str, bool] = {
-    "requests_per_second": True,
-    "output_tokens_per_second": True,
-    "ttft_p50": False,
-    "ttft_p99": False,
-    "itl_p50": False,
-    "itl_p99": False,
-    "e2e_p50": False,
-    "e2e_p99": False,
-}
-
-
-def summarize(records: Sequence[RequestRecord], wall_seconds: float) -> Summary:
-    """Figures of one or more runs of a workload point (``wall_seconds`` summed over runs)."""
-    ok = [r for r in records if r.ok]
-    gaps = [gap for r in ok for gap in r.itl]
-    prompt_tokens = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
-    wall = max(wall_seconds, 1e-9)
-    return Summary(
-        requests=len(records),
-        completed=len(ok),
-        errors=len(records) - len(ok),
-        wall_seconds=wall_seconds,
-        requests_per_second=len(ok) / wall,
-        output_tokens_per_second=sum(r.output_tokens for r in ok) / wall,
-        ttft_p50=percentile([r.ttft for r in ok if r.ttft is not None], 50),
-        ttft_p99=percentile([r.ttft for r in ok if r.ttft is not None], 99),
-        itl_p50=percentile(gaps, 50),
-        itl_p99=percentile(gaps, 99),
-        e2e_p50=percentile([r.e2e for r in ok if r.e2e is not None], 50),
-        e2e_p99=percentile([r.e2e for r in ok if r.e2e is not None], 99),
-        mean_output_tokens=sum(r.output_tokens for r in ok) / len(ok) if ok else None,
-        mean_prompt_tokens=sum(prompt_tokens) / len(prompt_tokens) if prompt_tokens else None,
-        start_lag_p99=percentile([r.started - r.scheduled for r in records], 99),
-    )
-
-
-def ratios(ours: Summary, theirs: Summary) -> dict[str, float | None]:
-    """ours / vLLM for every compared figure (None where either is missing or zero)."""
-    out: dict[str, float | None] = {}
-    for name in FIGURES:
-        a, b = getattr(ours, name), getattr(theirs, name)
-        out[name] = a / b if a is not None and b else None
-    return out
+def _tpot(record: RequestRecord) -> float | None:
+    """Time per output token after the first, as vLLM's bench serve reports it."""
+    return sum(record.itl) / len(record.itl) if record.itl else None
 
 
 @dataclass(frozen=True)
-class TargetCheck:
+class Figure:
+    """A figure of a sample, from one value per request.
+
+    ``per_request`` gives each request's value (None: it does not count, e.g. a
+    failed request's latency); ``reduce`` turns a matrix of resampled values
+    (draws x requests, NaN for those that do not count) into one figure per draw.
+    """
+
     name: str
-    met: bool
-    detail: str
+    label: str
+    higher_is_better: bool
+    per_request: Callable[[RequestRecord], float | None]
+    reduce: Callable[[Array, Sample], Array]
+    scale: float = 1.0  # shown as value * scale (seconds -> ms)
+    digits: int = 1
+
+    def values(self, sample: Sample) -> Array:
+        return np.array(
+            [np.nan if (v := self.per_request(r)) is None else float(v) for r in sample.records],
+            dtype=np.float64,
+        )
+
+    def of(self, sample: Sample) -> float | None:
+        """The figure of the whole sample (no resampling)."""
+        if not sample.records:
+            return None
+        value = float(self.reduce(self.values(sample)[None, :], sample)[0])
+        return None if math.isnan(value) else value
 
 
-def check_targets(ours: Summary, theirs: Summary) -> list[TargetCheck]:
-    checks: list[TargetCheck] = []
-    tps = (
-        ours.output_tokens_per_second / theirs.output_tokens_per_second
-        if theirs.output_tokens_per_second
-        else 0.0
-    )
-    checks.append(
-        TargetCheck(
-            f"output tokens/s ours >= {THROUGHPUT_RATIO_TARGET}x vLLM",
-            tps >= THROUGHPUT_RATIO_TARGET,
-            f"{tps:.3f}x ({ours.output_tokens_per_second:.1f} vs "
-            f"{theirs.output_tokens_per_second:.1f} tok/s)",
-        )
-    )
-    if ours.ttft_p50 is not None and theirs.ttft_p50 is not None:
-        limit = TTFT_P50_RATIO_TARGET * theirs.ttft_p50 + TTFT_P50_SLACK_SECONDS
-        checks.append(
-            TargetCheck(
-                f"p50 TTFT ours <= {TTFT_P50_RATIO_TARGET}x vLLM + "
-                f"{TTFT_P50_SLACK_SECONDS * 1000:.0f} ms",
-                ours.ttft_p50 <= limit,
-                f"{ours.ttft_p50 * 1000:.1f} ms vs limit {limit * 1000:.1f} ms "
-                f"(vLLM {theirs.ttft_p50 * 1000:.1f} ms)",
-            )
-        )
-    else:
-        checks.append(TargetCheck("p50 TTFT", False, "no completed request"))
-    checks.append(
-        TargetCheck(
-            "zero errors on both",
-            ours.errors == 0 and theirs.errors == 0,
-            f"ours {ours.errors}, vLLM {theirs.errors}",
-        )
-    )
-    return checks
+def _rate(values: Array, sample: Sample) -> Array:
+    rates: Array = np.nansum(values, axis=1) / max(sample.wall_seconds, 1e-9)
+    return rates
+
+
+def _quantile(q: float) -> Callable[[Array, Sample], Array]:
+    def reduce(values: Array, sample: Sample) -> Array:
+        out = np.full(values.shape[0], np.nan)
+        counted = ~np.isnan(values).all(axis=1)
+        if counted.any():
+            out[counted] = np.nanpercentile(values[counted], q, axis=1)
+        return out
+
+    return reduce
+
+
+def _per_hundred(counter: str) -> Callable[[Array, Sample], Array]:
+    """``counter`` per 100 completed requests (each completed request counts 1)."""
+
+    def reduce(values: Array, sample: Sample) -> Array:
+        if counter not in sample.counters:
+            return np.full(values.shape[0], np.nan)
+        completed = np.nansum(values, axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(completed > 0, 100.0 * sample.counters[counter] / completed, np.nan)
+
+    return reduce
+
+
+SWAPS = "adapter_loads_and_activations"
+
+OUTPUT_TPS = Figure(
+    "output_tps", "output tok/s", True,
+    lambda r: float(r.output_tokens) if r.ok else 0.0, _rate, digits=2,
+)  # fmt: skip
+REQUESTS_PS = Figure(
+    "requests_ps", "completed req/s", True, lambda r: 1.0 if r.ok else 0.0, _rate, digits=3
+)
+TTFT_P50 = Figure("ttft_p50", "TTFT p50 (ms)", False, lambda r: r.ttft if r.ok else None,
+                  _quantile(50), scale=1000.0)  # fmt: skip
+TTFT_P99 = Figure("ttft_p99", "TTFT p99 (ms)", False, lambda r: r.ttft if r.ok else None,
+                  _quantile(99), scale=1000.0)  # fmt: skip
+TPOT_P50 = Figure("tpot_p50", "TPOT p50 (ms)", False, lambda r: _tpot(r) if r.ok else None,
+                  _quantile(50), scale=1000.0)  # fmt: skip
+TPOT_P99 = Figure("tpot_p99", "TPOT p99 (ms)", False, lambda r: _tpot(r) if r.ok else None,
+                  _quantile(99), scale=1000.0)  # fmt: skip
+E2E_P50 = Figure("e2e_p50", "end-to-end p50 (ms)", False, lambda r: r.e2e if r.ok else None,
+                 _quantile(50), scale=1000.0)  # fmt: skip
+E2E_P99 = Figure("e2e_p99", "end-to-end p99 (ms)", False, lambda r: r.e2e if r.ok else None,
+                 _quantile(99), scale=1000.0)  # fmt: skip
+SWAPS_PER_100 = Figure(
+    "swaps_per_100", "adapter loads+activations per 100 requests", False,
+    lambda r: 1.0 if r.ok else None, _per_hundred(SWAPS),
+)  # fmt: skip
+
+THROUGHPUT_FIGURES = (OUTPUT_TPS, REQUESTS_PS, TTFT_P50, TTFT_P99, TPOT_P50, TPOT_P99, E2E_P99)
+LATENCY_FIGURES = (OUTPUT_TPS, TTFT_P50, TTFT_P99, TPOT_P50, E2E_P50, E2E_P99)
+
+
+def median_of_rounds(figure: Figure, samples: Sequence[Sample]) -> float | None:
+    values = [v for s in samples if (v := figure.of(s)) is not None]
+    return statistics.median(values) if values else None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A ratio: the median over rounds, its bootstrap interval, the rounds' own."""
+
+    median: float | None
+    low: float | None
+    high: float | None
+    rounds: tuple[float | None, ...]
+
+    def excludes(self, limit: float) -> bool:
+        """True when the whole interval lies on one side of ``limit``."""
+        if self.low is None or self.high is None:
+            return False
+        return self.high < limit or self.low > limit
+
+    def text(self, digits: int = 3) -> str:
+        if self.median is None:
+            return "-"
+        if self.low is None or self.high is None:
+            return f"{self.median:.{digits}f}"
+        return f"{self.median:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]"
+
+
+def _resampled(figure: Figure, sample: Sample, rng: np.random.Generator, draws: int) -> Array:
+    values = figure.values(sample)
+    if values.size == 0:
+        return np.full(draws, np.nan)
+    picks = rng.integers(0, values.size, size=(draws, values.size))
+    return figure.reduce(values[picks], sample)
+
+
+def ratio_estimate(
+    figure: Figure,
+    pairs: Sequence[tuple[Sample, Sample]],
+    *,
+    seed: int,
+    draws: int = DRAWS,
+    confidence: float = CONFIDENCE,
+) -> Estimate:
+    """``figure(x) / figure(y)`` over rounds of ``(x, y)`` pairs: median and interval."""
+    per_round: list[float | None] = []
+    for x, y in pairs:
+        a, b = figure.of(x), figure.of(y)
+        per_round.append(a / b if a is not None and b else None)
+    known = [r for r in per_round if r is not None]
+    if not known:
+        return Estimate(None, None, None, tuple(per_round))
+    rng = np.random.default_rng(seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.stack(
+            [
+                _resampled(figure, x, rng, draws) / _resampled(figure, y, rng, draws)
+                for x, y in pairs
+            ]
+        )  # rounds x draws
+    ratios[~np.isfinite(ratios)] = np.nan
+    picks = rng.integers(0, len(pairs), size=(draws, len(pairs)))
+    drawn = ratios[picks, np.arange(draws)[:, None]]  # draws x picked rounds
+    usable = ~np.isnan(drawn).all(axis=1)
+    if not usable.any():
+        return Estimate(statistics.median(known), None, None, tuple(per_round))
+    medians = np.nanmedian(drawn[usable], axis=1)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(medians, [tail, 100 - tail])
+    return Estimate(statistics.median(known), float(low), float(high), tuple(per_round))
+
+
+def interleaved(systems: Sequence[str], rounds: int) -> list[tuple[int, str]]:
+    """The run order: every system once per round, in the same order (A B C A B C ...),
+    so a drift over the run weighs on every system alike."""
+    if rounds < 1 or not systems:
+        raise ValueError("at least one round of at least one system")
+    if len(set(systems)) != len(systems):
+        raise ValueError("a system is listed twice")
+    return [(round_, system) for round_ in range(rounds) for system in systems]

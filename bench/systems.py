@@ -1,10 +1,14 @@
-"""The two systems under test, each a subprocess on loopback with its own port.
+"""The systems under test, each a subprocess on loopback with its own port.
 
-Both run the same engine with the same settings, in the same environment, so
+All run the same engine with the same settings, in the same environment, so
 that the difference between them is the serving layer: our gateway (tenants,
-keys, quotas, metrics) against vLLM's own OpenAI server. Our vLLM plugin is
-installed in the venv and therefore loads in vLLM's server too (it replaces
-the CPU LoRA ops with our isolation-fixed ones): both run the same kernels.
+keys, quotas, metrics, its admission scheduler or plain FCFS) against vLLM's
+own OpenAI server. Our vLLM plugin is installed in the venv and therefore
+loads in vLLM's server too (it replaces the CPU LoRA ops with our
+isolation-fixed ones): with the same ops, both run the same kernels. vLLM's
+server as shipped runs with the plugin's ops off
+(``LORA_GATEWAY_ISOLATION_FIX=0``): what users get today, including vLLM's
+no-adapter slot bug, so its base-model outputs may be wrong.
 """
 
 from __future__ import annotations
@@ -47,16 +51,16 @@ def tenant_id(index: int) -> str:
     return f"tenant-{index:03d}"
 
 
-def base_environment() -> dict[str, str]:
-    """The environment both systems start from: ours without any gateway or
-    engine-sizing overrides of the caller's shell, the isolation fix on."""
+def base_environment(isolation_fix: bool = True) -> dict[str, str]:
+    """The environment every system starts from: ours without any gateway or
+    engine-sizing overrides of the caller's shell; our ops on or off."""
     env = {
         name: value
         for name, value in os.environ.items()
         if not name.startswith("LORA_GATEWAY_")
         and name not in {"VLLM_CPU_KVCACHE_SPACE", "PROMETHEUS_MULTIPROC_DIR"}
     }
-    env[ISOLATION_FIX_ENV] = "1"
+    env[ISOLATION_FIX_ENV] = "1" if isolation_fix else "0"
     return env
 
 
@@ -147,13 +151,28 @@ class System(Protocol):
     def stop(self) -> None: ...
 
 
+# Registrations in flight at once while provisioning (each copies an adapter).
+PROVISION_CONCURRENCY = 8
+
+
 class GatewaySystem:
-    """Our gateway: ``lora-gateway serve``, a fresh store, one tenant per adapter."""
+    """Our gateway: ``lora-gateway serve`` with a fresh store; adapter ``i``
+    granted to tenant ``i % tenants`` (one tenant per adapter by default)."""
 
-    name = "gateway"
-
-    def __init__(self, engine: EngineConfig, adapter_root: Path, work_dir: Path) -> None:
+    def __init__(
+        self,
+        engine: EngineConfig,
+        adapter_root: Path,
+        work_dir: Path,
+        *,
+        name: str = "gateway",
+        scheduler: str = "fair",
+        tenants: int | None = None,
+    ) -> None:
+        self.name = name
         self.engine = engine
+        self.scheduler = scheduler
+        self.tenants = tenants
         self._adapter_root = adapter_root
         self._work_dir = work_dir
         self.port = free_port()
@@ -179,6 +198,7 @@ class GatewaySystem:
             "ENFORCE_EAGER": s.enforce_eager,
             "SEED": s.seed,
             "ISOLATION_FIX": True,
+            "SCHEDULER": self.scheduler,
             "HOST": HOST,
             "PORT": self.port,
             "DATABASE_URL": f"sqlite+aiosqlite:///{db.resolve()}",
@@ -197,33 +217,47 @@ class GatewaySystem:
         await self._provision(adapters)
         return seconds
 
+    def tenant_count(self, adapters: int) -> int:
+        return max(1, min(self.tenants or adapters, adapters or 1))
+
     async def _provision(self, adapters: Sequence[BenchAdapter]) -> None:
-        """Register every adapter and give each its own tenant (granted it under
-        its own name, base model allowed) and key, over the admin API."""
+        """Register every adapter, create the tenants (base model allowed) with a key
+        each, and grant adapter ``i`` to tenant ``i % tenants`` under its own name,
+        over the admin API."""
+        tenants = self.tenant_count(len(adapters))
+        limit = asyncio.Semaphore(PROVISION_CONCURRENCY)
         async with httpx.AsyncClient(
-            base_url=f"{self.base_url}/admin/v1", headers=ADMIN_HEADERS, timeout=120.0
+            base_url=f"{self.base_url}/admin/v1", headers=ADMIN_HEADERS, timeout=300.0
         ) as admin:
 
             async def checked(method: str, url: str, body: dict[str, Any]) -> dict[str, Any]:
-                response = await admin.request(method, url, json=body)
+                async with limit:
+                    response = await admin.request(method, url, json=body)
                 if response.status_code >= 300:
                     raise RuntimeError(f"{method} {url}: {response.status_code} {response.text}")
                 result: dict[str, Any] = response.json()
                 return result
 
-            for index, adapter in enumerate(adapters):
-                path = str(adapter.path.resolve().relative_to(self._adapter_root.resolve()))
-                await checked("POST", "/adapters", {"name": adapter.name, "path": path})
-                tenant = tenant_id(index)
+            async def tenant(index: int) -> None:
+                name = tenant_id(index)
                 await checked(
-                    "POST", "/tenants", {"id": tenant, "name": tenant, "allow_base_model": True}
-                )
-                await checked(
-                    "PUT", f"/tenants/{tenant}/adapters/{adapter.name}", {"adapter": adapter.name}
+                    "POST", "/tenants", {"id": name, "name": name, "allow_base_model": True}
                 )
                 self.keys[index] = (
-                    await checked("POST", f"/tenants/{tenant}/keys", {"name": "bench"})
+                    await checked("POST", f"/tenants/{name}/keys", {"name": "bench"})
                 )["key"]
+
+            async def adapter(index: int, adapter: BenchAdapter) -> None:
+                path = str(adapter.path.resolve().relative_to(self._adapter_root.resolve()))
+                await checked("POST", "/adapters", {"name": adapter.name, "path": path})
+                await checked(
+                    "PUT",
+                    f"/tenants/{tenant_id(index % tenants)}/adapters/{adapter.name}",
+                    {"adapter": adapter.name},
+                )
+
+            await asyncio.gather(*(tenant(i) for i in range(tenants)))
+            await asyncio.gather(*(adapter(i, a) for i, a in enumerate(adapters)))
         # Requests never read the store: wait until the gateway's in-memory view
         # has every grant (it is rebuilt after each admin change, but be sure).
         await asyncio.sleep(self.engine.settings.registry_poll_seconds * 2)
@@ -234,7 +268,7 @@ class GatewaySystem:
             if planned.adapter is not None
             else self.engine.settings.base_model_id
         )
-        return Call(model, self.keys[planned.tenant])
+        return Call(model, self.keys[planned.tenant % len(self.keys)])
 
     async def metrics_text(self) -> str | None:
         # /metrics names every tenant: the API port serves it to an admin token only.
@@ -250,12 +284,15 @@ class GatewaySystem:
 
 
 class VLLMServer:
-    """vLLM's own OpenAI server with every adapter as a ``--lora-modules`` entry."""
+    """vLLM's own OpenAI server with every adapter as a ``--lora-modules`` entry,
+    with our ops (``isolation_fix``) or as shipped."""
 
-    name = "vllm"
-
-    def __init__(self, engine: EngineConfig) -> None:
+    def __init__(
+        self, engine: EngineConfig, *, name: str = "vllm", isolation_fix: bool = True
+    ) -> None:
+        self.name = name
         self.engine = engine
+        self.isolation_fix = isolation_fix
         self.port = free_port()
         self.base_url = f"http://{HOST}:{self.port}"
         self._process: Process | None = None
@@ -286,7 +323,9 @@ class VLLMServer:
         return command
 
     async def start(self, adapters: Sequence[BenchAdapter], log_path: Path) -> float:
-        self._process = start_process(self.command(adapters), base_environment(), log_path)
+        self._process = start_process(
+            self.command(adapters), base_environment(self.isolation_fix), log_path
+        )
         return await wait_ready(self._process, f"{self.base_url}/health", name=self.name)
 
     def call_for(self, planned: PlannedRequest, adapters: Sequence[BenchAdapter]) -> Call:

@@ -1,9 +1,11 @@
-"""The benchmark's open-loop workload: who calls what, and when.
+"""The benchmark's workloads: who calls what, and when.
 
-A plan is fixed before any request is sent (seeded), so both systems receive
-exactly the same requests at exactly the same offsets, however fast they
-answer: arrivals never wait for earlier responses (open loop), which is what
-exposes queueing when a system falls behind.
+Every plan is fixed before any request is sent (seeded), so every system
+receives exactly the same requests. Open-loop plans also fix when each request
+leaves (Poisson arrivals that never wait for earlier responses, which exposes
+queueing when a system falls behind); closed-loop plans are only the sequence
+of requests that a fixed number of clients work through, each sending its next
+request when its last one finished (saturation throughput).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import random
 from dataclasses import dataclass
 
 # Short, open-ended questions (the client also sends ignore_eos, so every request
-# runs to max_tokens on both systems).
+# runs to max_tokens on every system).
 PROMPTS = (
     "Write a detailed essay about the history of the printing press.",
     "Explain step by step how a compiler turns source code into machine code.",
@@ -28,9 +30,9 @@ PROMPTS = (
 
 
 @dataclass(frozen=True)
-class WorkloadSpec:
-    rate: float  # requests per second (mean of the Poisson process)
-    duration: float  # seconds of arrivals
+class Mix:
+    """What the requests ask for: which adapters, how popular, how long."""
+
     adapters: int  # distinct adapters the traffic spreads over
     zipf: float  # popularity exponent: adapter k (0-based) has weight 1/(k+1)**zipf
     base_share: float  # share of requests for the bare base model
@@ -38,8 +40,6 @@ class WorkloadSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.rate <= 0 or self.duration <= 0:
-            raise ValueError("rate and duration must be positive")
         if self.adapters < 0 or not 0 <= self.base_share <= 1:
             raise ValueError("adapters must be >= 0 and base_share within [0, 1]")
         if self.adapters == 0 and self.base_share < 1:
@@ -49,9 +49,22 @@ class WorkloadSpec:
 
 
 @dataclass(frozen=True)
+class WorkloadSpec(Mix):
+    """An open-loop point: the mix, arriving as a Poisson process."""
+
+    rate: float = 1.0  # requests per second (mean of the Poisson process)
+    duration: float = 10.0  # seconds of arrivals
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.rate <= 0 or self.duration <= 0:
+            raise ValueError("rate and duration must be positive")
+
+
+@dataclass(frozen=True)
 class PlannedRequest:
     index: int
-    at: float  # seconds after the workload's start
+    at: float  # seconds after the workload's start (0 in a closed loop)
     tenant: int  # which tenant sends it (tenant i owns adapter i)
     adapter: int | None  # adapter index, or None for the base model
     prompt: str
@@ -65,26 +78,58 @@ def zipf_weights(count: int, exponent: float) -> list[float]:
     return [weight / total for weight in raw]
 
 
-def plan(spec: WorkloadSpec) -> list[PlannedRequest]:
-    """The requests of one workload point, in arrival order (deterministic)."""
-    rng = random.Random(spec.seed)
-    cumulative = list(itertools.accumulate(zipf_weights(spec.adapters, spec.zipf)))
-    requests: list[PlannedRequest] = []
-    at = rng.expovariate(spec.rate)
-    while at < spec.duration:
+class _Draws:
+    """One request's random choices after another, from one seeded generator."""
+
+    def __init__(self, mix: Mix) -> None:
+        self.mix = mix
+        self.rng = random.Random(mix.seed)
+        self.cumulative = list(itertools.accumulate(zipf_weights(mix.adapters, mix.zipf)))
+
+    def request(self, index: int, at: float) -> PlannedRequest:
+        mix, rng = self.mix, self.rng
         # Draw every random choice for every request, used or not, so a change
         # of one parameter (say base_share) does not reshuffle the others.
-        is_base = rng.random() < spec.base_share
+        is_base = rng.random() < mix.base_share
         pick = rng.random()
         tenant_pick = rng.random()
         prompt = PROMPTS[rng.randrange(len(PROMPTS))]
         adapter: int | None = None
-        if spec.adapters and not is_base:
-            adapter = min(bisect.bisect_left(cumulative, pick * cumulative[-1]), spec.adapters - 1)
+        if mix.adapters and not is_base:
+            adapter = min(
+                bisect.bisect_left(self.cumulative, pick * self.cumulative[-1]), mix.adapters - 1
+            )
         # A base-model request comes from any of the active tenants alike.
-        tenant = adapter if adapter is not None else int(tenant_pick * max(spec.adapters, 1))
-        requests.append(
-            PlannedRequest(len(requests), at, tenant, adapter, prompt, spec.output_tokens)
-        )
-        at += rng.expovariate(spec.rate)
+        tenant = adapter if adapter is not None else int(tenant_pick * max(mix.adapters, 1))
+        return PlannedRequest(index, at, tenant, adapter, prompt, mix.output_tokens)
+
+
+def plan(spec: WorkloadSpec) -> list[PlannedRequest]:
+    """An open-loop point's requests, in arrival order (deterministic)."""
+    draws = _Draws(spec)
+    arrivals = random.Random(f"arrivals-{spec.seed}")  # independent of the mix
+    requests: list[PlannedRequest] = []
+    at = arrivals.expovariate(spec.rate)
+    while at < spec.duration:
+        requests.append(draws.request(len(requests), at))
+        at += arrivals.expovariate(spec.rate)
     return requests
+
+
+def closed_plan(mix: Mix, count: int) -> list[PlannedRequest]:
+    """``count`` requests of ``mix`` for a closed loop, in the order clients take them."""
+    if count < 1:
+        raise ValueError("a closed loop needs at least one request")
+    draws = _Draws(mix)
+    return [draws.request(index, 0.0) for index in range(count)]
+
+
+def tenant_requests(
+    count: int, *, tenant: int, adapter: int | None, output_tokens: int, seed: int
+) -> list[PlannedRequest]:
+    """``count`` requests of one tenant on one model (the noisy-neighbour scenario)."""
+    rng = random.Random(f"tenant-{tenant}-{seed}")
+    return [
+        PlannedRequest(i, 0.0, tenant, adapter, PROMPTS[rng.randrange(len(PROMPTS))], output_tokens)
+        for i in range(count)
+    ]

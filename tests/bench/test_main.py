@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import CONFIG_OPTIONS, build_parser, config_from
-from bench.runner import BenchConfig
+from bench.config import GATEWAY, GATEWAY_FCFS, SYSTEMS, VLLM, BenchConfig
 
 
 def config(*argv: str) -> BenchConfig:
@@ -16,41 +16,53 @@ def config(*argv: str) -> BenchConfig:
 
 
 def test_no_options_is_the_full_run() -> None:
-    assert config() == BenchConfig()
+    full = config()
+    assert full == BenchConfig()
+    assert full.systems == SYSTEMS and full.rounds >= 3
+    assert set(full.concurrencies) == {16, 64} and len(full.curve_fractions) >= 4
+    assert max(full.curve_fractions) == 1.0 and full.flood_streams >= 100
+    assert full.registered == 1000
 
 
-def test_quick_is_the_short_run_and_options_override_it() -> None:
-    assert config("--quick") == BenchConfig.quick()
-    quick = config("--quick", "--rounds", "3", "--sweep", "1,4,16", "--base-share", "0.5")
-    assert quick == dataclasses.replace(
-        BenchConfig.quick(), rounds=3, sweep=(1, 4, 16), base_share=0.5
-    )
+def test_quick_is_one_round_of_a_subset() -> None:
+    quick = config("--quick")
+    assert quick == BenchConfig.quick()
+    assert quick.systems == (GATEWAY, VLLM) and quick.rounds == 1
+    assert quick.curve_fractions == () and quick.registered == 0  # scenarios a and b only
+    assert quick.flood_streams >= 100
+    again = config("--quick", "--rounds", "3", "--concurrencies", "4,8", "--base-share", "0.5")
+    assert again == dataclasses.replace(quick, rounds=3, concurrencies=(4, 8), base_share=0.5)
 
 
 def test_every_option_reaches_its_config_field() -> None:
     argv = [
-        *("--rate", "2", "--duration", "5", "--sweep-duration", "6", "--adapters", "7"),
-        *("--zipf", "0.5", "--base-share", "0.1", "--output-tokens", "9", "--rounds", "4"),
-        *("--sweep", "2,8", "--seed", "11", "--out", "elsewhere"),
+        *("--systems", "gateway,gateway-fcfs", "--rounds", "4", "--max-loras", "2"),
+        *("--adapters", "7", "--zipf", "0.5", "--base-share", "0.1", "--output-tokens", "9"),
+        *("--concurrencies", "2,8", "--waves", "2", "--curve-fractions", "0.5,1"),
+        *("--curve-requests", "5", "--flood-streams", "101", "--flood-tokens", "3"),
+        *("--victim-requests", "6", "--victim-tokens", "2", "--registered", "10"),
+        *("--registered-concurrency", "3", "--registered-requests", "12", "--seed", "11"),
+        *("--draws", "99", "--out", "elsewhere"),
     ]
     got = config(*argv)
     expected = {
-        "rate": 2.0,
-        "duration": 5.0,
-        "sweep_duration": 6.0,
-        "adapters": 7,
-        "zipf": 0.5,
-        "base_share": 0.1,
-        "output_tokens": 9,
-        "rounds": 4,
-        "sweep": (2, 8),
-        "seed": 11,
+        "systems": (GATEWAY, GATEWAY_FCFS), "rounds": 4, "max_loras": 2, "adapters": 7,
+        "zipf": 0.5, "base_share": 0.1, "output_tokens": 9, "concurrencies": (2, 8),
+        "waves": 2, "curve_fractions": (0.5, 1.0), "curve_requests": 5, "flood_streams": 101,
+        "flood_tokens": 3, "victim_requests": 6, "victim_tokens": 2, "registered": 10,
+        "registered_concurrency": 3, "registered_requests": 12, "seed": 11, "draws": 99,
         "out": Path("elsewhere"),
-    }
+    }  # fmt: skip
     assert set(expected) == set(CONFIG_OPTIONS)
     assert {name: getattr(got, name) for name in expected} == expected
 
 
-def test_an_unknown_option_is_refused() -> None:
+def test_unknown_options_and_systems_are_refused() -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--rps", "3"])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--systems", "gateway,lorax"])
+    with pytest.raises(ValueError):
+        BenchConfig(adapters=1)
+    with pytest.raises(ValueError):
+        BenchConfig(curve_fractions=(0.0, 1.0))

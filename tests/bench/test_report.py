@@ -1,115 +1,124 @@
-"""The benchmark's plan of points, warm-up, pooling over rounds and the written report."""
+"""The written report: every figure with its ratio and interval, the scenario
+tables, the targets table, the JSON twin, the warm-up plan and the curve's rates."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from bench.client import RequestRecord
-from bench.report import (
-    MAIN_POINT,
-    PointRun,
-    aggregate,
-    plot,
-    render_markdown,
-    summary_json,
-    sweep_points,
+from bench.config import (
+    FLOOD,
+    GATEWAY,
+    ONE_ADAPTER,
+    SOLO,
+    VLLM,
+    VLLM_SHIPPED,
+    BenchConfig,
+    curve_point,
+    many_adapters_point,
+    saturation_point,
 )
-from bench.runner import BenchConfig, warmup_plan
+from bench.report import NOT_COUNTABLE, SHIPPED_NOTE, render_markdown, summary_json, write_requests
+from bench.runner import curve_rates, planned_requests, warmup_plan
+from bench.stats import SWAPS, Sample
+from bench.targets import evaluate
+
+A16 = saturation_point(16)
+MANY = many_adapters_point(1000)
+CONTEXT = {
+    "command": "python -m bench", "started": "now", "wall_seconds": 1.0, "machine": "test",
+    "engine": "e", "workload": "w", "rounds": 2, "order": ["gateway", "vllm"], "seed": 0,
+    "draws": 200, "flood_streams": 100,
+}  # fmt: skip
 
 
-def records(
-    system: str, point: str, tokens: int, ttft: float, count: int = 4
-) -> list[RequestRecord]:
-    return [
-        RequestRecord(
-            system=system,
-            point=point,
-            index=i,
-            tenant=0,
-            model="m",
-            scheduled=float(i),
-            started=float(i),
-            ttft=ttft,
-            itl=[0.05] * (tokens - 1),
-            e2e=ttft + 0.05 * (tokens - 1),
-            output_tokens=tokens,
-            prompt_tokens=40,
-            status=200,
-        )
-        for i in range(count)
-    ]
+def sample(system: str, point: str, round_: int, *, wall: float = 10.0, ttft: float = 0.1,
+           swaps: float | None = None) -> Sample:  # fmt: skip
+    records = tuple(
+        RequestRecord(system, point, i, 0, "m", 0.0, 0.0, ttft=ttft, itl=[0.05] * 31,
+                      e2e=ttft + 1.55, output_tokens=32, status=200)
+        for i in range(4)
+    )  # fmt: skip
+    return Sample(system, point, round_, records, wall, {SWAPS: swaps} if swaps else {})
 
 
-def run(system: str, point: str, round_: int, tokens: int, ttft: float) -> PointRun:
-    config = BenchConfig(adapters=8, sweep=(1, 8))
-    spec = config.points()[point]
-    return PointRun(system, point, round_, spec, records(system, point, tokens, ttft), 10.0)
+def samples() -> list[Sample]:
+    out = []
+    for r in range(2):
+        out += [
+            sample(GATEWAY, A16, r, wall=10.0, swaps=2.0),
+            sample(VLLM, A16, r, wall=12.8),
+            sample(VLLM_SHIPPED, A16, r, wall=25.6),
+            sample(GATEWAY, curve_point(0.5), r, ttft=0.2),
+            sample(VLLM, curve_point(0.5), r, ttft=0.1),
+            sample(GATEWAY, SOLO, r, ttft=0.1),
+            sample(GATEWAY, FLOOD, r, ttft=0.12),
+            sample(VLLM, SOLO, r, ttft=0.1),
+            sample(VLLM, FLOOD, r, ttft=4.0),
+            sample(GATEWAY, ONE_ADAPTER, r, wall=10.0),
+            sample(GATEWAY, MANY, r, wall=12.5),
+        ]
+    return out
 
 
-def test_points_reuse_the_main_workload_for_its_own_adapter_count() -> None:
-    points = BenchConfig(adapters=32, sweep=(1, 8, 32, 128)).points()
-    assert list(points) == [MAIN_POINT, "adapters=1", "adapters=8", "adapters=128"]
-    assert points["adapters=128"].adapters == 128
-    assert points["adapters=8"].rate == points[MAIN_POINT].rate
-    assert points["adapters=8"].duration == BenchConfig().sweep_duration
+def test_the_report_shows_every_figure_with_its_ratio_and_the_targets() -> None:
+    data = samples()
+    targets = evaluate(data, (16,), 1000, seed=0, draws=200)
+    text, ratios = render_markdown(data, targets, CONTEXT, MANY)
+    # Saturation: 128 tokens in 10 s against 12.8 s and 25.6 s: 12.80, 10.00, 5.00 tok/s.
+    assert f"## {A16}" in text
+    assert "| figure | gateway | vllm | vllm-shipped | gateway / vllm [95%] " in text
+    assert "| output tok/s | 12.80 | 10.00 | 5.00 | 1.280 [1.280, 1.280] | 0.500 [" in text
+    assert "| adapter loads+activations per 100 requests | 50.0 | - | - | - | - |" in text
+    assert NOT_COUNTABLE in text and SHIPPED_NOTE in text
+    assert "| TTFT p50 (ms) | 200.0 | 100.0 | 2.000 [2.000, 2.000] |" in text
+    # Noisy neighbour: the ratio of B's p99 under the flood to alone, per system.
+    assert "| gateway | 100.0 | 100.0 | 120.0 | 120.0 | 1.200 [1.200, 1.200] | 0 | 0 |" in text
+    assert "| vllm | 100.0 | 100.0 | 4000.0 | 4000.0 | 40.000 [" in text
+    assert "| ratio (many / one) [95%] | 0.800 [0.800, 0.800] | | |" in text
+    assert "## Targets (issue #16)" in text
+    assert (
+        "| Noisy neighbour: B's p99 TTFT under A's flood / B's solo p99, scheduler (<= 2x) "
+        "| met | 1.200 [1.200, 1.200] (resolved) |" in text
+    )
+    assert "| **missed** | 0.800" not in text  # 0.8 >= 0.7: met
+    assert ratios[A16]["vllm-shipped"]["output_tps"]["median"] == pytest.approx(0.5)
+    doc = summary_json(data, targets, CONTEXT, ratios)
+    json.dumps(doc)  # serialisable as written
+    first = doc["samples"][0]
+    assert first["figures"]["output_tps"] == pytest.approx(12.8)
+    assert first["counters"] == {SWAPS: 2.0}
+    assert [t["verdict"] for t in doc["targets"]][:2] == ["met", "reported"]
+
+
+def test_without_vllm_shipped_there_is_no_note(tmp_path: Path) -> None:
+    data = [s for s in samples() if s.system != VLLM_SHIPPED]
+    text, _ = render_markdown(data, [], CONTEXT, None)
+    assert SHIPPED_NOTE not in text and "against 1 adapter" not in text
+    write_requests(tmp_path / "r.jsonl", data)
+    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    assert len(lines) == 4 * len(data)
+    assert json.loads(lines[0])["round"] == 0
+
+
+def test_curve_rates_are_shares_of_the_first_saturation() -> None:
+    config = BenchConfig(concurrencies=(16, 64), curve_fractions=(0.5, 1.0))
+    first = sample(VLLM, saturation_point(64), 0, wall=2.0)  # 4 requests in 2 s
+    later = sample(GATEWAY, saturation_point(64), 0, wall=1.0)
+    rates = curve_rates(config, [sample(VLLM, A16, 0), first, later])
+    assert rates == pytest.approx({0.5: 1.0, 1.0: 2.0})
+
+
+def test_planned_requests_count_every_visit() -> None:
     quick = BenchConfig.quick()
-    assert quick.rounds == 1 and set(quick.sweep) <= {1, 8}
+    assert planned_requests(quick) == 2 * (quick.waves * 16 + 2 * quick.victim_requests)
 
 
 def test_warmup_touches_the_host_cached_adapters_in_order_a_group_at_a_time() -> None:
     batches = warmup_plan(adapters=10, group=4, cached=8)
     assert [r.adapter for r in batches[0]] == [None]
-    # Only the last 8 (what vLLM's host cache holds after its start-up loads).
     assert [[r.adapter for r in b] for b in batches[1:]] == [[2, 3, 4, 5], [6, 7, 8, 9]]
     assert [[r.adapter for r in b] for b in warmup_plan(3, 4, 8)[1:]] == [[0, 1, 2]]
-    assert all(r.tenant == r.adapter for b in batches[1:] for r in b)
-
-
-def test_rounds_are_pooled_and_compared() -> None:
-    runs = [
-        run("gateway", MAIN_POINT, 0, tokens=30, ttft=0.2),
-        run("vllm", MAIN_POINT, 0, tokens=32, ttft=0.1),
-        run("gateway", MAIN_POINT, 1, tokens=32, ttft=0.2),
-        run("vllm", MAIN_POINT, 1, tokens=32, ttft=0.1),
-        run("gateway", "adapters=1", 0, tokens=32, ttft=0.1),
-        run("vllm", "adapters=1", 0, tokens=32, ttft=0.1),
-    ]
-    results = aggregate(runs)
-    main = results[MAIN_POINT]
-    assert main.summaries["gateway"].requests == 8
-    assert main.summaries["gateway"].wall_seconds == 20.0
-    # (4*30 + 4*32) / 20 s against 8*32 / 20 s
-    assert main.ratios["output_tokens_per_second"] == pytest.approx(248 / 256)
-    assert main.round_throughput_ratios == pytest.approx([30 / 32, 1.0])
-    assert [t.met for t in main.targets()] == [False, False, True]
-    assert [n for n, _ in sweep_points(results, (1, 8))] == [1, 8]
-    assert sweep_points(results, (1, 8))[1][1] is main
-
-    context = {
-        "command": "python -m bench",
-        "started": "now",
-        "wall_seconds": 1.0,
-        "machine": "test",
-        "engine": "e",
-        "rounds": 2,
-        "order": ["gateway", "vllm"],
-    }
-    text = render_markdown(results, (1, 8), context, "bench.png")
-    assert "| output tok/s | 12.40 | 12.80 | 0.969 |" in text
-    assert "**missed**" in text and "![" in text
-    doc = summary_json(results, context)
-    assert doc["points"][MAIN_POINT]["ratios"]["ttft_p50"] == pytest.approx(2.0)
-
-
-def test_plot_writes_a_png(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
-    runs = [
-        run(system, point, 0, tokens=32, ttft=0.1)
-        for system in ("gateway", "vllm")
-        for point in (MAIN_POINT, "adapters=1")
-    ]
-    out = tmp_path / "bench.png"
-    plot(out, aggregate(runs), (1, 8))
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,11 +1,25 @@
-"""Benchmark figures: percentiles, summaries, ratios, targets, residency deltas."""
+"""Benchmark figures and ratios: percentiles, per-sample figures, the bootstrap
+interval over rounds and requests, the interleaved order, residency deltas."""
 
 from __future__ import annotations
 
 import pytest
 
 from bench.client import RequestRecord
-from bench.stats import check_targets, percentile, ratios, summarize
+from bench.stats import (
+    OUTPUT_TPS,
+    SWAPS,
+    SWAPS_PER_100,
+    TPOT_P50,
+    TTFT_P50,
+    TTFT_P99,
+    Estimate,
+    Sample,
+    interleaved,
+    median_of_rounds,
+    percentile,
+    ratio_estimate,
+)
 from bench.swap_counters import parse_swap_counters
 
 
@@ -20,6 +34,21 @@ def record(
     )  # fmt: skip
 
 
+def sample(
+    ttfts: list[float],
+    *,
+    tokens: int = 10,
+    wall: float = 10.0,
+    round_: int = 0,
+    system: str = "x",
+    counters: dict[str, float] | None = None,
+) -> Sample:
+    records = tuple(
+        record(i, ttft=t, itl=[0.01] * (tokens - 1), tokens=tokens) for i, t in enumerate(ttfts)
+    )
+    return Sample(system, "p", round_, records, wall, counters or {})
+
+
 def test_percentile_interpolates_like_numpy() -> None:
     values = [5.0, 1.0, 4.0, 2.0, 3.0]
     assert percentile(values, 50) == 3.0
@@ -27,57 +56,89 @@ def test_percentile_interpolates_like_numpy() -> None:
     assert percentile(values, 100) == 5.0
     assert percentile(values, 25) == 2.0
     assert percentile(values, 99) == pytest.approx(4.96)
-    assert percentile([1.0, 2.0], 50) == 1.5
     assert percentile([], 50) is None
 
 
-def test_summary_counts_only_completed_requests_in_figures() -> None:
-    records = [
+def test_figures_count_completed_requests_only() -> None:
+    records = (
         record(0, ttft=0.1, itl=[0.02, 0.04], tokens=3),
         record(1, ttft=0.3, itl=[0.06], tokens=2),
         record(2, ttft=9.0, itl=[9.0], tokens=2, error="HTTP 500"),
+    )
+    s = Sample("x", "p", 0, records, 2.0)
+    assert s.errors == 1
+    assert OUTPUT_TPS.of(s) == pytest.approx(2.5)  # (3 + 2) tokens in 2 s
+    assert TTFT_P50.of(s) == pytest.approx(0.2)  # the failed request's 9 s is left out
+    assert TPOT_P50.of(s) == pytest.approx((0.03 + 0.06) / 2)
+    assert SWAPS_PER_100.of(s) is None  # a system that counts no swaps
+
+
+def test_swaps_per_hundred_completed_requests() -> None:
+    s = sample([0.1] * 8, counters={SWAPS: 2.0})
+    assert SWAPS_PER_100.of(s) == pytest.approx(25.0)
+
+
+def test_median_over_rounds() -> None:
+    rounds = [sample([t], round_=i) for i, t in enumerate([0.1, 0.5, 0.2])]
+    assert median_of_rounds(TTFT_P50, rounds) == pytest.approx(0.2)
+
+
+def test_ratio_is_the_median_of_round_ratios() -> None:
+    pairs = [
+        (sample([0.1] * 5, wall=w_x, round_=i), sample([0.1] * 5, wall=w_y, round_=i))
+        for i, (w_x, w_y) in enumerate([(10.0, 10.0), (10.0, 8.0), (10.0, 12.5)])
     ]
-    summary = summarize(records, wall_seconds=2.0)
-    assert (summary.requests, summary.completed, summary.errors) == (3, 2, 1)
-    assert summary.requests_per_second == pytest.approx(1.0)
-    assert summary.output_tokens_per_second == pytest.approx(2.5)
-    assert summary.ttft_p50 == pytest.approx(0.2)
-    assert summary.itl_p50 == pytest.approx(0.04)  # pooled gaps 0.02, 0.04, 0.06
-    assert summary.e2e_p50 == pytest.approx((0.16 + 0.36) / 2)
-    assert summary.mean_output_tokens == pytest.approx(2.5)
-    assert summary.mean_prompt_tokens == pytest.approx(20)
-    assert summary.start_lag_p99 == pytest.approx(0.01)
+    estimate = ratio_estimate(OUTPUT_TPS, pairs, seed=1, draws=500)
+    assert estimate.rounds == pytest.approx((1.0, 0.8, 1.25))
+    assert estimate.median == pytest.approx(1.0)
+    # Every request generates the same tokens, so only resampling the rounds moves
+    # the ratio: the interval spans the rounds' ratios, and no further.
+    assert estimate.low is not None and estimate.high is not None
+    assert 0.8 <= estimate.low < 1.0 < estimate.high <= 1.25
 
 
-def test_ratios_are_ours_over_theirs() -> None:
-    ours = summarize([record(0, ttft=0.2, itl=[0.05], tokens=2)], wall_seconds=1.0)
-    theirs = summarize([record(0, ttft=0.1, itl=[0.05], tokens=4)], wall_seconds=1.0)
-    r = ratios(ours, theirs)
-    assert r["output_tokens_per_second"] == pytest.approx(0.5)
-    assert r["ttft_p50"] == pytest.approx(2.0)
-    assert r["itl_p99"] == pytest.approx(1.0)
+def test_interval_is_seeded_and_narrows_with_more_requests() -> None:
+    import random
+
+    rng = random.Random(3)
+
+    def noisy(n: int, scale: float, round_: int) -> Sample:
+        return sample([rng.expovariate(1 / scale) for _ in range(n)], round_=round_)
+
+    few = [(noisy(10, 2.0, r), noisy(10, 1.0, r)) for r in range(3)]
+    many = [(noisy(400, 2.0, r), noisy(400, 1.0, r)) for r in range(3)]
+    a = ratio_estimate(TTFT_P50, few, seed=7, draws=400)
+    assert a == ratio_estimate(TTFT_P50, few, seed=7, draws=400)
+    assert a != ratio_estimate(TTFT_P50, few, seed=8, draws=400)
+    b = ratio_estimate(TTFT_P50, many, seed=7, draws=400)
+    assert a.low is not None and a.high is not None and b.low is not None and b.high is not None
+    assert b.high - b.low < (a.high - a.low) / 2
+    assert b.low < 2.0 < b.high  # the true ratio of the medians is 2
+    assert b.excludes(1.0) and not b.excludes(2.0)
+
+
+def test_one_round_still_has_a_request_interval() -> None:
+    pair = [(sample([0.1, 0.2, 0.3, 0.4]), sample([0.1, 0.1, 0.1, 0.1]))]
+    estimate = ratio_estimate(TTFT_P99, pair, seed=0, draws=300)
+    assert estimate.median == pytest.approx(0.397 / 0.1)
+    assert estimate.low is not None and estimate.low < estimate.median
 
 
 def test_no_completed_request_gives_no_ratio() -> None:
-    ours = summarize([record(0, ttft=0.2, itl=[], tokens=2, error="boom")], wall_seconds=1.0)
-    theirs = summarize([record(0, ttft=0.1, itl=[0.05], tokens=4)], wall_seconds=1.0)
-    assert ratios(ours, theirs)["ttft_p50"] is None
-    assert ratios(theirs, ours)["output_tokens_per_second"] is None
+    failed = Sample("x", "p", 0, (record(0, ttft=1, itl=[], tokens=0, error="x"),), 1.0)
+    estimate = ratio_estimate(TTFT_P50, [(failed, sample([0.1]))], seed=0, draws=50)
+    assert estimate == Estimate(None, None, None, (None,))
+    assert estimate.text() == "-"
 
 
-def test_targets_met_and_missed() -> None:
-    theirs = summarize([record(0, ttft=0.100, itl=[0.05], tokens=100)], wall_seconds=1.0)
-    close = summarize([record(0, ttft=0.106, itl=[0.05], tokens=98)], wall_seconds=1.0)
-    assert [t.met for t in check_targets(close, theirs)] == [True, True, True]
-    # 0.96x throughput and a TTFT beyond 1.05 x 100 ms + 2 ms = 107 ms.
-    slow = summarize(
-        [
-            record(0, ttft=0.108, itl=[0.05], tokens=96),
-            record(1, ttft=0.108, itl=[], tokens=0, error="x"),
-        ],
-        wall_seconds=1.0,
-    )
-    assert [t.met for t in check_targets(slow, theirs)] == [False, False, False]
+def test_interleaved_order_takes_turns_round_by_round() -> None:
+    assert interleaved(["A", "B", "C"], 2) == [
+        (0, "A"), (0, "B"), (0, "C"), (1, "A"), (1, "B"), (1, "C"),
+    ]  # fmt: skip
+    with pytest.raises(ValueError):
+        interleaved(["A", "A"], 1)
+    with pytest.raises(ValueError):
+        interleaved(["A"], 0)
 
 
 METRICS_BEFORE = """\
@@ -118,8 +179,6 @@ def test_residency_is_the_difference_of_two_scrapes() -> None:
     assert report["swaps"]["load"] == 4.0
     assert report["swap_mean_seconds"]["load"] == pytest.approx(0.015)
     assert report["swap_mean_seconds"]["activate"] is None
-    # All four new loads fell in the (10 ms, 20 ms] bucket: the median
-    # interpolates to its middle, like Prometheus' histogram_quantile.
     assert report["swap_p50_seconds"]["load"] == pytest.approx(0.015)
     assert report["swap_p99_seconds"]["load"] == pytest.approx(0.0199)
 
@@ -129,4 +188,3 @@ def test_residency_of_rounds_adds_up() -> None:
     two = one + one
     assert two.uses["device"] == 20.0
     assert two.swaps["load"] == 8.0
-    assert two.swap_quantile("load", 0.5) == pytest.approx(0.015)

@@ -1,4 +1,5 @@
-"""The benchmark's workload plan: deterministic, Poisson-timed, Zipf-shaped."""
+"""The benchmark's workload plans: deterministic, Poisson-timed, Zipf-shaped; closed-loop
+sequences and single-tenant requests."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ from dataclasses import replace
 
 import pytest
 
-from bench.workload import PROMPTS, WorkloadSpec, plan, zipf_weights
+from bench.workload import (
+    PROMPTS,
+    Mix,
+    WorkloadSpec,
+    closed_plan,
+    plan,
+    tenant_requests,
+    zipf_weights,
+)
 
 SPEC = WorkloadSpec(
     rate=20.0, duration=500.0, adapters=16, zipf=1.0, base_share=0.25, output_tokens=32, seed=7
@@ -87,3 +96,29 @@ def test_one_parameter_does_not_reshuffle_the_others() -> None:
 def test_invalid_specs_are_refused(change: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         replace(SPEC, **change)
+
+
+def test_closed_plan_draws_the_same_mix_without_arrival_times() -> None:
+    mix = Mix(adapters=16, zipf=1.0, base_share=0.25, output_tokens=32, seed=7)
+    requests = closed_plan(mix, 4000)
+    assert requests == closed_plan(mix, 4000)
+    assert requests != closed_plan(replace(mix, seed=8), 4000)
+    assert all(r.at == 0.0 for r in requests)
+    assert [r.index for r in requests] == list(range(4000))
+    # The same draws as the open-loop plan of the same mix, request by request.
+    assert [r.adapter for r in requests[:50]] == [
+        r.adapter for r in plan(WorkloadSpec(16, 1.0, 0.25, 32, 7, rate=20.0, duration=50.0))[:50]
+    ]
+    adapted = [r.adapter for r in requests if r.adapter is not None]
+    counts = Counter(adapted)
+    assert counts[0] / len(adapted) == pytest.approx(zipf_weights(16, 1.0)[0], abs=0.03)
+    assert sum(r.adapter is None for r in requests) / 4000 == pytest.approx(0.25, abs=0.03)
+    with pytest.raises(ValueError):
+        closed_plan(mix, 0)
+
+
+def test_tenant_requests_are_one_tenant_on_one_model() -> None:
+    requests = tenant_requests(5, tenant=1, adapter=1, output_tokens=8, seed=0)
+    assert [(r.tenant, r.adapter, r.max_tokens) for r in requests] == [(1, 1, 8)] * 5
+    assert requests == tenant_requests(5, tenant=1, adapter=1, output_tokens=8, seed=0)
+    assert all(r.prompt in PROMPTS for r in requests)

@@ -1,0 +1,108 @@
+"""What one benchmark run measures: systems, rounds, scenarios and their sizes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.workload import Mix, WorkloadSpec
+
+# The systems a run can compare, by the names the report uses.
+GATEWAY = "gateway"  # our gateway, its admission scheduler on
+GATEWAY_FCFS = "gateway-fcfs"  # our gateway, LORA_GATEWAY_SCHEDULER=fcfs
+VLLM = "vllm"  # vLLM's OpenAI server with our plugin's ops: the reference
+VLLM_SHIPPED = "vllm-shipped"  # vLLM's OpenAI server as shipped (ISOLATION_FIX=0)
+SYSTEMS = (GATEWAY, GATEWAY_FCFS, VLLM, VLLM_SHIPPED)
+REFERENCE = VLLM
+
+
+def saturation_point(concurrency: int) -> str:
+    return f"a: saturation, concurrency {concurrency}"
+
+
+def curve_point(fraction: float) -> str:
+    return f"a: open loop at {fraction:.0%} of saturation"
+
+
+SOLO = "b: tenant B alone"
+FLOOD = "b: tenant B under A's flood"
+ONE_ADAPTER = "c: 1 adapter"
+
+
+def many_adapters_point(count: int) -> str:
+    return f"c: {count} adapters"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    systems: tuple[str, ...] = SYSTEMS
+    rounds: int = 3
+    max_loras: int = 4
+    seed: int = 0
+    draws: int = 2000  # bootstrap draws per interval
+    # (a) many adapters, Zipf popularity, at saturation
+    adapters: int = 32
+    zipf: float = 1.0
+    base_share: float = 0.2
+    output_tokens: int = 32
+    concurrencies: tuple[int, ...] = (16, 64)
+    waves: int = 3  # a closed loop sends waves x concurrency requests
+    # (a) open-loop latency against offered load: fractions of the saturation
+    # throughput (req/s) that the first system measured at the highest concurrency
+    # in round 1; every system then gets the same absolute rates.
+    curve_fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
+    curve_requests: int = 48  # per rate (its arrivals last curve_requests / rate s)
+    # (b) noisy neighbour: tenant A floods, tenant B sends one request at a time
+    flood_streams: int = 128
+    flood_tokens: int = 32
+    victim_requests: int = 20
+    victim_tokens: int = 8
+    # (c) many registered adapters (0: skipped), on the gateway only
+    registered: int = 1000
+    registered_tenants: int = 16
+    registered_concurrency: int = 16
+    registered_requests: int = 64
+    timeout_seconds: float = 1800.0  # longest a point may run
+    out: Path = Path("bench/results")
+    adapter_cache: Path = Path("var/bench/adapters")
+    registered_cache: Path = Path("var/bench/adapters-rank8")
+
+    def __post_init__(self) -> None:
+        unknown = set(self.systems) - set(SYSTEMS)
+        if unknown or not self.systems:
+            raise ValueError(f"systems must be among {', '.join(SYSTEMS)}; got {unknown or 'none'}")
+        if self.rounds < 1 or self.waves < 1 or not self.concurrencies:
+            raise ValueError("rounds, waves and concurrencies must be positive")
+        if self.adapters < 2:
+            raise ValueError("the noisy-neighbour tenants need two adapters")
+        if any(not 0 < f <= 2 for f in self.curve_fractions):
+            raise ValueError("curve fractions are shares of saturation in (0, 2]")
+
+    @classmethod
+    def quick(cls) -> BenchConfig:
+        """One round of a subset: the gateway against vLLM's server with the same
+        ops, scenarios a (one concurrency, no curve) and b, small sizes."""
+        return cls(
+            systems=(GATEWAY, VLLM),
+            rounds=1,
+            adapters=8,
+            concurrencies=(16,),
+            waves=2,
+            curve_fractions=(),
+            flood_streams=100,
+            flood_tokens=16,
+            victim_requests=5,
+            registered=0,
+        )
+
+    def mix(self) -> Mix:
+        return Mix(self.adapters, self.zipf, self.base_share, self.output_tokens, self.seed)
+
+    def curve_spec(self, rate: float) -> WorkloadSpec:
+        return WorkloadSpec(
+            self.adapters, self.zipf, self.base_share, self.output_tokens, self.seed,
+            rate=rate, duration=self.curve_requests / rate,
+        )  # fmt: skip
+
+    def registered_mix(self, adapters: int) -> Mix:
+        return Mix(adapters, self.zipf, 0.0, self.output_tokens, self.seed)

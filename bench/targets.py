@@ -1,0 +1,149 @@
+"""The issue's targets, each evaluated on the run's samples: met or missed, with the
+ratio's interval. A verdict follows the median over rounds; it is *resolved* when
+the whole 95% interval lies on the same side of the limit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bench.config import (
+    FLOOD,
+    GATEWAY,
+    GATEWAY_FCFS,
+    ONE_ADAPTER,
+    REFERENCE,
+    SOLO,
+    many_adapters_point,
+    saturation_point,
+)
+from bench.stats import (
+    OUTPUT_TPS,
+    SWAPS_PER_100,
+    TTFT_P99,
+    Estimate,
+    Figure,
+    Sample,
+    ratio_estimate,
+)
+
+NOISY_LIMIT = 2.0  # B's p99 TTFT under A's flood, at most x B's solo p99 (scheduler on)
+THROUGHPUT_LIMIT = 1.0  # many adapters: output tok/s, at least x vLLM's server (same ops)
+SWAPS_LIMIT = 0.5  # many adapters: loads+activations per 100 requests, at most x FCFS's
+REGISTERED_LIMIT = 0.7  # 1,000 adapters: tok/s, at least x 1 adapter's
+GATEWAY_COST = (
+    "Gateway cost: <= 25 us of gateway CPU per streamed token and <= 1 ms per request "
+    "at 256 concurrent streams"
+)
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    name: str
+    verdict: str  # met, missed, reported (no limit: FCFS as it is), not measured
+    estimate: Estimate | None = None
+    detail: str = ""
+    limit: float = 0.0
+
+    @property
+    def resolved(self) -> bool:
+        """The whole interval on the verdict's side, over at least two rounds (one
+        round's interval leaves out the drift between rounds)."""
+        if self.estimate is None or self.verdict not in ("met", "missed"):
+            return False
+        measured = sum(r is not None for r in self.estimate.rounds)
+        return measured >= 2 and self.estimate.excludes(self.limit)
+
+    def row(self) -> str:
+        interval = self.estimate.text() if self.estimate else "-"
+        if self.verdict in ("met", "missed"):
+            interval += " (resolved)" if self.resolved else " (unresolved)"
+        verdict = self.verdict if self.verdict != "missed" else "**missed**"
+        return f"| {self.name} | {verdict} | {interval} | {self.detail} |"
+
+
+def pairs(
+    samples: Sequence[Sample], x: tuple[str, str], y: tuple[str, str]
+) -> list[tuple[Sample, Sample]]:
+    """Round-matched ``(x, y)`` samples, each side named by (system, point)."""
+    by_key = {(s.system, s.point, s.round): s for s in samples}
+    rounds = sorted({s.round for s in samples})
+    return [
+        (by_key[(*x, r)], by_key[(*y, r)])
+        for r in rounds
+        if (*x, r) in by_key and (*y, r) in by_key
+    ]
+
+
+def _judge(
+    name: str, figure: Figure, matched: list[tuple[Sample, Sample]], limit: float,
+    at_least: bool, seed: int, draws: int, detail: str = "",
+) -> TargetResult:  # fmt: skip
+    if not matched:
+        return TargetResult(name, "not measured", detail=detail or "not in this run's systems")
+    estimate = ratio_estimate(figure, matched, seed=seed, draws=draws)
+    if estimate.median is None:
+        return TargetResult(name, "missed", estimate, "no completed request", limit)
+    met = estimate.median >= limit if at_least else estimate.median <= limit
+    return TargetResult(name, "met" if met else "missed", estimate, detail, limit)
+
+
+def evaluate(
+    samples: Sequence[Sample], concurrencies: Sequence[int], registered: int, seed: int,
+    draws: int,
+) -> list[TargetResult]:  # fmt: skip
+    results = []
+    noisy = "Noisy neighbour: B's p99 TTFT under A's flood / B's solo p99"
+    results.append(
+        _judge(
+            f"{noisy}, scheduler (<= {NOISY_LIMIT:g}x)", TTFT_P99,
+            pairs(samples, (GATEWAY, FLOOD), (GATEWAY, SOLO)), NOISY_LIMIT, False, seed, draws,
+        )
+    )  # fmt: skip
+    for system in (GATEWAY_FCFS, REFERENCE):
+        matched = pairs(samples, (system, FLOOD), (system, SOLO))
+        if matched:
+            results.append(
+                TargetResult(
+                    f"{noisy}, FCFS ({system})", "reported",
+                    ratio_estimate(TTFT_P99, matched, seed=seed, draws=draws),
+                    "no limit: what FCFS gives",
+                )
+            )  # fmt: skip
+    for concurrency in concurrencies:
+        point = saturation_point(concurrency)
+        results.append(
+            _judge(
+                f"Many adapters, concurrency {concurrency}: output tok/s gateway / vLLM's "
+                f"server with the same ops (>= {THROUGHPUT_LIMIT:g}x)",
+                OUTPUT_TPS, pairs(samples, (GATEWAY, point), (REFERENCE, point)),
+                THROUGHPUT_LIMIT, True, seed, draws,
+            )
+        )  # fmt: skip
+        results.append(
+            _judge(
+                f"Many adapters, concurrency {concurrency}: adapter loads+activations per 100 "
+                f"requests, scheduler / FCFS (<= {SWAPS_LIMIT:g}x)",
+                SWAPS_PER_100, pairs(samples, (GATEWAY, point), (GATEWAY_FCFS, point)),
+                SWAPS_LIMIT, False, seed, draws,
+                "needs the gateway with and without its scheduler",
+            )
+        )  # fmt: skip
+    many = many_adapters_point(registered)
+    matched = pairs(samples, (GATEWAY, many), (GATEWAY, ONE_ADAPTER))
+    errors = sum(s.errors for pair in matched for s in pair)
+    result = _judge(
+        f"{registered or 1000:,} adapters: output tok/s / 1 adapter's (>= {REGISTERED_LIMIT:g}x), "
+        "0 errors", OUTPUT_TPS, matched, REGISTERED_LIMIT, True, seed, draws,
+        f"errors: {errors}" if matched else "",
+    )  # fmt: skip
+    if result.verdict == "met" and errors:
+        result = TargetResult(result.name, "missed", result.estimate, result.detail, result.limit)
+    results.append(result)
+    results.append(
+        TargetResult(
+            GATEWAY_COST, "not measured",
+            detail="not this benchmark: measured without the engine (docs/performance.md)",
+        )
+    )  # fmt: skip
+    return results
