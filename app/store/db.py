@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 15_000
+MIGRATION_LOCK_ID = 0x4C47_5753  # "LGWS": one advisory lock id for every replica's migration
 
 
 def alembic_config() -> Config:
@@ -31,6 +32,11 @@ def alembic_config() -> Config:
 
 
 def _upgrade(connection: Connection) -> None:
+    if connection.dialect.name == "postgresql":
+        # Replicas starting together would each run the same DDL: the first holds this lock
+        # to its transaction's end, the others then find the schema at head. (SQLite's
+        # BEGIN IMMEDIATE serialises them already.)
+        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_ID})")
     config = alembic_config()
     config.attributes["connection"] = connection
     command.upgrade(config, "head")
