@@ -233,6 +233,14 @@ class Settings(BaseSettings):
         # A Literal of ints refuses the string an environment variable gives.
         return int(rank) if isinstance(rank, str) and rank.strip().isdigit() else rank
 
+    @field_validator("kv_cache_gib", mode="before")
+    @classmethod
+    def _unset_from_text(cls, value: object) -> object:
+        # An environment variable cannot be None: an empty value (or "none") unsets it.
+        if isinstance(value, str) and value.strip().lower() in ("", "none"):
+            return None
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> Settings:
         if self.max_cpu_loras < self.max_loras:

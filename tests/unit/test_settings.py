@@ -17,3 +17,22 @@ def test_an_unsupported_lora_rank_is_refused(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("LORA_GATEWAY_MAX_LORA_RANK", "12")
     with pytest.raises(ValidationError, match="max_lora_rank"):
         Settings(_env_file=None)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("unset", ["", "none", "None"])
+def test_the_kv_cache_size_can_be_unset_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, unset: str
+) -> None:
+    # On a GPU, unset means vLLM's own sizing (gpu_memory_utilization).
+    monkeypatch.setenv("LORA_GATEWAY_KV_CACHE_GIB", unset)
+    assert Settings().kv_cache_gib is None
+    monkeypatch.setenv("LORA_GATEWAY_KV_CACHE_GIB", "3.5")
+    assert Settings().kv_cache_gib == 3.5
+
+
+def test_the_front_role_needs_an_upstream(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LORA_GATEWAY_ROLE", "front")
+    with pytest.raises(ValueError, match="upstream_url"):
+        Settings()
+    monkeypatch.setenv("LORA_GATEWAY_UPSTREAM_URL", "http://inference-gateway")
+    assert Settings().upstream_url == "http://inference-gateway"
