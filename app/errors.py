@@ -7,7 +7,11 @@ GatewayError                      500 server_error
 ├── BadRequestError               400 invalid_request_error
 │   ├── ContextLengthExceededError    context_length_exceeded
 │   └── RequestTooLargeError      413 request_too_large (the body, refused unread)
+├── UpstreamRefusedError          4xx as the upstream said (front role: its refusal, passed on)
+├── UpstreamError                 502 upstream_error (front role: the upstream failed)
+│   └── UpstreamTimeoutError      504 upstream_timeout
 └── EngineUnavailableError        503 engine_unavailable
+    └── UpstreamUnavailableError      upstream_unavailable (front role: nothing answers)
 """
 
 from __future__ import annotations
@@ -83,6 +87,39 @@ class RequestTooLargeError(BadRequestError):
 class EngineUnavailableError(GatewayError):
     status_code = 503
     code = "engine_unavailable"
+
+
+class UpstreamUnavailableError(EngineUnavailableError):
+    code = "upstream_unavailable"
+
+
+class UpstreamError(GatewayError):
+    status_code = 502
+    code = "upstream_error"
+
+
+class UpstreamTimeoutError(UpstreamError):
+    status_code = 504
+    code = "upstream_timeout"
+
+
+class UpstreamRefusedError(GatewayError):
+    """A 4xx the upstream answered, passed on with its status, type, code and field."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int,
+        error_type: str,
+        code: str | None,
+        param: str | None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message, param=param, headers=headers)
+        self.status_code = status_code
+        self.error_type = error_type
+        self.code = code
 
 
 class NotFoundError(GatewayError):

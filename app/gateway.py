@@ -14,13 +14,16 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.admin.service import AdminService
 from app.engine.base import Engine
 from app.errors import EngineUnavailableError
+from app.protocol import ChatCompletionRequest, CompletionRequest
 from app.quota import backend_from_url
+from app.scheduling import admission_for
 from app.serving.chat import ChatService
 from app.serving.completions import CompletionService
+from app.serving.front import Front
 from app.serving.inflight import InFlight
 from app.serving.structured import OutputConstraints
 from app.serving.tools import tool_parser_class
-from app.serving.tracking import RequestTracker
+from app.serving.tracking import RequestTracker, Service
 from app.settings import Settings
 from app.store.snapshot import load_registry, revision
 from app.tenancy.adapters import Adapter
@@ -68,12 +71,15 @@ class Gateway:
             self.ledger,
             self.quota,
             self.background,
+            admission=admission_for(settings),
             lease_seconds=settings.quota_lease_seconds,
-            local_copy=self.admin.storage.local_copy,
+            # The front names adapters by global name: their content is the engines' to fetch.
+            local_copy=None if settings.role == "front" else self.admin.storage.local_copy,
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self.startup_error: str | None = None
         self._engine: Engine | None = None
+        self._front: Front | None = None
         self._revision = -1
         self._used_keys: set[str] = set()
 
@@ -146,6 +152,9 @@ class Gateway:
     def attach_engine(self, engine: Engine | None) -> None:
         self._engine = engine
 
+    def attach_front(self, front: Front | None) -> None:
+        self._front = front
+
     @property
     def engine(self) -> Engine:
         if self._engine is None:
@@ -157,9 +166,38 @@ class Gateway:
         return self._engine
 
     @property
-    def chat(self) -> ChatService:
+    def front(self) -> Front:
+        """The front role's tokenizer and upstream, once loaded."""
+        if self._front is None:
+            raise EngineUnavailableError(
+                "The gateway is starting; retry shortly."
+                if self.startup_error is None
+                else "The gateway failed to start."
+            )
+        return self._front
+
+    async def check_ready(self) -> None:
+        """Raise :class:`EngineUnavailableError` unless requests can be served: the engine is
+        healthy or, in the front role, the store answers and so does the upstream."""
+        if self.settings.role != "front":
+            await self.engine.check_health()
+            return
+        front = self.front
+        try:
+            await revision(self.sessions)
+        except Exception as exc:
+            logger.warning("readiness: the store does not answer", exc_info=True)
+            raise EngineUnavailableError("The store does not answer.") from exc
+        await front.upstream.check_reachable()
+
+    @property
+    def chat(self) -> Service[ChatCompletionRequest, Any]:
+        if self.settings.role == "front":
+            return self.front.chat
         return ChatService(self.engine, self.output_constraints, self.tool_parser)
 
     @property
-    def completions(self) -> CompletionService:
+    def completions(self) -> Service[CompletionRequest, Any]:
+        if self.settings.role == "front":
+            return self.front.completions
         return CompletionService(self.engine, self.output_constraints)

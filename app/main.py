@@ -17,6 +17,7 @@ from app.api.middleware import EarlyRefusalMiddleware, RequestIdMiddleware
 from app.engine.base import Engine
 from app.gateway import Gateway
 from app.metrics import multiprocess_dir
+from app.serving.front import open_front
 from app.settings import Settings
 from app.store.db import open_database
 from app.tenancy.base_model import BaseModelInfo
@@ -39,6 +40,17 @@ async def _start_engine(stack: AsyncExitStack, factory: EngineFactory, gateway: 
     except Exception as exc:
         gateway.startup_error = f"{type(exc).__name__}: {exc}"
         logger.exception("engine failed to start")
+
+
+async def _start_front(stack: AsyncExitStack, gateway: Gateway) -> None:
+    """The front role's tokenizer and upstream connection, in place of an engine."""
+    try:
+        front = open_front(gateway.settings, gateway.output_constraints, gateway.tool_parser)
+        gateway.attach_front(await stack.enter_async_context(front))
+        logger.info("front ready: forwarding to %s", gateway.settings.upstream_url)
+    except Exception as exc:
+        gateway.startup_error = f"{type(exc).__name__}: {exc}"
+        logger.exception("front failed to start")
 
 
 def create_app(
@@ -65,15 +77,20 @@ def create_app(
                     metrics.metrics_listener(metrics_app, settings)
                 )
             await stack.enter_async_context(gateway.running())
-            # The engine loads in the background: the server answers /healthz
-            # (and 503 elsewhere) while the model loads.
-            starting = asyncio.create_task(_start_engine(stack, engine_factory, gateway))
+            # The engine (or the front's tokenizer) loads in the background: the server
+            # answers /healthz (and 503 elsewhere) while it loads.
+            starting = asyncio.create_task(
+                _start_front(stack, gateway)
+                if settings.role == "front"
+                else _start_engine(stack, engine_factory, gateway)
+            )
             try:
                 yield
             finally:
                 # A half-built engine must still be shut down: wait for it.
                 await starting
                 gateway.attach_engine(None)
+                gateway.attach_front(None)
 
     app = FastAPI(
         title="LoRA Gateway",

@@ -1,4 +1,5 @@
-"""Probes: ``/healthz`` (the process answers) and ``/readyz`` (the engine serves).
+"""Probes: ``/healthz`` (the process answers) and ``/readyz`` (the engine serves; in the front
+role, the store and the upstream answer).
 
 ``/readyz`` says whether the engine is starting, failed to start or stopped, never why: the
 cause (an exception's text, with paths and versions) is in the log, not on an unauthenticated
@@ -23,7 +24,7 @@ async def healthz() -> dict[str, str]:
 @router.get("/readyz")
 async def readyz(gateway: GatewayDep) -> JSONResponse:
     try:
-        await gateway.engine.check_health()
+        await gateway.check_ready()
     except EngineUnavailableError as exc:
         return JSONResponse({"status": "unavailable", "detail": exc.message}, status_code=503)
     return JSONResponse({"status": "ready"})

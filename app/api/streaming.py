@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -51,11 +52,12 @@ class CompletionResponse(Response, Generic[Request]):
 
         service, request = self._service, self._request
         try:
-            async with self._tracker.track(
-                service, request, self._principal, self._request_id
-            ) as run:
+            tracked = self._tracker.track(service, request, self._principal, self._request_id)
+            async with entered_unless_disconnected(receive, tracked) as run:
                 if request.stream:
                     events = service.stream(request, run)
+                    if service.fails_before_streaming:
+                        events = await _started(receive, events)
                     await EventStreamResponse(events, headers=run.headers)(
                         scope, receive, send_started
                     )
@@ -111,6 +113,39 @@ class EventStreamResponse(StreamingResponse):
             # Cancelled mid-write, the generator is only suspended: close it now, not
             # whenever the garbage collector finds it.
             await self._events.aclose()  # type: ignore[attr-defined]
+
+
+async def _started(receive: Receive, events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """``events``, once its first event is ready. The response starts only then, so that a
+    stream that fails before producing anything (in the front role: an upstream that refuses
+    the request, or does not answer) is answered with its error's own status, not with a 200
+    that carries an error event. A client that leaves meanwhile is noticed."""
+    try:
+        first = await cancel_on_disconnect(receive, anext(events))
+    except BaseException:
+        await events.aclose()  # type: ignore[attr-defined]
+        raise
+    return _after(first, events)
+
+
+async def _after(first: str, rest: AsyncIterator[str]) -> AsyncIterator[str]:
+    try:
+        yield first
+        async for event in rest:
+            yield event
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
+
+
+@asynccontextmanager
+async def entered_unless_disconnected(
+    receive: Receive, context: AbstractAsyncContextManager[T]
+) -> AsyncIterator[T]:
+    """``context``, entered unless the client disconnects first. Entering the tracker
+    includes the wait for an engine slot: a client that leaves while queued must leave the
+    queue then, not when a slot comes and the first write fails."""
+    async with contextlib.AsyncExitStack() as stack:
+        yield await cancel_on_disconnect(receive, stack.enter_async_context(context))
 
 
 async def cancel_on_disconnect(receive: Receive, work: Awaitable[T]) -> T:

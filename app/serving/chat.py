@@ -90,6 +90,10 @@ class ChatPreparation(gen.PromptEndpoint):
 class ChatService(ChatPreparation):
     """Chat on the engine in this process."""
 
+    # A stream's opening chunk leaves with the engine's first output; every failure after
+    # admission is an error event.
+    fails_before_streaming = False
+
     def __init__(
         self,
         engine: Engine,

@@ -53,6 +53,8 @@ class CompletionPreparation(gen.PromptEndpoint):
 class CompletionService(CompletionPreparation):
     """Text completions on the engine in this process."""
 
+    fails_before_streaming = False
+
     def __init__(self, engine: Engine, constraints: OutputConstraints | None = None) -> None:
         super().__init__(engine, constraints)
         self.engine = engine

@@ -34,6 +34,7 @@ from app import metrics
 from app.errors import GatewayError
 from app.protocol import SamplingFields
 from app.quota import Limits, QuotaBackend, QuotaExceeded, QuotaTooLarge, Reservation
+from app.scheduling import Admission, AdmissionRefused, FcfsAdmission, Slot, Ticket
 from app.serving.generation import Generation
 from app.serving.inflight import InFlight
 from app.tenancy.adapters import Adapter
@@ -88,6 +89,10 @@ class Service(Protocol[RequestContra, RunT]):
     """An endpoint (chat, completions): how its requests are prepared, run and answered."""
 
     endpoint: str
+    fails_before_streaming: bool
+    """Whether :meth:`stream` raises a failure that comes before its first event (to be
+    answered with the error's own status, the response not started until that event), rather
+    than streaming every failure as an error event."""
 
     def prepare(
         self, request: RequestContra, principal: Principal, target: ModelTarget, request_id: str
@@ -138,6 +143,23 @@ class TokenMeter:
         self.last_token_at = now
 
 
+def ticket_of(generation: Generation) -> Ticket:
+    """What the scheduler weighs a request by: its tenant, worst-case tokens, adapter."""
+    tenant, params, adapter = (
+        generation.principal.tenant,
+        generation.params,
+        generation.target.adapter,
+    )
+    return Ticket(
+        request_id=generation.request_id,
+        tenant=tenant.id,
+        weight=tenant.weight,
+        cost=generation.prompt_tokens + (params.max_tokens or 0) * params.n,
+        adapter=adapter.lora_id if adapter is not None else None,
+        seqs=params.n,
+    )
+
+
 def key_subject(key: ApiKey) -> str:
     """The quota subject of a key's own limits; a tenant's is its id."""
     return f"{key.tenant_id}/{key.id}"
@@ -164,10 +186,14 @@ class RequestTracker:
         *,
         lease_seconds: float,
         local_copy: Callable[[str], Path] | None,
+        admission: Admission | None = None,
     ) -> None:
         """``local_copy`` gives this host's copy of an adapter's content (by digest) for an
         engine in this process to load; ``None`` where the engine is elsewhere (the front
-        role), which names adapters by their global name and never needs their content."""
+        role), which names adapters by their global name and never needs their content.
+        ``admission`` decides when an admitted request may enter the engine (default: at once).
+        """
+        self._admission = admission or FcfsAdmission()
         self.in_flight = in_flight
         self._registry = registry
         self._local_copy = local_copy
@@ -200,20 +226,32 @@ class RequestTracker:
         if adapter is not None:
             self.last_used[adapter.lora_id] = started_at
         lease = asyncio.create_task(self._keep_lease(reservation)) if reservation else None
+        slot = self._admission.admit(ticket_of(generation))
+        refused: AdmissionRefused | None = None
         outcome: Outcome = "error"
         with self.in_flight.hold(adapter):
             try:
+                # Queued for an engine slot after the reservation, so the queue holds only
+                # requests the quotas allow, and before the run is read: a refusal is a status.
+                await slot.acquire()
                 yield run
                 outcome = run.outcome()
             except (asyncio.CancelledError, ClientDisconnected):
                 outcome = "cancelled"
                 raise
+            except AdmissionRefused as exc:
+                refused = exc
+                raise
             finally:
                 if lease is not None:
                     lease.cancel()
                 # Shielded: a shutdown that cancels this request still settles and records it.
-                finish = self._finish(run, outcome, began, started_at, request.user)
-                await asyncio.shield(self._spawn(finish))
+                finish = (
+                    self._finish(run, outcome, began, started_at, request.user)
+                    if refused is None
+                    else self._refused(run, refused)
+                )
+                await asyncio.shield(self._spawn(self._released_after(finish, run, slot)))
 
     async def _admit(
         self,
@@ -282,6 +320,27 @@ class RequestTracker:
                 await self._quota.renew(reservation)
             except Exception:
                 logger.warning("could not renew lease %s", reservation.id, exc_info=True)
+
+    async def _refused(self, run: Run, refusal: AdmissionRefused) -> None:
+        """A request the scheduler refused never ran: its reservation is returned whole and
+        it is counted as refused, with no usage record (like any refusal)."""
+        await run.close()
+        generation = run.generation
+        if run.reservation is not None:
+            self._spawn(self._quota.reconcile(run.reservation, 0))
+        status = refusal.code or refusal.error_type
+        metrics.REQUESTS.labels(
+            generation.principal.tenant.id, generation.target.model, generation.endpoint, status
+        ).inc()
+
+    @staticmethod
+    async def _released_after(finish: Coroutine[Any, Any, None], run: Run, slot: Slot) -> None:
+        """``finish``, then the engine slot back, charged what the request really used."""
+        try:
+            await finish
+        finally:
+            slot.settle(run.prompt_tokens + run.completion_tokens)
+            slot.release()
 
     async def _finish(
         self, run: Run, outcome: Outcome, began: float, started_at: datetime, user: str | None

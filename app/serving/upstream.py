@@ -1,0 +1,159 @@
+"""The front role's one connection to its upstream: vLLM's OpenAI server, or in Kubernetes the
+inference gateway in front of the engine pool.
+
+One :class:`httpx.AsyncClient` per process, opened and closed by :func:`open_upstream` (the
+app's lifespan enters it). This module also turns what the upstream answers into the
+gateway's errors (:func:`refusal`, :func:`transport_error`), so nothing above it handles an
+``httpx`` exception or reads an upstream error body.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+
+from app.errors import (
+    GatewayError,
+    UpstreamError,
+    UpstreamRefusedError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
+from app.settings import Settings
+from app.tenancy.tenants import Tenant
+
+logger = logging.getLogger(__name__)
+
+CONNECT_SECONDS = 5.0
+"""Longest wait for a connection to the upstream: a pool that accepts none is down, and the
+client should hear so (503) long before a generation's timeout."""
+
+PROBE_SECONDS = 2.0
+"""Longest wait for the readiness probe's answer."""
+
+FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
+OBJECTIVE_HEADER = "x-llm-d-inference-objective"
+
+# The upstream answering these means the front itself is misconfigured (its credentials, a
+# proxy): not the client's fault, so not passed on as the client's error.
+_FRONT_FAULTS = frozenset({401, 403, 407})
+
+
+class Upstream:
+    """Where requests are forwarded, through one shared connection pool."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def check_reachable(self) -> None:
+        """Raise :class:`UpstreamUnavailableError` unless the upstream answers HTTP at all.
+
+        Any answer counts, a 404 included: the inference gateway routes only inference paths,
+        and whether an engine pod can serve is the pool's to know (the EPP), not the front's."""
+        try:
+            await self.client.get("/health", timeout=PROBE_SECONDS)
+        except httpx.HTTPError as exc:
+            raise UpstreamUnavailableError("The upstream does not answer.") from exc
+
+
+@asynccontextmanager
+async def open_upstream(settings: Settings) -> AsyncIterator[Upstream]:
+    """The upstream of ``settings`` (``upstream_url``), its connections closed on exit."""
+    if not settings.upstream_url:
+        raise ValueError("the front role needs upstream_url")
+    timeout = httpx.Timeout(
+        settings.upstream_timeout_seconds,
+        connect=min(CONNECT_SECONDS, settings.upstream_timeout_seconds),
+    )
+    # No connection limit of our own: quotas bound the requests a tenant has in flight, and
+    # a limit here would queue requests the upstream's scheduler should see.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    async with httpx.AsyncClient(
+        base_url=settings.upstream_url.rstrip("/"), timeout=timeout, limits=limits
+    ) as client:
+        yield Upstream(client)
+
+
+def request_headers(tenant: Tenant, request_id: str) -> dict[str, str]:
+    """The headers a forwarded request carries: these and nothing a client sent.
+
+    No client header is ever forwarded, so a client cannot set the llm-d router's headers
+    (``x-llm-d-*``: the model rewrite, another tenant's fairness id, an objective) nor the
+    gateway's own (``x-gateway-*``)."""
+    headers = {"x-request-id": request_id, FAIRNESS_HEADER: tenant.id}
+    objective = objective_of(tenant)
+    if objective is not None:
+        headers[OBJECTIVE_HEADER] = objective
+    return headers
+
+
+def objective_of(tenant: Tenant) -> str | None:
+    """The llm-d InferenceObjective a tenant's requests are scheduled under: its priority
+    class (``interactive``, ``batch``), the name the deployment gives its objectives."""
+    return tenant.priority
+
+
+def transport_error(exc: httpx.HTTPError) -> GatewayError:
+    """The gateway's error for a request that got no usable answer from the upstream."""
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+        return UpstreamUnavailableError("The upstream is unreachable; retry shortly.")
+    if isinstance(exc, httpx.TimeoutException):
+        return UpstreamTimeoutError("The upstream did not answer in time.")
+    return UpstreamError("The upstream failed while answering.")
+
+
+def refusal(status: int, body: bytes, names: Mapping[str, str]) -> GatewayError:
+    """The gateway's error for an upstream's error answer of ``status``.
+
+    A 4xx is the client's request refused: passed on, with its message, field and code, each
+    of ``names``' keys (the global names this request was sent with) written as its value
+    (the name the tenant used), so no global name reaches the tenant. A 5xx is the upstream's
+    own failure: its text stays in the log."""
+    if status == 408:
+        return UpstreamTimeoutError("The upstream did not answer in time.")
+    if status in _FRONT_FAULTS or status < 400:
+        logger.error("the upstream answered %s: %s", status, body[:500])
+        return UpstreamError(f"The upstream refused the gateway (HTTP {status}).")
+    if status >= 500:
+        logger.warning("the upstream failed with %s: %s", status, body[:500])
+        if status == 503:
+            return UpstreamUnavailableError("No engine can take the request now; retry shortly.")
+        if status == 504:
+            return UpstreamTimeoutError("The upstream did not answer in time.")
+        return UpstreamError(f"The upstream failed (HTTP {status}).")
+    detail = _error_detail(body)
+    said = detail.get("message") or f"Refused by the upstream (HTTP {status})."
+    message = _renamed(str(said), names)
+    param = detail.get("param")
+    code = detail.get("code")
+    return UpstreamRefusedError(
+        message,
+        status_code=status,
+        error_type=str(detail.get("type") or "invalid_request_error"),
+        code=_renamed(str(code), names) if code is not None else None,
+        param=_renamed(str(param), names) if param is not None else None,
+    )
+
+
+def _error_detail(body: bytes) -> dict[str, Any]:
+    """The ``error`` object of an OpenAI-shaped error body (vLLM's older servers put its
+    fields at the top level); empty when the body is neither."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return {}
+    if not isinstance(parsed, dict):
+        return {}
+    detail = parsed.get("error", parsed)
+    return detail if isinstance(detail, dict) else {}
+
+
+def _renamed(text: str, names: Mapping[str, str]) -> str:
+    for global_name, alias in names.items():
+        text = text.replace(global_name, alias)
+    return text
