@@ -1,0 +1,206 @@
+"""Fair admission over real HTTP, on an engine with a fixed number of seats served first come,
+first served, as vLLM's scheduler serves ``max_num_seqs``: one tenant's flood does not hold
+up another's request, a client that leaves while queued costs no engine work, a full queue is
+a 429 before any byte, and ``scheduler=fcfs`` is the behaviour before the scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.serving.conftest import TENANT, Served, ServeFactory
+from tests.serving.test_lifecycle import chat, eventually, quota_usage
+from tests.support.scripted_engine import ScriptedEngine, ScriptedRequest
+
+NEIGHBOUR = "tenant-b"
+
+
+class SeatedEngine(ScriptedEngine):
+    """A scripted engine that runs at most ``seats`` requests at once; the others wait for a
+    seat in arrival order and produce nothing meanwhile (vLLM's waiting queue)."""
+
+    def __init__(self, seats: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._seats = asyncio.Semaphore(seats)
+        self.running = 0
+        self.peak = 0
+
+    async def _produce(self, request: ScriptedRequest) -> None:
+        async with self._seats:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+            try:
+                await super()._produce(request)
+            finally:
+                self.running -= 1
+
+
+async def neighbour_client(served: Served) -> httpx.AsyncClient:
+    await served.admin(
+        "POST", "/tenants", {"id": NEIGHBOUR, "name": "Tenant B", "allow_base_model": True}
+    )
+    key = (await served.admin("POST", f"/tenants/{NEIGHBOUR}/keys", {"name": "b"}))["key"]
+    return httpx.AsyncClient(
+        base_url=served.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+    )
+
+
+async def hold_stream(client: httpx.AsyncClient, body: dict[str, Any]) -> None:
+    """Open a stream and read it until cancelled."""
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        async for _ in response.aiter_bytes():
+            pass
+
+
+async def first_content_after(client: httpx.AsyncClient, body: dict[str, Any]) -> float:
+    """Seconds from sending ``body`` (a stream) to its first content token."""
+    sent = time.monotonic()
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if '"content":"' in line and '"content":""' not in line:
+                return time.monotonic() - sent
+    raise AssertionError("the stream ended without content")
+
+
+def flood_limits() -> httpx.Limits:
+    return httpx.Limits(max_connections=200, max_keepalive_connections=200)
+
+
+@pytest.mark.parametrize("scheduler", ["fair", "fcfs"])
+async def test_a_neighbours_request_starts_while_a_tenant_floods_the_engine(
+    serve: ServeFactory, scheduler: str
+) -> None:
+    seats = 8
+    engine = SeatedEngine(seats, step_seconds=0.01)
+    async with serve(engine, max_num_seqs=seats, scheduler=scheduler) as served:
+        neighbour = await neighbour_client(served)
+        async with served.client(limits=flood_limits()) as flooder, neighbour:
+            flood_body = chat(served, max_tokens=3000, stream=True)
+            flood = [asyncio.create_task(hold_stream(flooder, flood_body)) for _ in range(100)]
+            try:
+                await eventually(lambda: engine.running >= seats - 2)
+                await asyncio.sleep(0.3)  # the rest of the flood arrives
+                if scheduler == "fcfs":
+                    # Every flood request went straight into the engine's own queue: the
+                    # neighbour's request waits behind all of them (30 s streams).
+                    await eventually(lambda: len(engine.requests) == 100)
+                    waiting = asyncio.create_task(
+                        first_content_after(neighbour, chat(served, max_tokens=5, stream=True))
+                    )
+                    await asyncio.sleep(1.0)
+                    assert not waiting.done()
+                    waiting.cancel()
+                    await asyncio.gather(waiting, return_exceptions=True)
+                    return
+                # The flood waits in the gateway, at most window - headroom of it in the engine.
+                assert engine.peak == seats - 2
+                assert served.counter("lora_gateway_scheduler_queue_depth", tenant=TENANT) >= 90
+                ttft = await first_content_after(neighbour, chat(served, max_tokens=5, stream=True))
+                assert ttft < 0.5, ttft
+                assert engine.peak <= seats
+            finally:
+                for task in flood:
+                    task.cancel()
+                await asyncio.gather(*flood, return_exceptions=True)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_client_that_leaves_while_queued_costs_no_engine_work(
+    serve: ServeFactory, stream: bool
+) -> None:
+    engine = ScriptedEngine(step_seconds=0.01)
+    async with serve(engine, max_num_seqs=2, scheduler_headroom_slots=0) as served:
+        await served.set_quota(
+            token_budget=1_000_000, budget_period="day", max_concurrent_requests=10
+        )
+        async with served.client() as client:
+            holders = [
+                asyncio.create_task(hold_stream(client, chat(served, max_tokens=3000, stream=True)))
+                for _ in range(2)
+            ]
+            await eventually(lambda: len(engine.requests) == 2)
+            body = chat(served, max_tokens=3000, stream=stream)
+            queued = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+            await eventually(
+                lambda: served.counter("lora_gateway_scheduler_queue_depth", tenant=TENANT) == 1
+            )
+            queued.cancel()
+            await asyncio.gather(queued, return_exceptions=True)
+            await eventually(
+                lambda: served.counter("lora_gateway_scheduler_queue_depth", tenant=TENANT) == 0
+            )
+            await served.settled()
+            records = await served.usage_records()
+            assert [(r.status, r.completion_tokens) for r in records] == [("cancelled", 0)]
+            level = await quota_usage(served)
+            assert level.concurrent == 2  # the two holders only
+            # The holders' worst cases are still reserved; the one that left paid its prompt.
+            prompt = records[0].prompt_tokens
+            assert level.budget_used == 2 * (prompt + 3000) + prompt
+            # A slot freed later goes to nobody: the request left the queue for good.
+            for task in holders:
+                task.cancel()
+            await asyncio.gather(*holders, return_exceptions=True)
+            await eventually(lambda: engine.num_unfinished_requests() == 0)
+            await asyncio.sleep(0.1)
+            assert len(engine.requests) == 2
+
+
+async def test_a_full_queue_is_a_429_with_retry_after_that_holds_nothing(
+    serve: ServeFactory,
+) -> None:
+    engine = ScriptedEngine(step_seconds=0.01)
+    settings = {"max_num_seqs": 1, "scheduler_headroom_slots": 0, "scheduler_max_queue_depth": 1}
+    async with serve(engine, **settings) as served:
+        await served.set_quota(max_concurrent_requests=10)
+        async with served.client() as client:
+            body = chat(served, max_tokens=3000, stream=True)
+            tasks = [asyncio.create_task(hold_stream(client, body)) for _ in range(2)]
+            await eventually(
+                lambda: served.counter("lora_gateway_scheduler_queue_depth", tenant=TENANT) == 1
+            )
+            for stream in (False, True):
+                refused = await client.post(
+                    "/v1/chat/completions", json=chat(served, max_tokens=5, stream=stream)
+                )
+                assert refused.status_code == 429, refused.text
+                assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+                assert int(refused.headers["retry-after"]) >= 1
+            await served.settled()
+            assert (await quota_usage(served)).concurrent == 2
+            assert len(engine.requests) == 1
+            assert (
+                served.counter(
+                    "lora_gateway_requests_total", tenant=TENANT, status="rate_limit_exceeded"
+                )
+                == 2
+            )
+            assert served.counter("lora_gateway_scheduler_rejections_total", reason="queue_full")
+            assert await served.usage_records() == []
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@pytest.mark.parametrize(("headroom", "peak"), [(2, 6), (0, 8)])
+async def test_a_tenant_alone_runs_window_less_headroom(
+    serve: ServeFactory, headroom: int, peak: int
+) -> None:
+    """What headroom costs a tenant alone: it never fills the last slots of the window, so
+    at full load it runs window - headroom requests at once (docs/scheduling.md)."""
+    engine = SeatedEngine(8, step_seconds=0.002)
+    settings = {"max_num_seqs": 8, "scheduler_headroom_slots": headroom}
+    async with serve(engine, **settings) as served, served.client() as client:
+        responses = await asyncio.gather(
+            *(
+                client.post("/v1/chat/completions", json=chat(served, max_tokens=100))
+                for _ in range(24)
+            )
+        )
+    assert all(r.status_code == 200 for r in responses)
+    assert engine.peak == peak
