@@ -27,7 +27,7 @@ from app.settings import Settings
 from tests.support.servers import free_port, wait_until_ready
 
 ENGINE_START_TIMEOUT_S = 600
-BASE_MODEL_ID = Settings(_env_file=None).base_model_id  # type: ignore[call-arg]
+BASE_MODEL_ID = Settings(_env_file=None).base_model_id
 
 # float32 for exact (token-identical) greedy output; short contexts and a small KV cache.
 SMALL_ENGINE: dict[str, str] = {
@@ -46,6 +46,7 @@ class EngineProcess:
     base_url: str
     process: subprocess.Popen[bytes]
     log: Path
+    env: dict[str, str]
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -78,15 +79,16 @@ def engine_process(
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"engine-{port}.log"
+    environment = engine_environment(env, port)
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve"],
-            env=engine_environment(env, port),
+            env=environment,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    engine = EngineProcess(f"http://127.0.0.1:{port}", process, log)
+    engine = EngineProcess(f"http://127.0.0.1:{port}", process, log, environment)
     try:
         wait_until_ready(
             f"{engine.base_url}/health", alive=lambda: process.poll() is None, timeout=timeout

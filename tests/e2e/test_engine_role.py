@@ -1,0 +1,240 @@
+"""The engine role on the embedded model: two engine processes (vLLM's OpenAI server with our
+plugins) beside a real S3 server on loopback (moto's server mode), an adapter registered into
+the bucket as the front registers it, and neither engine told about it.
+
+GETs are counted on the S3 server itself (moto's request recorder: every request it served,
+method and URL), not in our code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import httpx
+import pytest
+
+from app.admin.service import AdminService
+from app.settings import EMBEDDED_MODEL_DIR, Settings
+from app.store.db import open_database
+from app.tenancy.base_model import BaseModelInfo
+from app.tenancy.storage.s3 import S3Location, s3_client
+from tests.support.engine_role import BASE_MODEL_ID, EngineProcess, engine_process
+from tests.support.lora_requests_info import LoraRequestsInfo, parse_lora_requests_info
+from tests.support.s3_server import CREDENTIALS, s3_server
+
+pytestmark = pytest.mark.slow
+
+ADAPTER = "legal_advisor@v1"
+TAMPERED = "tampered@v1"
+PROMPT = "The contract says"
+SOURCES = {"legal_advisor": "legal_advisor", "tampered": "medical_scribe"}  # name: demo adapter
+
+
+@dataclass
+class Cluster:
+    s3_endpoint: str
+    location: S3Location
+    recording: Path
+    digests: dict[str, str]
+    engines: list[EngineProcess]
+
+    def gets(self) -> Counter[str]:
+        """Keys under the prefix the S3 server served GETs for since the recording began."""
+        seen: Counter[str] = Counter()
+        if not self.recording.exists():
+            return seen
+        for line in self.recording.read_text().splitlines():
+            entry = json.loads(line)
+            path = unquote(urlsplit(entry["url"]).path)
+            prefix = f"/{self.location.bucket}/{self.location.prefix}/"
+            if entry["method"] == "GET" and path.startswith(prefix):
+                seen[path.removeprefix(prefix)] += 1
+        return seen
+
+    def record(self, action: str) -> None:
+        """``reset``, ``start`` or ``stop`` moto's request recording."""
+        response = httpx.post(f"{self.s3_endpoint}/moto-api/recorder/{action}-recording")
+        assert response.status_code == 200
+
+
+async def _register(settings: Settings, database: Path, names: list[str]) -> dict[str, str]:
+    """Register directories under the adapter root as the front's admin service does
+    (validated, uploaded content-addressed, then versions/<name>@v1.json)."""
+
+    async def nothing() -> None:
+        return None
+
+    base = BaseModelInfo.from_model_dir(EMBEDDED_MODEL_DIR)
+    digests = {}
+    async with open_database(f"sqlite+aiosqlite:///{database}") as sessions:
+        admin = AdminService.from_settings(settings, sessions, base, on_change=nothing)
+        for name in names:
+            row = await admin.register_adapter(
+                "admin:test", name, partial(admin.storage.from_path, name)
+            )
+            digests[f"{row.name}@v{row.version}"] = row.sha256
+    return digests
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    state = tmp_path_factory.mktemp("engine-role")
+    recording = state / "s3-requests.jsonl"
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in CREDENTIALS.items():
+            env.setenv(name, value)
+        env.setenv("MOTO_RECORDER_FILEPATH", str(recording))  # read by moto's server
+        with s3_server() as endpoint, ExitStack() as stack:
+            env.setenv("AWS_ENDPOINT_URL", endpoint)
+            location = S3Location(f"adapters-{uuid.uuid4().hex[:12]}", "lgw/adapters")
+            s3_client().create_bucket(Bucket=location.bucket)
+            store = f"s3://{location.bucket}/{location.prefix}"
+            for name, demo in SOURCES.items():
+                shutil.copytree(Path("var/adapters") / demo, state / "adapters" / name)
+            front = Settings(
+                _env_file=None,
+                adapter_root=state / "adapters",
+                adapter_store=store,
+                adapter_cache_dir=state / "front-cache",
+            )
+            digests = asyncio.run(_register(front, state / "front.db", list(SOURCES)))
+            # The upload tampered with in the bucket: one bit of the weights flipped.
+            key = location.content_key(digests[TAMPERED], "adapter_model.safetensors")
+            weights = s3_client().get_object(Bucket=location.bucket, Key=key)["Body"].read()
+            tampered = weights[:-1] + bytes([weights[-1] ^ 1])
+            s3_client().put_object(Bucket=location.bucket, Key=key, Body=tampered)
+            engines = [
+                stack.enter_context(
+                    engine_process(
+                        {
+                            "LORA_GATEWAY_ADAPTER_STORE": store,
+                            # A host each: a cold cache, nothing but the bucket to fetch from.
+                            "LORA_GATEWAY_ADAPTER_CACHE_DIR": str(state / f"engine-{i}-cache"),
+                        },
+                        state / "logs",
+                    )
+                )
+                for i in (1, 2)
+            ]
+            yield Cluster(endpoint, location, recording, digests, engines)
+
+
+def complete(engine: EngineProcess, model: str, **extra: Any) -> httpx.Response:
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0, **extra}
+    return httpx.post(f"{engine.base_url}/v1/completions", json=body, timeout=300)
+
+
+def test_eight_concurrent_first_requests_cold_load_the_adapter_from_the_bucket_once(
+    cluster: Cluster,
+) -> None:
+    engine = cluster.engines[1]
+    cluster.record("reset")
+    cluster.record("start")
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            responses = list(pool.map(lambda _: complete(engine, ADAPTER), range(8)))
+    finally:
+        cluster.record("stop")
+    assert [r.status_code for r in responses] == [200] * 8, responses[0].text
+    assert len({r.json()["choices"][0]["text"] for r in responses}) == 1
+    assert {r.json()["model"] for r in responses} == {ADAPTER}
+    digest = cluster.digests[ADAPTER]
+    assert cluster.gets() == {
+        f"versions/{ADAPTER}.json": 1,
+        f"sha256/{digest}.json": 1,
+        f"sha256/{digest}/adapter_config.json": 1,
+        f"sha256/{digest}/adapter_model.safetensors": 1,
+    }
+
+
+def test_an_engine_never_told_about_the_adapter_serves_it_token_identically(
+    cluster: Cluster,
+) -> None:
+    first, second = (complete(e, ADAPTER, return_token_ids=True) for e in cluster.engines)
+    assert first.status_code == second.status_code == 200, (first.text, second.text)
+    tokens = [r.json()["choices"][0]["token_ids"] for r in (first, second)]
+    assert tokens[0] == tokens[1] and len(tokens[0]) == 8
+    assert first.json()["choices"][0]["text"] == second.json()["choices"][0]["text"]
+    base = complete(cluster.engines[1], BASE_MODEL_ID, return_token_ids=True)
+    assert base.json()["choices"][0]["token_ids"] != tokens[0], "the adapter changed nothing"
+    # Both engines list the version under its global name once resolved.
+    for engine in cluster.engines:
+        models = httpx.get(f"{engine.base_url}/v1/models").json()["data"]
+        assert ADAPTER in {model["id"] for model in models}
+
+
+def test_a_corrupted_object_is_refused_and_the_engine_keeps_serving(cluster: Cluster) -> None:
+    engine = cluster.engines[0]
+    for _ in range(2):  # refused again: nothing half-loaded, nothing left to serve from
+        refused = complete(engine, TAMPERED)
+        assert refused.status_code == 503, refused.text
+        message = refused.json()["error"]["message"]
+        assert "adapter_content_corrupt" in message and TAMPERED in message
+        assert "does not match its manifest" in message
+        assert cluster.location.bucket not in message
+    assert complete(engine, ADAPTER).status_code == 200
+    models = httpx.get(f"{engine.base_url}/v1/models").json()["data"]
+    assert TAMPERED not in {model["id"] for model in models}
+    cache = Path(engine.env["LORA_GATEWAY_ADAPTER_CACHE_DIR"])
+    assert not (cache / "sha256" / cluster.digests[TAMPERED]).exists()
+    assert "adapter tampered@v1 refused" in engine.log_text()
+
+
+@pytest.mark.parametrize("model", ["nope@v1", "legal_advisor@v7", "legal_advisor", "../x@v1"])
+def test_an_unknown_global_name_is_a_404(cluster: Cluster, model: str) -> None:
+    response = complete(cluster.engines[0], model)
+    assert response.status_code == 404, response.text
+    assert response.json()["error"]["type"] == "NotFoundError"
+
+
+def test_metrics_name_the_global_name_as_the_epp_reads_them(cluster: Cluster) -> None:
+    engine = cluster.engines[0]
+    body = {"model": ADAPTER, "prompt": PROMPT, "max_tokens": 64, "temperature": 0}
+    body |= {"stream": True, "ignore_eos": True}
+    seen: list[LoraRequestsInfo | None] = []
+    with httpx.stream(
+        "POST", f"{engine.base_url}/v1/completions", json=body, timeout=300
+    ) as stream:
+        assert stream.status_code == 200
+        for line in stream.iter_lines():  # to the end: the engine is idle afterwards
+            if line.startswith("data: {") and len(seen) < 8:
+                seen.append(parse_lora_requests_info(engine.metrics()))
+    in_flight = next(info for info in seen if info is not None and ADAPTER in info.running)
+    assert in_flight.max_lora == 2
+    assert in_flight.errors == ()
+    exposition = engine.metrics()
+    assert f'running_lora_adapters="{ADAPTER}"' in exposition
+    # Our plugin's residency metrics, written in the engine core, reach vLLM's /metrics.
+    assert 'lora_gateway_adapter_swap_seconds_count{stage="load"}' in exposition
+
+
+def test_the_isolation_fix_is_active_in_every_vllm_process(cluster: Cluster) -> None:
+    log = cluster.engines[0].log_text()
+    assert "INFO app.engine.engine_server: CPU punica isolation fix: active" in log
+    active = [line for line in log.splitlines() if "CPU punica isolation fix active" in line]
+    processes = {line.split()[1] for line in active}
+    assert {"MainProcess", "EngineCore"} <= processes and len(processes) >= 3, active
+
+
+def test_the_runtime_load_and_unload_endpoints_exist_on_engines(cluster: Cluster) -> None:
+    # vLLM's server exposes them with VLLM_ALLOW_RUNTIME_LORA_UPDATING: the HTTPRoute in front
+    # of the engines must never route to them.
+    base = cluster.engines[0].base_url
+    load = httpx.post(f"{base}/v1/load_lora_adapter", json={"lora_name": "x@v1", "lora_path": ""})
+    assert load.status_code == 400
+    assert "must be provided" in load.json()["error"]["message"]
+    unload = httpx.post(f"{base}/v1/unload_lora_adapter", json={"lora_name": "nope@v1"})
+    assert unload.status_code == 404
+    assert "cannot be found" in unload.json()["error"]["message"]
