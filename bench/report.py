@@ -163,13 +163,17 @@ def render_markdown(
         f"- when (UTC): {context['started']}; wall time {context['wall_seconds']:.0f} s; "
         f"machine: {context['machine']}",
         f"- engine (every system): {context['engine']}",
-        f"- systems: {', '.join(systems)}; {context['rounds']} round(s), interleaved "
-        f"(run order {' -> '.join(context['order'])})",
+        f"- systems: {', '.join(context['systems'])}; {context['rounds']} round(s), "
+        f"interleaved (run order {' -> '.join(context['order'])})"
+        + ("; scenario c on the gateway alone, after them" if registered_point else ""),
         f"- workload (a): {context['workload']}",
         f"- {BOOTSTRAP.format(draws=draws, seed=seed)}",
         "- TTFT is the time to the first chunk with generated text (not the role chunk); "
         "TPOT the mean gap between a request's later tokens",
     ]
+    if context.get("curve_rates"):
+        rates = ", ".join(f"{f:.0%}: {r:.3f} req/s" for f, r in context["curve_rates"].items())
+        lines.append(f"- open-loop rates (share of the first saturation measured): {rates}")
     if VLLM_SHIPPED in systems:
         lines.append(f"- {SHIPPED_NOTE}")
     ratios: dict[str, Any] = {}

@@ -205,6 +205,7 @@ def _context(
         f"{config.zipf:g}, {config.base_share:.0%} base-model requests, {config.output_tokens} "
         f"output tokens (greedy, ignore_eos, streamed); closed loops of {config.waves} x "
         f"concurrency requests at concurrency {', '.join(map(str, config.concurrencies))}",
+        "systems": list(config.systems),
         "rounds": config.rounds,
         "order": order,
         "startup_seconds": startups,
@@ -256,6 +257,8 @@ async def run_bench(config: BenchConfig, settings: Settings, command: str) -> Pa
         status.finish()
 
     context = _context(config, engine, command, started_at, status, order, startups)
+    if config.curve_fractions and samples:
+        context["curve_rates"] = curve_rates(config, samples)
     registered = many_adapters_point(config.registered) if config.registered else None
     targets = evaluate(samples, config.concurrencies, config.registered, config.seed, config.draws)
     text, ratios = render_markdown(samples, targets, context, registered)

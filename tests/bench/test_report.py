@@ -30,8 +30,9 @@ A16 = saturation_point(16)
 MANY = many_adapters_point(1000)
 CONTEXT = {
     "command": "python -m bench", "started": "now", "wall_seconds": 1.0, "machine": "test",
-    "engine": "e", "workload": "w", "rounds": 2, "order": ["gateway", "vllm"], "seed": 0,
-    "draws": 200, "flood_streams": 100,
+    "engine": "e", "workload": "w", "rounds": 2,
+    "systems": ["gateway", "vllm", "vllm-shipped"], "order": ["gateway", "vllm"], "seed": 0,
+    "draws": 200, "flood_streams": 100, "curve_rates": {0.5: 0.2},
 }  # fmt: skip
 
 
@@ -74,6 +75,11 @@ def test_the_report_shows_every_figure_with_its_ratio_and_the_targets() -> None:
     assert "| output tok/s | 12.80 | 10.00 | 5.00 | 1.280 [1.280, 1.280] | 0.500 [" in text
     assert "| adapter loads+activations per 100 requests | 50.0 | - | - | - | - |" in text
     assert NOT_COUNTABLE in text and SHIPPED_NOTE in text
+    assert (
+        "- systems: gateway, vllm, vllm-shipped; 2 round(s), interleaved (run order "
+        "gateway -> vllm); scenario c on the gateway alone, after them" in text
+    )
+    assert "- open-loop rates (share of the first saturation measured): 50%: 0.200 req/s" in text
     assert "| TTFT p50 (ms) | 200.0 | 100.0 | 2.000 [2.000, 2.000] |" in text
     # Noisy neighbour: the ratio of B's p99 under the flood to alone, per system.
     assert "| gateway | 100.0 | 100.0 | 120.0 | 120.0 | 1.200 [1.200, 1.200] | 0 | 0 |" in text
