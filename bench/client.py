@@ -26,6 +26,7 @@ from bench.events import StreamTiming, sse_data
 from bench.workload import PlannedRequest
 
 CHAT_PATH = "/v1/chat/completions"
+MAX_RETRY_AFTER_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class RequestRecord:
     output_tokens: int = 0
     prompt_tokens: int | None = None
     status: int | None = None
+    retry_after: float | None = None  # seconds, from a 429's Retry-After
     error: str | None = None
 
     @property
@@ -78,6 +80,13 @@ def request_body(planned: PlannedRequest, call: Call) -> dict[str, Any]:
     }
 
 
+def _seconds(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
 async def _one(
     client: httpx.AsyncClient,
     planned: PlannedRequest,
@@ -93,6 +102,8 @@ async def _one(
             "POST", CHAT_PATH, json=request_body(planned, call), headers=headers
         ) as response:
             record.status = response.status_code
+            if response.status_code == 429:
+                record.retry_after = _seconds(response.headers.get("retry-after"))
             if response.status_code != 200:
                 body = (await response.aread()).decode(errors="replace")
                 record.error = f"HTTP {response.status_code}: {body[:200]}"
@@ -227,6 +238,10 @@ class ClosedLoop:
             if self._stopping and record.error == "not finished before the drain deadline":
                 record.error = self.CANCELLED
             self.on_finished(record)
+            if record.status == 429 and not self._stopping:
+                # Turned away: come back when the server says, as a client that
+                # honours Retry-After does, rather than spin on refusals.
+                await asyncio.sleep(min(record.retry_after or 1.0, MAX_RETRY_AFTER_SECONDS))
 
     def start(self) -> None:
         self._http = _client(self.base_url)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.config import FLOOD, GATEWAY, ONE_ADAPTER, REFERENCE, SOLO, VLLM_SHIPPED
+from bench.scenarios import FLOOD_COMPLETED, FLOOD_REFUSED
 from bench.stats import (
     LATENCY_FIGURES,
     OUTPUT_TPS,
@@ -107,7 +108,7 @@ def point_table(
 def noisy_table(samples: Sequence[Sample], seed: int, draws: int) -> list[str]:
     lines = [
         "| system | B's TTFT p50 alone (ms) | p99 alone | p50 under A's flood | p99 under flood "
-        "| p99 flood / alone [95%] | A's requests completed | errors (B) |",
+        "| p99 flood / alone [95%] | A's requests completed / refused (429) | errors (B) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for system in _systems(samples):
@@ -117,12 +118,13 @@ def noisy_table(samples: Sequence[Sample], seed: int, draws: int) -> list[str]:
         estimate = ratio_estimate(
             TTFT_P99, pairs(samples, (system, FLOOD), (system, SOLO)), seed=seed, draws=draws
         )
-        completed = sum(s.counters.get("flood_completed", 0.0) for s in flood)
+        completed = sum(s.counters.get(FLOOD_COMPLETED, 0.0) for s in flood)
+        refused = sum(s.counters.get(FLOOD_REFUSED, 0.0) for s in flood)
         errors = sum(s.errors for s in solo + flood)
         lines.append(
             f"| {system} | {_value(TTFT_P50, solo)} | {_value(TTFT_P99, solo)} "
             f"| {_value(TTFT_P50, flood)} | {_value(TTFT_P99, flood)} | {estimate.text()} "
-            f"| {completed:.0f} | {errors} |"
+            f"| {completed:.0f} / {refused:.0f} | {errors} |"
         )
     return lines
 

@@ -33,6 +33,8 @@ MIN_DRAIN_SECONDS = 60.0
 # Tenants of the noisy-neighbour scenario (each owns the adapter of its index).
 FLOODER, VICTIM = 0, 1
 FLOOD_FLOWING_TIMEOUT_SECONDS = 600.0
+FLOOD_COMPLETED = "flood_completed"  # tenant A's requests that ran to their end
+FLOOD_REFUSED = "flood_refused"  # ... and those the system turned away (429)
 
 Measure = Callable[[], Awaitable[tuple[list[RequestRecord], float]]]
 Progress = Callable[[RequestRecord], None]
@@ -147,11 +149,14 @@ async def noisy_neighbour(
             await flooder.stop()
 
     sample = await _sample(system, FLOOD, round_, under_flood)
-    flood_done = sum(1 for r in flooder.records if r.ok)
+    tallies = {
+        FLOOD_COMPLETED: float(sum(1 for r in flooder.records if r.ok)),
+        FLOOD_REFUSED: float(sum(1 for r in flooder.records if r.status == 429)),
+    }
     samples.append(
         Sample(
             sample.system, sample.point, sample.round, sample.records, sample.wall_seconds,
-            {**sample.counters, "flood_completed": float(flood_done)},
+            {**sample.counters, **tallies},
         )
     )  # fmt: skip
     return samples

@@ -1,6 +1,6 @@
 """The closed-loop client against a tiny streaming server: at most ``concurrency``
 requests at once, every request recorded, TTFT at the first content chunk (not the
-role chunk), a cycling flood stopped by hanging up."""
+role chunk), a cycling flood stopped by hanging up, refusals honoured."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ class Server:
     """An HTTP/1.1 server streaming a role chunk at once, then two tokens after
     ``delay`` each; it counts the streams open at once."""
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, refuse: bool = False) -> None:
         self.delay = delay
+        self.refuse = refuse
         self.open = 0
         self.most_open = 0
         self.served = 0
@@ -38,6 +39,14 @@ class Server:
                     if line.lower().startswith(b"content-length")
                 )
                 await reader.readexactly(length)
+                if self.refuse:
+                    self.served += 1
+                    writer.write(
+                        b"HTTP/1.1 429 Too Many Requests\r\nretry-after: 0.2\r\n"
+                        b"content-length: 2\r\n\r\n{}"
+                    )
+                    await writer.drain()
+                    continue
                 writer.write(
                     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                     b"transfer-encoding: chunked\r\n\r\n"
@@ -63,8 +72,8 @@ class Server:
             writer.close()
 
 
-async def serving(delay: float) -> AsyncIterator[tuple[Server, str]]:
-    server = Server(delay)
+async def serving(delay: float, refuse: bool = False) -> AsyncIterator[tuple[Server, str]]:
+    server = Server(delay, refuse)
     listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
     try:
@@ -114,3 +123,14 @@ async def test_a_deadline_records_what_never_ran() -> None:
         assert len(records) == 3 and not any(r.ok for r in records)
         assert records[0].error == "not finished before the deadline"
         assert records[2].error == "not sent before the deadline"
+
+
+async def test_a_refused_client_waits_for_retry_after() -> None:
+    async for server, url in serving(0.0, refuse=True):
+        loop = ClosedLoop(url, "s", "flood", requests(2), call, concurrency=1, cycle=True)
+        loop.start()
+        await asyncio.sleep(0.5)
+        await loop.stop()
+        # Every 0.2 s, not as fast as the refusals come back.
+        assert 2 <= server.served <= 4
+        assert all(r.status == 429 and r.retry_after == 0.2 for r in loop.records)

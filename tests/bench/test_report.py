@@ -82,7 +82,7 @@ def test_the_report_shows_every_figure_with_its_ratio_and_the_targets() -> None:
     assert "- open-loop rates (share of the first saturation measured): 50%: 0.200 req/s" in text
     assert "| TTFT p50 (ms) | 200.0 | 100.0 | 2.000 [2.000, 2.000] |" in text
     # Noisy neighbour: the ratio of B's p99 under the flood to alone, per system.
-    assert "| gateway | 100.0 | 100.0 | 120.0 | 120.0 | 1.200 [1.200, 1.200] | 0 | 0 |" in text
+    assert "| gateway | 100.0 | 100.0 | 120.0 | 120.0 | 1.200 [1.200, 1.200] | 0 / 0 | 0 |" in text
     assert "| vllm | 100.0 | 100.0 | 4000.0 | 4000.0 | 40.000 [" in text
     assert "| ratio (many / one) [95%] | 0.800 [0.800, 0.800] | | |" in text
     assert "## Targets (issue #16)" in text
