@@ -139,9 +139,7 @@ class ResolverUnavailable(RuntimeError):
     """vLLM would not load our LoRA resolver: every adapter name would be a 404."""
 
 
-def require_resolver(
-    find_plugins: Callable[[], Iterable[metadata.EntryPoint]] = _installed_plugins,
-) -> None:
+def require_resolver(find_plugins: Callable[[], Iterable[metadata.EntryPoint]]) -> None:
     """Check that the resolver's entry point is installed (``pip install -e .``)."""
     found = [ep.value for ep in find_plugins() if ep.name == RESOLVER_PLUGIN_NAME]
     if found != [RESOLVER_TARGET]:
@@ -152,17 +150,23 @@ def require_resolver(
         )
 
 
-def check_plugins(settings: Settings, env: Mapping[str, str]) -> str:
+def check_plugins(
+    settings: Settings,
+    env: Mapping[str, str],
+    find_plugins: Callable[[], Iterable[metadata.EntryPoint]] | None = None,
+) -> str:
     """Refuse (``IsolationFixUnavailable``, ``ResolverUnavailable``) to start vLLM's server
     with ``env`` unless both plugins will be loaded; the isolation fix's outcome."""
     import vllm
     from vllm.platforms import current_platform
 
-    require_resolver()
+    find = find_plugins or _installed_plugins
+    require_resolver(find)
     return require_isolation_fix(
         settings.isolation_fix,
         is_cpu=current_platform.is_cpu(),
         vllm_version=vllm.__version__,
+        find_plugins=find,
         environ=env,
     )
 
