@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import Settings
-from bench.client import RequestRecord, run_workload
+from bench.client import run_workload
 from bench.config import (
     GATEWAY,
     GATEWAY_FCFS,
@@ -119,9 +119,6 @@ async def _visit(
 ) -> float:
     """Start ``system``, run scenarios a and b, stop it; the start-up seconds."""
 
-    def progress(_: RequestRecord) -> None:
-        status.done += 1
-
     label = f"round {round_ + 1}"
     status.set(system.name, f"{label}: starting")
     try:
@@ -130,13 +127,13 @@ async def _visit(
         status.set(system.name, f"{label}: warm-up")
         await warm_up(system, adapters)
         status.set(system.name, f"{label}: a, saturation")
-        samples += await saturation(system, adapters, config, round_, progress)
+        samples += await saturation(system, adapters, config, round_, status.count)
         if config.curve_fractions:
             rates = curve_rates(config, samples)
             status.set(system.name, f"{label}: a, open loop")
-            samples += await curve(system, adapters, config, rates, round_, progress)
+            samples += await curve(system, adapters, config, rates, round_, status.count)
         status.set(system.name, f"{label}: b, noisy neighbour")
-        samples += await noisy_neighbour(system, adapters, config, round_, progress)
+        samples += await noisy_neighbour(system, adapters, config, round_, status.count)
         for sample in samples:
             if sample.system == system.name and sample.round == round_:
                 status.note(
@@ -180,7 +177,7 @@ async def _registered_phase(
             adapters,
             config,
             config.rounds,
-            lambda _: setattr(status, "done", status.done + 1),
+            status.count,
         )
     finally:
         await asyncio.to_thread(system.stop)

@@ -27,6 +27,10 @@ class StatusLine:
             f"  {self.system}: {self.phase}"
         )
 
+    def count(self, _: object = None) -> None:
+        """One more request ended (a client's on_finished callback)."""
+        self.done += 1
+
     def set(self, system: str, phase: str) -> None:
         self.system, self.phase = system, phase
         self.draw(force=not self.interactive)
