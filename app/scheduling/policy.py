@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from app.scheduling.affinity import AdapterAffinity
 from app.scheduling.base import Ticket
@@ -61,11 +61,12 @@ class Dispatch:
     reason: Reason
 
 
-@dataclass(frozen=True)
-class _Claim:
+class _Claim(NamedTuple):
     rounds: int  # whole rounds of the ring before the tenant can dispatch
     offset: int  # its place in the ring from the cursor (0: continuing its visit)
     name: str
+    state: TenantState
+    head: Waiting
 
 
 class FairQueue:
@@ -86,6 +87,10 @@ class FairQueue:
         self.affinity = AdapterAffinity(max_loras)
         self.in_flight = 0
         self._tenants: dict[str, TenantState] = {}
+        self._weights = 0  # of the tenants above: queued or in flight
+        # Nobody could dispatch at the last pop, and nothing that could change that (a new
+        # head of a queue, a request ending or leaving) has happened since: pop need not look.
+        self._blocked = False
         # Tenants with waiting requests, in visiting order from the cursor on.
         self._ring: list[str] = []
         self._cursor = -1
@@ -107,7 +112,8 @@ class FairQueue:
     def share(self, tenant: str, weight: int) -> float:
         """The tenant's fair share of the window below the headroom, in sequences, were it
         active beside the tenants active now."""
-        others = sum(s.weight for name, s in self._tenants.items() if name != tenant)
+        state = self._tenants.get(tenant)
+        others = self._weights - (state.weight if state else 0)
         return (self.window - self.headroom) * weight / (others + weight)
 
     # -- changing -----------------------------------------------------------------
@@ -115,11 +121,13 @@ class FairQueue:
     def push(self, ticket: Ticket, now: float) -> Waiting:
         state = self._tenants.get(ticket.tenant)
         if state is None:
-            state = self._tenants[ticket.tenant] = TenantState(ticket.weight)
+            state = self._tenants[ticket.tenant] = TenantState(0)
+        self._weights += ticket.weight - state.weight
         state.weight = ticket.weight  # the registry's latest
         waiting = Waiting(ticket, now)
         if not state.queue:
             self._enter_ring(ticket.tenant)
+            self._blocked = False
         state.queue.append(waiting)
         return waiting
 
@@ -128,6 +136,7 @@ class FairQueue:
         if not waiting.queued:
             return
         waiting.queued = False
+        self._blocked = False
         name = waiting.ticket.tenant
         state = self._tenants[name]
         state.queue.remove(waiting)
@@ -137,19 +146,23 @@ class FairQueue:
 
     def pop(self, now: float) -> Dispatch | None:
         """The next request to dispatch, if the window lets any in; it is then in flight."""
+        if self.in_flight >= self.window or not self._ring or self._blocked:
+            return None
         claims = self._claims()
         if not claims:
+            self._blocked = True
             return None
         first_round = min(claim.rounds for claim in claims)
-        equal = sorted(
-            (claim for claim in claims if claim.rounds == first_round), key=lambda c: c.offset
-        )
-        in_order = equal[0]
-        preferred = min(equal, key=lambda c: (self._fit(c.name), c.offset))
-        aged = [c for c in equal if now - self._head(c.name).since >= self.max_adapter_wait]
-        winner = (
-            min(aged, key=lambda c: (self._head(c.name).since, c.offset)) if aged else preferred
-        )
+        # In ring order already, but for a visit that continues (offset 0, listed last).
+        equal = sorted((c for c in claims if c.rounds == first_round), key=lambda c: c.offset)
+        winner = in_order = preferred = equal[0]
+        aged = False
+        if len(equal) > 1:
+            fit = self.affinity.fit
+            preferred = min(equal, key=lambda c: (fit(c.head.ticket.adapter), c.offset))
+            oldest = min(equal, key=lambda c: (c.head.since, c.offset))
+            aged = now - oldest.head.since >= self.max_adapter_wait
+            winner = oldest if aged else preferred
         reason: Reason = (
             "age"
             if winner is not preferred
@@ -160,8 +173,7 @@ class FairQueue:
         if winner.offset:
             for claim in claims:
                 visits = first_round + (1 if claim.offset <= winner.offset else 0)
-                state = self._tenants[claim.name]
-                state.deficit += visits * self.quantum * state.weight
+                claim.state.deficit += visits * self.quantum * claim.state.weight
         return Dispatch(self._take(winner.name), reason)
 
     def done(self, ticket: Ticket, used: int | None) -> None:
@@ -173,6 +185,7 @@ class FairQueue:
         seqs = self._seqs(ticket)
         state.in_flight -= seqs
         self.in_flight -= seqs
+        self._blocked = False
         self.affinity.finished(ticket.adapter)
         if used is not None and state.queue:
             state.deficit += max(0, ticket.cost - used)
@@ -181,30 +194,31 @@ class FairQueue:
     # -- the ring -----------------------------------------------------------------
 
     def _claims(self) -> list[_Claim]:
+        """Who could dispatch now, and after how many rounds of credit."""
         claims = []
-        count = len(self._ring)
+        window, in_flight, quantum = self.window, self.in_flight, self.quantum
+        unreserved = window - self.headroom
+        ring, tenants, count = self._ring, self._tenants, len(self._ring)
         for offset in range(1, count + 1):
-            name = self._ring[(self._cursor + offset) % count]
-            state = self._tenants[name]
-            ticket = state.queue[0].ticket
-            if not self._admissible(state, ticket):
+            name = ring[(self._cursor + offset) % count]
+            state = tenants[name]
+            head = state.queue[0]
+            ticket = head.ticket
+            seqs = ticket.seqs if ticket.seqs <= window else window
+            after = in_flight + seqs
+            if after > unreserved and (
+                (after > window and in_flight > 0)
+                # Headroom: only a tenant below its share of the unreserved window.
+                or state.in_flight + seqs > unreserved * state.weight / self._weights
+            ):
                 continue
             need = ticket.cost - state.deficit
             if name == self._visiting and need <= 0:
-                claims.append(_Claim(0, 0, name))
+                claims.append(_Claim(0, 0, name, state, head))
                 continue
-            per_visit = self.quantum * state.weight
-            claims.append(_Claim(max(0, math.ceil(need / per_visit) - 1), offset, name))
+            rounds = max(0, math.ceil(need / (quantum * state.weight)) - 1)
+            claims.append(_Claim(rounds, offset, name, state, head))
         return claims
-
-    def _admissible(self, state: TenantState, ticket: Ticket) -> bool:
-        seqs = self._seqs(ticket)
-        after = self.in_flight + seqs
-        if after > self.window and self.in_flight > 0:
-            return False
-        if after <= self.window - self.headroom:
-            return True
-        return state.in_flight + seqs <= self.share(ticket.tenant, state.weight)
 
     def _take(self, name: str) -> Waiting:
         state = self._tenants[name]
@@ -221,12 +235,6 @@ class FairQueue:
         if not state.queue:
             self._leave_ring(name)
         return waiting
-
-    def _head(self, name: str) -> Waiting:
-        return self._tenants[name].queue[0]
-
-    def _fit(self, name: str) -> int:
-        return self.affinity.fit(self._head(name).ticket.adapter)
 
     def _seqs(self, ticket: Ticket) -> int:
         return max(1, min(ticket.seqs, self.window))
@@ -252,3 +260,4 @@ class FairQueue:
         state = self._tenants.get(name)
         if state is not None and not state.queue and state.in_flight <= 0:
             del self._tenants[name]
+            self._weights -= state.weight
