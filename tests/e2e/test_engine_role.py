@@ -238,3 +238,32 @@ def test_the_runtime_load_and_unload_endpoints_exist_on_engines(cluster: Cluster
     unload = httpx.post(f"{base}/v1/unload_lora_adapter", json={"lora_name": "nope@v1"})
     assert unload.status_code == 404
     assert "cannot be found" in unload.json()["error"]["message"]
+
+
+def prefix_cache_hits(engine: EngineProcess) -> float:
+    """Prompt tokens the engine has served from its prefix cache so far."""
+    for line in engine.metrics().splitlines():
+        if line.startswith("vllm:prefix_cache_hits_total"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no vllm:prefix_cache_hits_total on the engine")
+
+
+def test_cache_salt_keeps_one_tenants_cached_prefix_from_another(cluster: Cluster) -> None:
+    # The front puts a per-tenant cache_salt in the upstream body; vLLM's server takes it on
+    # chat and completions and keys its prefix cache on it.
+    engine = cluster.engines[0]
+    messages = [{"role": "user", "content": "Summarise the clause. " * 60}]
+
+    def chat(salt: str) -> float:
+        before = prefix_cache_hits(engine)
+        body = {"model": ADAPTER, "messages": messages, "max_tokens": 1, "cache_salt": salt}
+        response = httpx.post(f"{engine.base_url}/v1/chat/completions", json=body, timeout=300)
+        assert response.status_code == 200, response.text
+        return prefix_cache_hits(engine) - before
+
+    chat("tenant-a")
+    assert chat("tenant-b") == 0
+    assert chat("tenant-a") > 0
+    refused = complete(engine, ADAPTER, cache_salt="tenant@a")
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "cache_salt"
