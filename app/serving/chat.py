@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 
@@ -25,6 +26,7 @@ from app.protocol.responses import FinishReason, FunctionCallDelta, ToolCallDelt
 from app.quota import Reservation
 from app.serving import generation as gen
 from app.serving import tools
+from app.serving.chunk_encoding import ChunkEnvelope, chat_choice
 from app.serving.engine_run import EngineRun
 from app.serving.logprobs import chat_logprobs
 from app.serving.sse import event_stream
@@ -135,27 +137,33 @@ class ChatService(ChatPreparation):
 
     def stream(self, request: ChatCompletionRequest, run: EngineRun) -> AsyncIterator[str]:
         generation = run.generation
+        # One creation time for the whole stream, as OpenAI and vLLM send it.
+        created = int(time.time())
 
         def chunk(
             choices: list[ChatChunkChoice], usage: Usage | None = None
         ) -> ChatCompletionChunk:
             return ChatCompletionChunk(
-                id=_completion_id(generation), model=request.model, choices=choices, usage=usage
+                id=_completion_id(generation),
+                created=created,
+                model=request.model,
+                choices=choices,
+                usage=usage,
             )
 
         if request.forced_tool is not None or request.auto_tools:
             return self._stream_call(request, run, chunk)
 
-        def delta(out: CompletionOutput) -> ChatCompletionChunk:
-            return chunk(
-                [
-                    ChatChunkChoice(
-                        index=out.index,
-                        delta=ChatDelta(content=out.text),
-                        logprobs=self._logprobs(request, out),
-                        finish_reason=gen.finish_reason(out.finish_reason),
-                    )
-                ]
+        envelope = ChunkEnvelope(chunk([]))
+
+        def delta(out: CompletionOutput) -> str:
+            return envelope.wrap(
+                chat_choice(
+                    out.index,
+                    out.text,
+                    self._logprobs(request, out),
+                    gen.finish_reason(out.finish_reason),
+                )
             )
 
         opening = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from functools import partial
 
@@ -18,6 +19,7 @@ from app.protocol import (
 )
 from app.quota import Reservation
 from app.serving import generation as gen
+from app.serving.chunk_encoding import ChunkEnvelope, completion_choice
 from app.serving.engine_run import EngineRun
 from app.serving.logprobs import completion_logprobs
 from app.serving.sse import event_stream
@@ -93,24 +95,25 @@ class CompletionService(CompletionPreparation):
         echo = self._echo(request, generation)
         offsets = dict.fromkeys(range(request.n), len(echo))
 
+        # One creation time for the whole stream, as OpenAI and vLLM send it.
+        created = int(time.time())
+
         def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> Completion:
             return Completion(
-                id=_completion_id(generation), model=request.model, choices=choices, usage=usage
+                id=_completion_id(generation),
+                created=created,
+                model=request.model,
+                choices=choices,
+                usage=usage,
             )
 
-        def delta(out: CompletionOutput) -> Completion:
+        envelope = ChunkEnvelope(chunk([]))
+
+        def delta(out: CompletionOutput) -> str:
             logprobs = self._logprobs(request, out, offsets[out.index])
             offsets[out.index] += len(out.text)
-            return chunk(
-                [
-                    CompletionChoice(
-                        index=out.index,
-                        text=out.text,
-                        logprobs=logprobs,
-                        finish_reason=gen.finish_reason(out.finish_reason),
-                    )
-                ]
-            )
+            finish = gen.finish_reason(out.finish_reason)
+            return envelope.wrap(completion_choice(out.index, out.text, logprobs, finish))
 
         opening = (
             [
