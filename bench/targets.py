@@ -83,7 +83,8 @@ def _judge(
         return TargetResult(name, "not measured", detail=detail or "not in this run's systems")
     estimate = ratio_estimate(figure, matched, seed=seed, draws=draws)
     if estimate.median is None:
-        return TargetResult(name, "missed", estimate, "no completed request", limit)
+        undefined = "no ratio: a side completed nothing, or its figure is zero"
+        return TargetResult(name, "missed", estimate, undefined, limit)
     met = estimate.median >= limit if at_least else estimate.median <= limit
     return TargetResult(name, "met" if met else "missed", estimate, detail, limit)
 

@@ -108,3 +108,11 @@ def test_one_round_never_resolves_a_verdict() -> None:
     noisy = evaluate(one_round, (16,), 1000, 0, 200)[0]
     assert noisy.verdict == "met" and not noisy.resolved
     assert "(unresolved)" in noisy.row()
+
+
+def test_an_undefined_ratio_is_missed_and_says_why() -> None:
+    samples = [
+        sample(system, A16, r, swaps=0.0) for r in range(3) for system in (GATEWAY, GATEWAY_FCFS)
+    ]
+    swaps = evaluate(samples, (16,), 0, 0, 100)[2]
+    assert swaps.verdict == "missed" and swaps.detail.startswith("no ratio")
