@@ -28,6 +28,8 @@ class Ticket:
     adapter: int | None = None
     # Sequences the request puts in the engine's batch (its n).
     seqs: int = 1
+    # The tenant's class: a batch tenant never takes the headroom kept for newcomers.
+    interactive: bool = True
 
 
 class Slot(Protocol):

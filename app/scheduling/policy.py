@@ -19,7 +19,8 @@ loop; :mod:`app.scheduling.fair` drives it.
 * **Age bound.** Among equal claims, a request that waited ``max_adapter_wait`` or longer goes
   first (the oldest), whatever its adapter: affinity may delay a request, never starve it.
 * **Headroom.** The last ``headroom`` slots of the window only go to a tenant below its fair
-  share of the rest (``(window - headroom) x weight / the active tenants' weights``): a tenant
+  share of the rest (``(window - headroom) x weight / the active tenants' weights``) whose
+  priority class is interactive (a batch tenant can wait for the next free slot): a tenant
   that floods the engine leaves room for a newcomer, which then never waits for the flood's
   long streams to end. Alone, a tenant runs at most ``window - headroom`` sequences.
 """
@@ -206,10 +207,16 @@ class FairQueue:
             ticket = head.ticket
             seqs = ticket.seqs if ticket.seqs <= window else window
             after = in_flight + seqs
-            if after > unreserved and (
-                (after > window and in_flight > 0)
-                # Headroom: only a tenant below its share of the unreserved window.
-                or state.in_flight + seqs > unreserved * state.weight / self._weights
+            # An empty engine takes any request, however many sequences it has.
+            if (
+                after > unreserved
+                and in_flight > 0
+                and (
+                    after > window
+                    or not ticket.interactive
+                    # Headroom: only a tenant below its share of the unreserved window.
+                    or state.in_flight + seqs > unreserved * state.weight / self._weights
+                )
             ):
                 continue
             need = ticket.cost - state.deficit

@@ -186,6 +186,7 @@ def ticket_of(generation: Generation) -> Ticket:
         cost=generation.prompt_tokens + (params.max_tokens or 0) * params.n,
         adapter=adapter.lora_id if adapter is not None else None,
         seqs=params.n,
+        interactive=tenant.priority == "interactive",
     )
 
 

@@ -222,3 +222,23 @@ def test_a_removed_request_leaves_no_trace() -> None:
     assert first is not None
     fair.done(first.waiting.ticket, None)
     assert fair.pop(0.0) is None and fair.in_flight == 0
+
+
+def test_a_batch_tenant_does_not_take_the_headroom() -> None:
+    fair = queue(window=4, headroom=1)
+    for number in range(10):
+        fair.push(ticket("flood", number), 0.0)
+    while fair.pop(0.0) is not None:
+        pass
+    fair.push(Ticket("batch-0", "batch", 1, SMALL, interactive=False), 1.0)
+    assert fair.pop(1.0) is None
+    fair.push(ticket("new", 0), 1.0)
+    newcomer = fair.pop(1.0)
+    assert newcomer is not None and newcomer.waiting.ticket.tenant == "new"
+
+
+def test_a_request_wider_than_the_share_still_runs_on_an_empty_engine() -> None:
+    fair = queue(window=4, headroom=2)
+    fair.push(Ticket("wide", "a", 1, SMALL, seqs=4), 0.0)
+    dispatch = fair.pop(0.0)
+    assert dispatch is not None and fair.in_flight == 4
