@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 from vllm.tokenizers import get_tokenizer
 from vllm.tool_parsers import ToolParser
 
-from app.errors import GatewayError, UpstreamError
+from app.errors import BadRequestError, GatewayError, UpstreamError
 from app.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -213,6 +213,28 @@ class FrontChatService(FrontEndpoint[ChatCompletionRequest]):
     answer_model = ChatCompletion
     chunk_model = ChatCompletionChunk
     id_prefix = "chatcmpl-"
+
+    def __init__(self, preparation: ChatPreparation, upstream: Upstream) -> None:
+        super().__init__(preparation, upstream)
+        self._tool_parser = preparation.tool_parser
+
+    def prepare(
+        self,
+        request: ChatCompletionRequest,
+        principal: Principal,
+        target: ModelTarget,
+        request_id: str,
+    ) -> Generation:
+        if request.forced_tool is not None and self._tool_parser is None:
+            # In-process, this gateway decodes a forced call itself; vLLM's server (the
+            # engines) refuses one unless started with a tool-call parser.
+            raise BadRequestError(
+                "`tool_choice` `required` or a named function needs a tool-call parser on "
+                "this deployment's engines (LORA_GATEWAY_TOOL_CALL_PARSER, set alike on the "
+                "front and the engines): send `none`",
+                param="tool_choice",
+            )
+        return super().prepare(request, principal, target, request_id)
 
 
 class FrontCompletionService(FrontEndpoint[CompletionRequest]):

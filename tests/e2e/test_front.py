@@ -261,3 +261,31 @@ def test_text_completions_through_the_front(deployment: Deployment) -> None:
     assert answer.model == ALIAS
     assert answer.choices[0].text.startswith("The contract says")
     assert answer.usage is not None and answer.usage.completion_tokens == 5
+
+
+def test_logprobs_json_and_streamed(deployment: Deployment) -> None:
+    client = deployment.client()
+    asked: dict[str, Any] = {
+        "model": ALIAS,
+        "messages": MESSAGES,
+        "max_tokens": 4,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    answer = client.chat.completions.create(**asked)
+    content = answer.choices[0].logprobs
+    assert content is not None and content.content is not None and len(content.content) == 4
+    assert all(len(position.top_logprobs) == 2 for position in content.content)
+    streamed = [
+        position
+        for chunk in client.chat.completions.create(stream=True, **asked)
+        if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content
+        for position in chunk.choices[0].logprobs.content
+    ]
+    assert [p.token for p in streamed] == [p.token for p in content.content]
+    text = client.completions.create(
+        model=ALIAS, prompt="The contract says", max_tokens=3, temperature=0, logprobs=2
+    )
+    assert text.choices[0].logprobs is not None
+    assert len(text.choices[0].logprobs.tokens or []) == 3

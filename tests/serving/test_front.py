@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +22,13 @@ import httpx
 import pytest
 
 from app.protocol import ChatCompletionRequest
+from app.settings import EMBEDDED_MODEL_DIR
 from tests.serving.conftest import TENANT as IN_PROCESS_TENANT
 from tests.serving.conftest import ServeFactory, sse_events
 from tests.support.fake_upstream import UPSTREAM_PROMPT_TOKENS, FakeUpstream, Script, fake_upstream
-from tests.support.front_app import Front, front_settings, running_front
+from tests.support.front_app import ADMIN_TOKEN, Front, front_settings, running_front
 from tests.support.scripted_engine import ScriptedEngine
-from tests.support.servers import free_port
+from tests.support.servers import free_port, wait_until_ready
 
 ADAPTER_SOURCE = Path(__file__).resolve().parents[2] / "var/adapters/medical_scribe"
 ALIAS = "notes"
@@ -169,9 +174,15 @@ async def test_a_bad_request_is_refused_before_anything_is_forwarded(front: Setu
     outside = await post(front, chat(max_tokens=2, logit_bias={"99999999": 5}))
     assert outside.status_code == 400
     assert outside.json()["error"]["param"] == "logit_bias"
-    auto = await post(front, chat(tools=[{"type": "function", "function": {"name": "f"}}]))
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    auto = await post(front, chat(tools=tools))
     assert auto.status_code == 400
     assert auto.json()["error"]["param"] == "tool_choice"
+    # vLLM's server decodes a forced call only with a tool-call parser: none is configured.
+    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
+        forced = await post(front, chat(tools=tools, tool_choice=choice))
+        assert forced.status_code == 400, forced.text
+        assert forced.json()["error"]["param"] == "tool_choice"
     assert front.upstream.requests == []
 
 
@@ -388,3 +399,50 @@ def test_the_fake_upstream_is_what_the_tests_think(upstream: FakeUpstream) -> No
     assert json.loads(httpx.post(f"{upstream.url}/v1/completions", json={"model": "m"}).text)[
         "usage"
     ]
+
+
+def test_lora_gateway_serve_runs_the_front_role(upstream: FakeUpstream, tmp_path: Path) -> None:
+    """``lora-gateway serve`` with LORA_GATEWAY_ROLE=front: no engine, ready once the upstream
+    answers, requests forwarded; it stops cleanly."""
+    upstream.script = Script()
+    upstream.requests.clear()
+    port = free_port()
+    env = {
+        **os.environ,
+        "LORA_GATEWAY_ROLE": "front",
+        "LORA_GATEWAY_UPSTREAM_URL": upstream.url,
+        "LORA_GATEWAY_PORT": str(port),
+        "LORA_GATEWAY_MODEL": str(EMBEDDED_MODEL_DIR.resolve()),
+        "LORA_GATEWAY_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}",
+        "LORA_GATEWAY_ADAPTER_ROOT": str(tmp_path / "adapters"),
+        "LORA_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
+    }
+    log = tmp_path / "front.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "serve"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(f"{base_url}/readyz", alive=lambda: process.poll() is None, timeout=120)
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        tenant = {"id": "t", "name": "t", "allow_base_model": True}
+        assert httpx.post(f"{base_url}/admin/v1/tenants", json=tenant, headers=admin).is_success
+        key = httpx.post(f"{base_url}/admin/v1/tenants/t/keys", json={"name": "k"}, headers=admin)
+        body = chat(EMBEDDED_MODEL_DIR.name, max_tokens=2)
+        answer = httpx.post(
+            f"{base_url}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key.json()['key']}"},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
+        assert [r.body["model"] for r in upstream.requests] == [EMBEDDED_MODEL_DIR.name]
+    finally:
+        # SIGINT: the stop asked for (app/server.py), which exits 0.
+        process.send_signal(signal.SIGINT)
+        returncode = process.wait(timeout=60)
+    assert returncode == 0, log.read_text()[-3000:]
