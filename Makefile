@@ -21,11 +21,11 @@ DEMO_ADAPTERS := $(shell $(PYTHON) -c 'from tools.demo.training import DEMO_ADAP
 $(if $(DEMO_ADAPTERS),,$(error could not read the demo adapters' names from tools/demo/training.py with $(PYTHON)))
 
 
-.PHONY: install model adapters demo serve services test test-fast bench bench-quick bench-lora soak lint clean help
+.PHONY: install model adapters demo serve services test test-fast bench bench-quick bench-lora gateway-cost soak lint clean help
 
 help:
 	@sed -n 's/^# \{0,1\}//p' Makefile | head -7
-	@echo "targets: install model adapters demo serve services test test-fast bench bench-quick bench-lora soak lint clean"
+	@echo "targets: install model adapters demo serve services test test-fast bench bench-quick bench-lora gateway-cost soak lint clean"
 
 install: $(VENV)/.installed
 
@@ -107,6 +107,12 @@ bench-quick: install model
 # (bench/results/lora-<time>/ and docs/performance.md).
 bench-lora: install model
 	$(BIN)/python -m bench.lora
+
+# The gateway's own CPU per request and per streamed token over an engine that costs nothing,
+# 16 and 256 concurrent streams (docs/performance.md, "The gateway's own cost").
+# GATEWAY_COST_ARGS adds options: see `python -m tools.gateway_cost --help`.
+gateway-cost: install
+	$(BIN)/python -m tools.gateway_cost --profile $(GATEWAY_COST_ARGS)
 
 # A real gateway process under mixed load for 20 minutes, then its books checked
 # (var/soak/<time>.json; docs/reliability.md, "Soak"); `make test` does not run it.

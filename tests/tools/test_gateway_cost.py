@@ -1,0 +1,102 @@
+"""The gateway-cost tool: its engine paces tokens as asked, and a small run over HTTP
+measures a real gateway process and writes its figures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+from vllm import RequestOutput, SamplingParams
+
+from tools.gateway_cost.__main__ import Phase, main, per_token_us
+from tools.gateway_cost.engine import PacedEngine
+from tools.gateway_cost.load import PhaseResult
+
+
+async def read_all(engine: PacedEngine, request_id: str, max_tokens: int) -> list[RequestOutput]:
+    params = SamplingParams(max_tokens=max_tokens)
+    return [output async for output in engine.generate([1, 2], params, request_id, None)]
+
+
+async def test_every_request_gets_its_tokens_one_per_step_at_the_rate_asked() -> None:
+    engine = PacedEngine(tokens_per_second=400)
+    started = time.monotonic()
+    first, second = await asyncio.gather(read_all(engine, "a", 20), read_all(engine, "b", 20))
+    elapsed = time.monotonic() - started
+    await engine.close()
+    for outputs in (first, second):
+        assert [len(o.outputs[0].token_ids) for o in outputs] == [1] * 20
+        assert outputs[-1].finished and outputs[-1].outputs[0].finish_reason == "length"
+        assert not any(o.finished for o in outputs[:-1])
+    # 40 tokens at 400/s: a tenth of a second, one step at a time.
+    assert elapsed >= 0.09
+    assert engine.steps == 20
+
+
+async def test_a_slow_reader_gets_merged_outputs_and_an_abort_ends_the_stream() -> None:
+    engine = PacedEngine(tokens_per_second=10_000)
+    stream = engine.generate([1], SamplingParams(max_tokens=1000), "slow", None)
+    first = await anext(stream)
+    while engine.steps < 10:
+        await asyncio.sleep(0.001)
+    merged = await anext(stream)
+    assert len(first.outputs[0].token_ids) == 1
+    assert len(merged.outputs[0].token_ids) >= 9
+    assert merged.outputs[0].text == "".join(
+        chr(ord("a") + t % 26) for t in merged.outputs[0].token_ids
+    )
+    await engine.abort("slow")
+    rest = [output async for output in stream]
+    assert rest[-1].finished and rest[-1].outputs[0].finish_reason == "abort"
+    assert engine.num_unfinished_requests() == 0
+    await engine.close()
+
+
+def test_a_token_costs_what_a_long_request_adds_over_a_short_one() -> None:
+    def phase(max_tokens: int, cpu_seconds: float) -> Phase:
+        result = PhaseResult(
+            requests=100, completion_tokens=100 * max_tokens, events=0, wall_seconds=1
+        )
+        return Phase(16, "", max_tokens, cpu_seconds, result)
+
+    # 1 ms a request; 63 more tokens at 20 us each.
+    short, long = phase(1, 0.1), phase(64, 0.1 + 100 * 63 * 20e-6)
+    assert short.cpu_per_request_us == pytest.approx(1000)
+    assert per_token_us(short, long) == pytest.approx(20)
+
+
+# Not the engine, but a gateway process of its own (vLLM's imports): too slow for test-fast.
+@pytest.mark.slow
+def test_a_small_run_measures_the_gateway_process(tmp_path: Path) -> None:
+    argv = [
+        "--streams",
+        "2",
+        "4",
+        "--rounds",
+        "2",
+        "--tokens",
+        "8",
+        "--requests",
+        "8",
+        "--rate",
+        "4000",
+        "--idle-seconds",
+        "0.5",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(argv) == 0
+    [written] = tmp_path.glob("*.json")
+    report = json.loads(written.read_text())
+    assert set(report["results"]) == {"2", "4"}
+    phases = report["phases"]
+    assert len(phases) == 2 * 2 * 2  # rounds x concurrencies x (short, long)
+    for phase in phases:
+        assert phase["result"]["requests"] == 8
+        assert phase["result"]["completion_tokens"] == 8 * phase["max_tokens"]
+    for figures in report["results"].values():
+        assert figures["request_us"]["min"] <= figures["request_us"]["median"]
+        assert figures["request_us"]["median"] <= figures["request_us"]["max"]

@@ -1,0 +1,1 @@
+"""The gateway's own CPU cost without an engine (``python -m tools.gateway_cost``)."""

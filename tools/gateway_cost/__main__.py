@@ -1,0 +1,336 @@
+"""The gateway's own CPU cost per request and per streamed token, without an engine.
+
+``python -m tools.gateway_cost`` (``make gateway-cost``) starts the gateway
+(:mod:`tools.gateway_cost.server`: the real app over a :class:`PacedEngine` that gives every
+running request one token per step) as a process of its own, and drives it from this one
+over HTTP on loopback. For each concurrency (``--streams``), in ``--rounds`` interleaved
+rounds, two phases run with that many streams, each stream sending its requests one after
+another:
+
+* short: ``max_tokens`` 1, the cost of a request with as little streaming as there is;
+* long: ``max_tokens`` ``--tokens``.
+
+The gateway process's CPU time (user + system, all its threads; not wall time) is read
+before and after each phase. A request costs the short phase's CPU per request; a token, the
+long phase's CPU per request less that, over the tokens beyond the first. Medians and the
+spread over rounds are printed and written to ``var/gateway-cost/<time>.json``. With
+``--profile``, one long phase more runs under cProfile and its top entries are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import pstats
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from tools.gateway_cost.load import PhaseResult, chat_request, run_phase
+from tools.gateway_cost.server import ADMIN_TOKEN
+
+HOST = "127.0.0.1"
+SETTLE_SECONDS = 0.5
+"""After a phase, the time the gateway gets to settle and record its last requests (quota
+reconciliation and the ledger run after the response), inside the measured window."""
+
+
+@dataclass
+class Gateway:
+    process: subprocess.Popen[bytes]
+    port: int
+    key: str
+    model: str
+
+    def cpu_seconds(self) -> float:
+        times = psutil.Process(self.process.pid).cpu_times()
+        return float(times.user + times.system)
+
+    def idle_cpu_us_per_second(self, seconds: float) -> float:
+        """What the gateway spends with no request: its timers and watchdogs."""
+        before = self.cpu_seconds()
+        time.sleep(seconds)
+        return (self.cpu_seconds() - before) / seconds * 1e6
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def gateway(workdir: Path, rate: float, profile: Path | None = None) -> Iterator[Gateway]:
+    workdir.mkdir(parents=True)
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "tools.gateway_cost.server",
+        f"--workdir={workdir}",
+        f"--port={port}",
+        f"--rate={rate}",
+    ]
+    if profile is not None:
+        command.append(f"--profile={profile}")
+    log = (workdir / "gateway.log").open("ab")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        key, model = _set_up(port, process)
+        yield Gateway(process, port, key, model)
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def _set_up(port: int, process: subprocess.Popen[bytes]) -> tuple[str, str]:
+    """A tenant with a quota (so every request takes the quota path) and its key."""
+    base = f"http://{HOST}:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"the gateway exited with status {process.returncode}")
+        try:
+            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("the gateway did not become ready")
+        time.sleep(0.2)
+    admin = httpx.Client(
+        base_url=f"{base}/admin/v1", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+    with admin:
+        tenant = "cost"
+        admin.post(
+            "/tenants", json={"id": tenant, "name": "Cost", "allow_base_model": True}
+        ).raise_for_status()
+        admin.put(
+            f"/tenants/{tenant}/quota",
+            json={
+                "token_budget": 10**12,
+                "budget_period": "day",
+                "max_concurrent_requests": 100_000,
+            },
+        ).raise_for_status()
+        key = admin.post(f"/tenants/{tenant}/keys", json={"name": "load"}).json()["key"]
+    models = httpx.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()
+    return key, str(models["data"][0]["id"])
+
+
+@dataclass
+class Phase:
+    streams: int
+    kind: str
+    max_tokens: int
+    cpu_seconds: float
+    result: PhaseResult
+
+    @property
+    def cpu_per_request_us(self) -> float:
+        return self.cpu_seconds / self.result.requests * 1e6
+
+
+def measure(gw: Gateway, streams: int, max_tokens: int, requests_per_stream: int) -> Phase:
+    request = chat_request(HOST, gw.port, gw.key, gw.model, max_tokens)
+    before = gw.cpu_seconds()
+    result = asyncio.run(run_phase(HOST, gw.port, request, streams, requests_per_stream))
+    time.sleep(SETTLE_SECONDS)
+    cpu = gw.cpu_seconds() - before
+    expected = result.requests * max_tokens
+    if result.completion_tokens != expected:
+        raise RuntimeError(f"{result.completion_tokens} tokens streamed, {expected} expected")
+    kind = "short" if max_tokens == 1 else "long"
+    return Phase(streams, kind, max_tokens, cpu, result)
+
+
+def per_token_us(short: Phase, long: Phase) -> float:
+    """The CPU a streamed token adds to a request: the long request's cost beyond the short
+    one's, over the tokens it streams beyond the first."""
+    extra = long.cpu_per_request_us - short.cpu_per_request_us
+    return extra / (long.max_tokens - short.max_tokens)
+
+
+def tokens_per_content_event(phase: Phase) -> float:
+    """Above 1 when the gateway fell behind the engine and sent merged deltas (a chat stream
+    with usage has three events without content: the role, the usage, ``[DONE]``)."""
+    result = phase.result
+    return result.completion_tokens / (result.events - 3 * result.requests)
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def profile_top(path: Path, limit: int) -> str:
+    out = StringIO()
+    stats = pstats.Stats(str(path), stream=out)
+    stats.strip_dirs().sort_stats("tottime").print_stats(limit)
+    return out.getvalue()
+
+
+def measure_rounds(
+    gw: Gateway, args: argparse.Namespace
+) -> tuple[dict[int, dict[str, list[float]]], list[Phase]]:
+    """Each round: a short and a long phase at each concurrency; per concurrency, each
+    figure's value in every round."""
+    phases: list[Phase] = []
+    rows: dict[int, dict[str, list[float]]] = {
+        n: {"request_us": [], "token_us": [], "long_token_us": [], "tokens_per_event": []}
+        for n in args.streams
+    }
+    for streams in args.streams:  # warm-up: first connections, lazy imports, caches
+        measure(gw, streams, 1, 1)
+        measure(gw, streams, args.tokens, 1)
+    for round_number in range(args.rounds):
+        for streams in args.streams:
+            each = max(1, args.requests // streams)
+            short = measure(gw, streams, 1, each)
+            long = measure(gw, streams, args.tokens, each)
+            phases += [short, long]
+            row = rows[streams]
+            row["request_us"].append(short.cpu_per_request_us)
+            row["token_us"].append(per_token_us(short, long))
+            row["long_token_us"].append(long.cpu_seconds / long.result.completion_tokens * 1e6)
+            row["tokens_per_event"].append(tokens_per_content_event(long))
+            print(
+                f"round {round_number + 1} streams {streams}: "
+                f"{short.cpu_per_request_us:.0f} us/request, "
+                f"{per_token_us(short, long):.1f} us/token",
+                flush=True,
+            )
+    return rows, phases
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--streams", type=int, nargs="+", default=[16, 256])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=64, help="max_tokens of a long request")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=512,
+        help="requests per phase (at least one per stream, a multiple of the streams)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=2000,
+        help="tokens/s the engine produces over all streams (one per running request per step)",
+    )
+    parser.add_argument(
+        "--idle-seconds", type=float, default=5.0, help="how long the idle gateway is measured"
+    )
+    parser.add_argument("--profile", action="store_true", help="profile one long phase more")
+    parser.add_argument("--profile-streams", type=int, default=256)
+    parser.add_argument("--top", type=int, default=30, help="profile entries to print")
+    parser.add_argument("--out", type=Path, default=Path("var/gateway-cost"))
+    args = parser.parse_args(argv)
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    rows: dict[int, dict[str, list[float]]] = {}
+    phases: list[Phase] = []
+    idle_us_per_s = 0.0
+    with tempfile.TemporaryDirectory(prefix="gateway-cost-") as tmp:
+        workdir = Path(tmp)
+        if args.rounds:
+            with gateway(workdir / "measured", args.rate) as gw:
+                idle_us_per_s = gw.idle_cpu_us_per_second(args.idle_seconds)
+                rows, phases = measure_rounds(gw, args)
+        top = ""
+        if args.profile:
+            stats_file = workdir / "gateway.prof"
+            with gateway(workdir / "profiled", args.rate, profile=stats_file) as gw:
+                measure(gw, args.profile_streams, args.tokens, 1)
+                each = max(1, args.requests // args.profile_streams)
+                measure(gw, args.profile_streams, args.tokens, each)
+            top = profile_top(stats_file, args.top)
+            args.out.mkdir(parents=True, exist_ok=True)
+            shutil.copy(stats_file, args.out / f"{stamp}.prof")
+
+    report = {
+        "time": stamp,
+        "command": " ".join(["python -m tools.gateway_cost", *(argv or sys.argv[1:])]),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_average_1m": os.getloadavg()[0],
+        },
+        "settings": {
+            "tokens": args.tokens,
+            "requests": args.requests,
+            "rate": args.rate,
+            "rounds": args.rounds,
+        },
+        "idle_us_per_second": idle_us_per_s,
+        "results": {
+            str(n): {name: summary(values) for name, values in row.items()}
+            for n, row in rows.items()
+        },
+        "phases": [{**asdict(p), "result": asdict(p.result)} for p in phases],
+        "profile_top": top,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{report['time']}.json"
+    path.write_text(json.dumps(report, indent=1))
+    print(format_table(report))
+    if top:
+        print(top)
+    print(f"written to {path}")
+    return 0
+
+
+def format_table(report: dict[str, Any]) -> str:
+    lines = [
+        "| streams | CPU per request (us) | CPU per streamed token (us) "
+        "| long requests: CPU per token, all in (us) | tokens per event |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+
+    def cell(figure: dict[str, float], digits: int) -> str:
+        return (
+            f"{figure['median']:.{digits}f} ({figure['min']:.{digits}f}-{figure['max']:.{digits}f})"
+        )
+
+    for streams, row in report["results"].items():
+        lines.append(
+            f"| {streams} | {cell(row['request_us'], 0)} | {cell(row['token_us'], 1)} "
+            f"| {cell(row['long_token_us'], 1)} | {cell(row['tokens_per_event'], 2)} |"
+        )
+    lines.append(
+        f"\nMedian (min-max) of {report['settings']['rounds']} rounds; "
+        f"gateway idle: {report['idle_us_per_second']:.0f} us CPU per second."
+    )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,184 @@
+"""An engine that costs next to nothing, behind the gateway's engine interface: each step
+gives every running request one token, as a decode step of vLLM's batch does, and the steps
+are paced so that the engine produces ``tokens_per_second`` in all, however many requests
+share them. What the gateway process spends beyond it is the gateway's own cost.
+
+Like vLLM's output collector, it hands each reader one output per step with that step's
+token, and merges the tokens of steps a slow reader has not taken yet into one output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from vllm import CompletionOutput, RequestOutput, SamplingParams
+
+from app.tenancy.adapters import Adapter
+
+VOCABULARY = 256
+
+
+class CharTokenizer:
+    """One token per character: tokenising costs the gateway what a short prompt does."""
+
+    def __len__(self) -> int:
+        return VOCABULARY
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) % VOCABULARY for c in text]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return "".join(chr(t) for t in token_ids)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], *, add_generation_prompt: bool, tokenize: bool
+    ) -> str:
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+
+class _Running:
+    __slots__ = (
+        "_choices",
+        "budget",
+        "finished",
+        "pending",
+        "produced",
+        "prompt",
+        "ready",
+        "request_id",
+    )
+
+    def __init__(self, request_id: str, prompt: list[int], budget: int, choices: int) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.budget = budget
+        self.produced = 0
+        self.finished = False
+        self.pending: RequestOutput | None = None
+        self.ready = asyncio.Event()
+        self._choices = choices
+
+    def put(self, token: int | None, finish_reason: str | None) -> None:
+        tokens = [] if token is None else [token]
+        text = "" if token is None else chr(ord("a") + token % 26)
+        pending = self.pending
+        if pending is None:
+            self.pending = RequestOutput(
+                self.request_id,
+                None,
+                self.prompt,
+                None,
+                [
+                    CompletionOutput(
+                        index=i,
+                        text=text,
+                        token_ids=list(tokens),
+                        cumulative_logprob=None,
+                        logprobs=None,
+                        finish_reason=finish_reason,
+                    )
+                    for i in range(self._choices)
+                ],
+                finished=finish_reason is not None,
+            )
+        else:
+            for choice in pending.outputs:
+                choice.text += text
+                choice.token_ids.extend(tokens)  # type: ignore[attr-defined]
+                choice.finish_reason = finish_reason
+            pending.finished = finish_reason is not None
+        self.ready.set()
+
+
+class PacedEngine:
+    """Generates ``max_tokens`` tokens per choice for every request, one per step, at
+    ``tokens_per_second`` over all requests."""
+
+    def __init__(self, tokens_per_second: float, *, max_model_len: int = 1_000_000) -> None:
+        self.tokens_per_second = tokens_per_second
+        self.max_model_len = max_model_len
+        self.steps = 0
+        self._tokenizer = CharTokenizer()
+        self._running: dict[str, _Running] = {}
+        self._wake = asyncio.Event()
+        self._stepper: asyncio.Task[None] | None = None
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def num_unfinished_requests(self) -> int:
+        return len(self._running)
+
+    async def check_health(self) -> None:
+        return None
+
+    async def remove_adapter(self, adapter: Adapter) -> None:
+        return None
+
+    async def abort(self, request_id: str) -> None:
+        running = self._running.pop(request_id, None)
+        if running is not None and not running.finished:
+            running.finished = True
+            running.put(None, "abort")
+
+    async def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str,
+        adapter: Adapter | None,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        running = _Running(
+            request_id, list(prompt_token_ids), params.max_tokens or 1, max(params.n, 1)
+        )
+        self._running[request_id] = running
+        if self._stepper is None:
+            self._stepper = asyncio.create_task(self._step_forever())
+        self._wake.set()
+        try:
+            while True:
+                if running.pending is None:
+                    running.ready.clear()
+                    await running.ready.wait()
+                output, running.pending = running.pending, None
+                assert output is not None
+                yield output
+                if output.finished:
+                    return
+        finally:
+            await self.abort(request_id)
+
+    async def close(self) -> None:
+        if self._stepper is not None:
+            self._stepper.cancel()
+
+    async def _step_forever(self) -> None:
+        due = time.monotonic()
+        while True:
+            if not self._running:
+                self._wake.clear()
+                await self._wake.wait()
+                due = time.monotonic()
+            # A step that comes late is not made up for with a burst: the batch slows down.
+            interval = len(self._running) / self.tokens_per_second
+            due = max(due + interval, time.monotonic())
+            await asyncio.sleep(due - time.monotonic())
+            self.step()
+
+    def step(self) -> None:
+        """One token for every running request."""
+        self.steps += 1
+        for running in list(self._running.values()):
+            running.produced += 1
+            last = running.produced >= running.budget
+            if last:
+                running.finished = True
+                del self._running[running.request_id]
+            token = len(running.prompt) + running.produced
+            running.put(token, "length" if last else None)

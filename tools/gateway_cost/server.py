@@ -1,0 +1,82 @@
+"""The measured process: the real gateway app (routes, authentication, quotas, ledger,
+metrics, uvicorn as ``lora-gateway serve`` runs it) over a :class:`PacedEngine`.
+
+``python -m tools.gateway_cost.server --workdir DIR --port P --rate R [--profile FILE]``
+serves until SIGINT; with ``--profile`` it runs under cProfile (the event loop's thread) and
+writes the statistics to FILE on the way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from app.engine.base import Engine
+from app.main import create_app
+from app.server import run
+from app.settings import Settings
+from tools.gateway_cost.engine import PacedEngine
+
+ADMIN_TOKEN = "gateway-cost-admin-token"
+
+
+def write_tiny_model(directory: Path) -> Path:
+    """What the gateway reads of a base model: its config and a safetensors header."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps({"num_hidden_layers": 1}))
+    weights = {
+        f"model.layers.0.self_attn.{name}.weight": np.zeros((8, 8), dtype=np.float32)
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj")
+    }
+    save_file(weights, str(directory / "model.safetensors"))
+    return directory
+
+
+def settings_for(workdir: Path, port: int) -> Settings:
+    return Settings(
+        _env_file=None,
+        model=str(write_tiny_model(workdir / "model")),
+        database_url=f"sqlite+aiosqlite:///{workdir / 'gateway.db'}",
+        adapter_root=workdir / "adapters",
+        admin_token=ADMIN_TOKEN,
+        port=port,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--rate", type=float, required=True, help="tokens/s the engine makes")
+    parser.add_argument("--profile", type=Path, help="write cProfile statistics here")
+    args = parser.parse_args(argv)
+
+    @asynccontextmanager
+    async def paced(_: Settings) -> AsyncIterator[Engine]:
+        engine = PacedEngine(args.rate)
+        try:
+            yield engine
+        finally:
+            await engine.close()
+
+    settings = settings_for(args.workdir, args.port)
+    app = create_app(settings, engine_factory=paced)
+    if args.profile is None:
+        run(app, settings)
+        return
+    profiler = cProfile.Profile()
+    try:
+        profiler.runcall(run, app, settings)
+    finally:
+        profiler.dump_stats(str(args.profile))
+
+
+if __name__ == "__main__":
+    main()
