@@ -37,9 +37,15 @@ from tests.support.s3_server import CREDENTIALS, s3_server
 pytestmark = pytest.mark.slow
 
 ADAPTER = "legal_advisor@v1"
+COLD = "telephony@v1"  # asked for by the cold-load test only, whatever order tests run in
 TAMPERED = "tampered@v1"
 PROMPT = "The contract says"
-SOURCES = {"legal_advisor": "legal_advisor", "tampered": "medical_scribe"}  # name: demo adapter
+# name: the demo adapter it is a copy of
+SOURCES = {
+    "legal_advisor": "legal_advisor",
+    "telephony": "telephony_support",
+    "tampered": "medical_scribe",
+}
 
 
 @dataclass
@@ -144,15 +150,15 @@ def test_eight_concurrent_first_requests_cold_load_the_adapter_from_the_bucket_o
     cluster.record("start")
     try:
         with ThreadPoolExecutor(8) as pool:
-            responses = list(pool.map(lambda _: complete(engine, ADAPTER), range(8)))
+            responses = list(pool.map(lambda _: complete(engine, COLD), range(8)))
     finally:
         cluster.record("stop")
     assert [r.status_code for r in responses] == [200] * 8, responses[0].text
     assert len({r.json()["choices"][0]["text"] for r in responses}) == 1
-    assert {r.json()["model"] for r in responses} == {ADAPTER}
-    digest = cluster.digests[ADAPTER]
+    assert {r.json()["model"] for r in responses} == {COLD}
+    digest = cluster.digests[COLD]
     assert cluster.gets() == {
-        f"versions/{ADAPTER}.json": 1,
+        f"versions/{COLD}.json": 1,
         f"sha256/{digest}.json": 1,
         f"sha256/{digest}/adapter_config.json": 1,
         f"sha256/{digest}/adapter_model.safetensors": 1,
