@@ -54,6 +54,9 @@ class TenantState:
     queue: deque[Waiting] = field(default_factory=deque)
     deficit: float = 0.0
     in_flight: int = 0  # sequences in the engine
+    # Moves each time the tenant's credit is reset (its queue emptied): a request charged
+    # before then is refunded nothing, its charge having been forgotten with the credit.
+    epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,8 @@ class FairQueue:
         self.in_flight = 0
         self._tenants: dict[str, TenantState] = {}
         self._weights = 0  # of the tenants above: queued or in flight
+        # request id -> the tenant's epoch when it was charged, while a refund may apply
+        self._charged: dict[str, int] = {}
         # Nobody could dispatch at the last pop, and nothing that could change that (a new
         # head of a queue, a request ending or leaving) has happened since: pop need not look.
         self._blocked = False
@@ -188,7 +193,8 @@ class FairQueue:
         self.in_flight -= seqs
         self._blocked = False
         self.affinity.finished(ticket.adapter)
-        if used is not None and state.queue:
+        charged = self._charged.pop(ticket.request_id, None)
+        if used is not None and charged == state.epoch:
             state.deficit += max(0, ticket.cost - used)
         self._forget_if_idle(ticket.tenant)
 
@@ -239,7 +245,9 @@ class FairQueue:
         self.affinity.started(ticket.adapter)
         self._cursor = self._ring.index(name)
         self._visiting = name
-        if not state.queue:
+        if state.queue:
+            self._charged[ticket.request_id] = state.epoch
+        else:
             self._leave_ring(name)
         return waiting
 
@@ -255,7 +263,9 @@ class FairQueue:
     def _leave_ring(self, name: str) -> None:
         index = self._ring.index(name)
         del self._ring[index]
-        self._tenants[name].deficit = 0.0
+        state = self._tenants[name]
+        state.deficit = 0.0
+        state.epoch += 1
         if name == self._visiting:
             self._visiting = None
         if index <= self._cursor:

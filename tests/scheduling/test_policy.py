@@ -242,3 +242,19 @@ def test_a_request_wider_than_the_share_still_runs_on_an_empty_engine() -> None:
     fair.push(Ticket("wide", "a", 1, SMALL, seqs=4), 0.0)
     dispatch = fair.pop(0.0)
     assert dispatch is not None and fair.in_flight == 4
+
+
+def test_a_charge_forgotten_with_the_credit_is_not_refunded() -> None:
+    """A request dispatched as its tenant's queue emptied was never charged for good (the
+    credit resets); its unused tokens must not become credit against the other tenants."""
+    fair = queue(quantum=1)
+    long = Ticket("long", "a", 1, 3000)
+    fair.push(long, 0.0)
+    held = fair.pop(0.0)
+    assert held is not None
+    for number in range(12):
+        fair.push(ticket("a", number, cost=40), 0.0)
+        fair.push(ticket("b", number, weight=3, cost=40), 0.0)
+    fair.done(long, 100)
+    served = Counter(d.waiting.ticket.tenant for d in drain(fair, 12))
+    assert served["b"] == 9

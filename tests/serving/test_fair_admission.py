@@ -204,3 +204,36 @@ async def test_a_tenant_alone_runs_window_less_headroom(
         )
     assert all(r.status_code == 200 for r in responses)
     assert engine.peak == peak
+
+
+async def test_tenants_share_the_engine_by_their_weights(serve: ServeFactory) -> None:
+    """The weight an admin sets reaches the scheduler: with one slot and both tenants
+    backlogged, a tenant of weight 3 gets three requests in for each of a tenant of weight 1."""
+    engine = ScriptedEngine(step_seconds=0.001)
+    settings = {"max_num_seqs": 1, "scheduler_headroom_slots": 0, "scheduler_quantum_tokens": 1}
+    async with serve(engine, **settings) as served:
+        neighbour = await neighbour_client(served)
+        await served.admin("PATCH", f"/tenants/{NEIGHBOUR}", {"weight": 3})
+        await eventually(lambda: served.gateway.registry.tenant(NEIGHBOUR).weight == 3)
+        async with served.client(limits=flood_limits()) as client, neighbour:
+            holder = asyncio.create_task(
+                hold_stream(client, chat(served, max_tokens=3000, stream=True))
+            )
+            await eventually(lambda: len(engine.requests) == 1)
+            body = chat(served, max_tokens=20)
+            calls = [
+                asyncio.create_task(tenant.post("/v1/chat/completions", json=body))
+                for _ in range(12)
+                for tenant in (client, neighbour)
+            ]
+            await eventually(
+                lambda: served.counter("lora_gateway_scheduler_queue_depth") == len(calls)
+            )
+            holder.cancel()
+            await asyncio.gather(holder, return_exceptions=True)
+            responses = await asyncio.gather(*calls)
+        assert all(r.status_code == 200 for r in responses)
+        # Salted per tenant: the engine tells whose request each was.
+        order = [r.cache_salt for r in engine.started()[1:]]
+        first = order[:12]
+        assert first.count(NEIGHBOUR) == 9, order
