@@ -33,7 +33,10 @@ class Settings(BaseSettings):
         "(in Kubernetes, the inference gateway in front of the InferencePool).",
     )
     upstream_timeout_seconds: float = Field(
-        600.0, gt=0, description="Front role: longest wait for an upstream response to end."
+        600.0,
+        gt=0,
+        description="Front role: longest wait for the upstream's answer (a whole JSON answer, "
+        "or a stream's next chunk); past it the client gets a 504.",
     )
     scheduler: Literal["fair", "fcfs"] = Field(
         "fair",

@@ -20,12 +20,14 @@ What is charged, however the request ends:
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from app import metrics
 from app.errors import GatewayError, UpstreamError
 from app.quota import Reservation
 from app.serving.generation import Generation
@@ -60,6 +62,8 @@ class UpstreamRun:
         self.call = call
         self._upstream = upstream
         self._response: httpx.Response | None = None
+        self._started = time.monotonic()
+        self._first_token_seen = False
         self._sent = False
         self._finished = False
         self._failed = False
@@ -122,7 +126,8 @@ class UpstreamRun:
 
     async def chunks(self) -> AsyncGenerator[dict[str, Any]]:
         """The upstream's stream, one chunk (a ``data:`` payload) at a time, until
-        ``[DONE]``; an error it streams is raised as the gateway's."""
+        ``[DONE]``; an error it streams is raised as the gateway's. Closing this generator
+        closes the connection: the upstream aborts the request."""
         self._send_once()
         call = self.call
         client = self._upstream.client
@@ -143,6 +148,7 @@ class UpstreamRun:
                 if error is not None:
                     raise _streamed_error(error, call.names)
                 self._observe(payload)
+                self._time_first_token()
                 yield payload
         except httpx.HTTPError as exc:
             self._failed = True
@@ -150,6 +156,8 @@ class UpstreamRun:
         except GatewayError:
             self._failed = True
             raise
+        finally:
+            await self.close()
         self._failed = True
         raise UpstreamError("The upstream ended the stream early.")
 
@@ -175,9 +183,20 @@ class UpstreamRun:
             # The answer's usage, or a stream's final usage chunk (no choices): the total.
             self._total = completion
 
+    def _time_first_token(self) -> None:
+        """Time to the first chunk that carries output (chat's opening role chunk does not)."""
+        if self._first_token_seen or not self._per_choice or not any(self._per_choice.values()):
+            return
+        self._first_token_seen = True
+        generation = self.generation
+        elapsed = time.monotonic() - self._started
+        labels = (generation.principal.tenant.id, generation.target.model)
+        metrics.TIME_TO_FIRST_TOKEN.labels(*labels).observe(elapsed)
+
     async def close(self) -> None:
-        """Close the upstream connection if it is still open: the upstream aborts a request
-        whose client (this front) has gone."""
+        """Close the upstream connection if it is still open (a stream that was never read to
+        its end nor closed): the upstream aborts a request whose client (this front) has
+        gone."""
         if self._response is not None:
             await self._response.aclose()
 

@@ -212,6 +212,10 @@ async def test_a_stream_carries_the_alias_and_no_usage_chunk_unless_asked(front:
     sent = front.upstream.requests[0].body
     assert sent["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
 
+    # Request metrics stay in the front: the stream's first token was timed.
+    ttft = "lora_gateway_time_to_first_token_seconds_count"
+    assert front.front.samples(ttft, tenant="tenant-a", model=ALIAS) >= 1
+
     asked = await post(
         front, chat(max_tokens=3, stream=True, stream_options={"include_usage": True})
     )

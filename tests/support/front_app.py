@@ -14,11 +14,13 @@ from typing import Any
 
 import httpx
 import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from app.errors import EngineUnavailableError
 from app.gateway import Gateway
 from app.main import create_app
+from app.metrics import render
 from app.settings import EMBEDDED_MODEL_DIR, Settings
 from app.store.tables import UsageRow
 from tests.support.servers import free_port, wait_until_ready
@@ -30,6 +32,17 @@ ADMIN_TOKEN = "front-test-admin-token"
 class Front:
     base_url: str
     gateway: Gateway
+    metrics_dir: Path
+
+    def samples(self, name: str, **labels: str) -> float:
+        """The sum of the samples of ``name`` with ``labels`` in the front's /metrics."""
+        body, _ = render(self.metrics_dir)
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(body.decode())
+            for sample in family.samples
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+        )
 
     async def admin(self, method: str, path: str, body: Any = None) -> Any:
         async with httpx.AsyncClient(
@@ -109,7 +122,7 @@ async def running_front(settings: Settings, *, ready: bool = True) -> AsyncItera
                 gateway.front  # noqa: B018 (loaded: the tokenizer and the upstream client)
                 break
             await asyncio.sleep(0.01)
-        yield Front(base_url, gateway)
+        yield Front(base_url, gateway, app.state.metrics_dir)
     finally:
         server.should_exit = True
         await task
