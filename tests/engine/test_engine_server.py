@@ -116,6 +116,7 @@ def test_without_the_resolver_entry_point_vllm_is_not_started() -> None:
     with pytest.raises(ResolverUnavailable, match="lora_gateway_resolver"):
         check_plugins(settings(), env, find_plugins=lambda: [OURS])
     assert check_plugins(settings(), env, find_plugins=lambda: [OURS, RESOLVER]) == "active"
+    assert check_plugins(settings(), env) == "active"  # this checkout's installed entry points
 
 
 def test_without_the_isolation_fix_entry_point_vllm_is_not_started() -> None:
