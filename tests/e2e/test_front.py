@@ -289,3 +289,22 @@ def test_logprobs_json_and_streamed(deployment: Deployment) -> None:
     )
     assert text.choices[0].logprobs is not None
     assert len(text.choices[0].logprobs.tokens or []) == 3
+
+
+def test_a_streamed_text_completion(deployment: Deployment) -> None:
+    asked: dict[str, Any] = {
+        "model": ALIAS,
+        "prompt": "The contract says",
+        "max_tokens": 5,
+        "temperature": 0,
+    }
+    whole = deployment.client().completions.create(**asked)
+    chunks = list(
+        deployment.client().completions.create(
+            stream=True, stream_options={"include_usage": True}, **asked
+        )
+    )
+    assert {chunk.model for chunk in chunks} == {ALIAS}
+    *pieces, last = chunks
+    assert "".join(c.choices[0].text for c in pieces) == whole.choices[0].text
+    assert last.choices == [] and last.usage == whole.usage
