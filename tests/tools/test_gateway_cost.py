@@ -60,7 +60,7 @@ def test_a_token_costs_what_a_long_request_adds_over_a_short_one() -> None:
         result = PhaseResult(
             requests=100, completion_tokens=100 * max_tokens, events=0, wall_seconds=1
         )
-        return Phase(16, "", max_tokens, cpu_seconds, result)
+        return Phase(16, "", max_tokens, cpu_seconds, cpu_seconds / 2, result)
 
     # 1 ms a request; 63 more tokens at 20 us each.
     short, long = phase(1, 0.1), phase(64, 0.1 + 100 * 63 * 20e-6)

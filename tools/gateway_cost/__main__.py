@@ -61,8 +61,12 @@ class Gateway:
     model: str
 
     def cpu_seconds(self) -> float:
+        return sum(self.cpu_times())
+
+    def cpu_times(self) -> tuple[float, float]:
+        """CPU seconds so far: (user, system)."""
         times = psutil.Process(self.process.pid).cpu_times()
-        return float(times.user + times.system)
+        return float(times.user), float(times.system)
 
     def idle_cpu_us_per_second(self, seconds: float) -> float:
         """What the gateway spends with no request: its timers and watchdogs."""
@@ -142,36 +146,59 @@ def _set_up(port: int, process: subprocess.Popen[bytes]) -> tuple[str, str]:
     return key, str(models["data"][0]["id"])
 
 
+FIGURES = (
+    "request_us",
+    "request_system_us",
+    "token_us",
+    "token_system_us",
+    "long_token_us",
+    "tokens_per_event",
+)
+
+
 @dataclass
 class Phase:
     streams: int
     kind: str
     max_tokens: int
     cpu_seconds: float
+    system_seconds: float
     result: PhaseResult
 
     @property
     def cpu_per_request_us(self) -> float:
         return self.cpu_seconds / self.result.requests * 1e6
 
+    @property
+    def system_per_request_us(self) -> float:
+        """The kernel's part: mostly the socket writes, one per event."""
+        return self.system_seconds / self.result.requests * 1e6
+
 
 def measure(gw: Gateway, streams: int, max_tokens: int, requests_per_stream: int) -> Phase:
     request = chat_request(HOST, gw.port, gw.key, gw.model, max_tokens)
-    before = gw.cpu_seconds()
+    user_before, system_before = gw.cpu_times()
     result = asyncio.run(run_phase(HOST, gw.port, request, streams, requests_per_stream))
     time.sleep(SETTLE_SECONDS)
-    cpu = gw.cpu_seconds() - before
+    user, system = gw.cpu_times()
+    system -= system_before
+    cpu = user - user_before + system
     expected = result.requests * max_tokens
     if result.completion_tokens != expected:
         raise RuntimeError(f"{result.completion_tokens} tokens streamed, {expected} expected")
     kind = "short" if max_tokens == 1 else "long"
-    return Phase(streams, kind, max_tokens, cpu, result)
+    return Phase(streams, kind, max_tokens, cpu, system, result)
 
 
 def per_token_us(short: Phase, long: Phase) -> float:
     """The CPU a streamed token adds to a request: the long request's cost beyond the short
     one's, over the tokens it streams beyond the first."""
     extra = long.cpu_per_request_us - short.cpu_per_request_us
+    return extra / (long.max_tokens - short.max_tokens)
+
+
+def system_per_token_us(short: Phase, long: Phase) -> float:
+    extra = long.system_per_request_us - short.system_per_request_us
     return extra / (long.max_tokens - short.max_tokens)
 
 
@@ -200,8 +227,7 @@ def measure_rounds(
     figure's value in every round."""
     phases: list[Phase] = []
     rows: dict[int, dict[str, list[float]]] = {
-        n: {"request_us": [], "token_us": [], "long_token_us": [], "tokens_per_event": []}
-        for n in args.streams
+        n: {name: [] for name in FIGURES} for n in args.streams
     }
     for streams in args.streams:  # warm-up: first connections, lazy imports, caches
         measure(gw, streams, 1, 1)
@@ -214,7 +240,9 @@ def measure_rounds(
             phases += [short, long]
             row = rows[streams]
             row["request_us"].append(short.cpu_per_request_us)
+            row["request_system_us"].append(short.system_per_request_us)
             row["token_us"].append(per_token_us(short, long))
+            row["token_system_us"].append(system_per_token_us(short, long))
             row["long_token_us"].append(long.cpu_seconds / long.result.completion_tokens * 1e6)
             row["tokens_per_event"].append(tokens_per_content_event(long))
             print(
@@ -310,9 +338,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def format_table(report: dict[str, Any]) -> str:
     lines = [
-        "| streams | CPU per request (us) | CPU per streamed token (us) "
-        "| long requests: CPU per token, all in (us) | tokens per event |",
-        "|---:|---:|---:|---:|---:|",
+        "| streams | CPU per request (us) | of which kernel | CPU per streamed token (us) "
+        "| of which kernel | long requests: CPU per token, all in (us) | tokens per event |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def cell(figure: dict[str, float], digits: int) -> str:
@@ -322,7 +350,8 @@ def format_table(report: dict[str, Any]) -> str:
 
     for streams, row in report["results"].items():
         lines.append(
-            f"| {streams} | {cell(row['request_us'], 0)} | {cell(row['token_us'], 1)} "
+            f"| {streams} | {cell(row['request_us'], 0)} | {cell(row['request_system_us'], 0)} "
+            f"| {cell(row['token_us'], 1)} | {cell(row['token_system_us'], 1)} "
             f"| {cell(row['long_token_us'], 1)} | {cell(row['tokens_per_event'], 2)} |"
         )
     lines.append(
