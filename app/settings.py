@@ -60,14 +60,15 @@ class Settings(BaseSettings):
         1024,
         ge=1,
         description="Fair scheduler: tokens (prompt + max_tokens) a tenant of weight 1 is "
-        "credited per round of deficit round robin; larger rounds leave more ties for "
-        "adapter affinity to break, smaller ones interleave tenants more finely.",
+        "credited per visit of deficit round robin; a larger quantum lets a tenant dispatch "
+        "more requests per visit, a smaller one interleaves tenants more finely.",
     )
     scheduler_max_adapter_wait_seconds: float = Field(
         2.0,
         ge=0,
         description="Fair scheduler: a queued request passed over this long for requests "
-        "whose adapter is resident goes next, whatever its adapter.",
+        "whose adapter is resident goes first among those that may dispatch, whatever its "
+        "adapter.",
     )
     scheduler_max_queue_depth: int = Field(
         256,

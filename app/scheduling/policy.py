@@ -5,19 +5,21 @@ loop; :mod:`app.scheduling.fair` drives it.
 
 * **Window.** At most ``window`` sequences are in the engine at once. Beyond it requests wait
   here, in one FIFO queue per tenant.
-* **Deficit round robin on tokens.** Tenants with waiting requests form a ring. Each visit
-  credits a tenant ``quantum x weight`` tokens; it dispatches its oldest request while its
-  credit covers the request's cost (prompt + n x max_tokens), then the next tenant's visit
-  begins. :meth:`FairQueue.pop` skips ahead over the visits in which nobody could dispatch
-  (they only add credit), so a pick costs one pass over the ring whatever the quantum. When a
-  request ends, the difference between its worst case and what it used goes back to its
-  tenant's credit. A tenant with nothing waiting keeps no credit (classic DRR).
-* **Adapter affinity.** The tenants that would dispatch in the same round of the ring have an
-  equal claim; among them the one whose request's adapter is resident (or the base model)
-  goes first, then one whose adapter fits beside the running ones (``max_loras``), then the
-  rest, each group in ring order.
-* **Age bound.** Among equal claims, a request that waited ``max_adapter_wait`` or longer goes
-  first (the oldest), whatever its adapter: affinity may delay a request, never starve it.
+* **Deficit round robin on tokens.** Time is cut into passes; in each pass every tenant with
+  waiting requests gets one visit, which credits it ``quantum x weight`` tokens, and during
+  its visit it dispatches its oldest request while its credit covers the request's cost
+  (prompt + n x max_tokens). A pass in which nobody could dispatch only adds credit, so
+  :meth:`FairQueue.pop` skips such passes in one step, whatever the quantum. When a request
+  ends, the difference between its worst case and what it used goes back to its tenant's
+  credit. A tenant with nothing waiting keeps no credit (classic DRR); one that starts waiting
+  joins the current pass.
+* **Adapter affinity.** The order of the visits within a pass is free: every tenant that can
+  dispatch in this pass will. So among them the one whose request's adapter is resident (or
+  the base model) is visited first, then one whose adapter fits beside the running ones
+  (``max_loras``), then the rest, each group in the order the tenants started waiting.
+* **Age bound.** Among the tenants that can dispatch in this pass, a request that waited
+  ``max_adapter_wait`` or longer goes first (the oldest), whatever its adapter: affinity may
+  delay a request within a pass, never by more than that.
 * **Headroom.** The last ``headroom`` slots of the window only go to a tenant below its fair
   share of the rest (``(window - headroom) x weight / the active tenants' weights``) whose
   priority class is interactive (a batch tenant can wait for the next free slot): a tenant
@@ -30,7 +32,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Literal
 
 from app.scheduling.affinity import AdapterAffinity
 from app.scheduling.base import Ticket
@@ -65,14 +67,6 @@ class Dispatch:
     reason: Reason
 
 
-class _Claim(NamedTuple):
-    rounds: int  # whole rounds of the ring before the tenant can dispatch
-    offset: int  # its place in the ring from the cursor (0: continuing its visit)
-    name: str
-    state: TenantState
-    head: Waiting
-
-
 class FairQueue:
     def __init__(
         self,
@@ -97,9 +91,11 @@ class FairQueue:
         # Nobody could dispatch at the last pop, and nothing that could change that (a new
         # head of a queue, a request ending or leaving) has happened since: pop need not look.
         self._blocked = False
-        # Tenants with waiting requests, in visiting order from the cursor on.
-        self._ring: list[str] = []
-        self._cursor = -1
+        # Tenants with waiting requests, in the order they started waiting.
+        self._backlogged: dict[str, None] = {}
+        # Those still to be visited in the current pass.
+        self._pending: set[str] = set()
+        # The tenant whose visit is under way: it dispatches on while its credit lasts.
         self._visiting: str | None = None
 
     # -- reading ------------------------------------------------------------------
@@ -132,7 +128,8 @@ class FairQueue:
         state.weight = ticket.weight  # the registry's latest
         waiting = Waiting(ticket, now)
         if not state.queue:
-            self._enter_ring(ticket.tenant)
+            self._backlogged[ticket.tenant] = None
+            self._pending.add(ticket.tenant)
             self._blocked = False
         state.queue.append(waiting)
         return waiting
@@ -147,40 +144,51 @@ class FairQueue:
         state = self._tenants[name]
         state.queue.remove(waiting)
         if not state.queue:
-            self._leave_ring(name)
+            self._stop_waiting(name)
         self._forget_if_idle(name)
 
     def pop(self, now: float) -> Dispatch | None:
         """The next request to dispatch, if the window lets any in; it is then in flight."""
-        if self.in_flight >= self.window or not self._ring or self._blocked:
+        if self.in_flight >= self.window or not self._backlogged or self._blocked:
             return None
-        claims = self._claims()
-        if not claims:
-            self._blocked = True
-            return None
-        first_round = min(claim.rounds for claim in claims)
-        # In ring order already, but for a visit that continues (offset 0, listed last).
-        equal = sorted((c for c in claims if c.rounds == first_round), key=lambda c: c.offset)
-        winner = in_order = preferred = equal[0]
-        aged = False
-        if len(equal) > 1:
+        visiting = self._visiting
+        if visiting is not None:
+            state = self._tenants[visiting]
+            head = state.queue[0].ticket
+            if state.deficit >= head.cost and self._admissible(state, head):
+                return Dispatch(self._take(visiting), "fair_share")
+        candidates = self._dispatchable()
+        if not candidates:
+            self._next_pass()
+            candidates = self._dispatchable()
+            if not candidates:
+                self._blocked = True
+                return None
+        in_order = preferred = winner = candidates[0]
+        if len(candidates) > 1:
             fit = self.affinity.fit
-            preferred = min(equal, key=lambda c: (fit(c.head.ticket.adapter), c.offset))
-            oldest = min(equal, key=lambda c: (c.head.since, c.offset))
-            aged = now - oldest.head.since >= self.max_adapter_wait
-            winner = oldest if aged else preferred
+            tenants = self._tenants
+            order = {name: index for index, name in enumerate(candidates)}
+            preferred = min(
+                candidates, key=lambda n: (fit(tenants[n].queue[0].ticket.adapter), order[n])
+            )
+            oldest = min(candidates, key=lambda n: (tenants[n].queue[0].since, order[n]))
+            if now - tenants[oldest].queue[0].since >= self.max_adapter_wait:
+                winner = oldest
+            else:
+                winner = preferred
         reason: Reason = (
             "age"
-            if winner is not preferred
+            if winner != preferred
             else "fair_share"
-            if winner is in_order
+            if winner == in_order
             else "adapter_affinity"
         )
-        if winner.offset:
-            for claim in claims:
-                visits = first_round + (1 if claim.offset <= winner.offset else 0)
-                claim.state.deficit += visits * self.quantum * claim.state.weight
-        return Dispatch(self._take(winner.name), reason)
+        # The winner's visit in this pass.
+        state = self._tenants[winner]
+        state.deficit += self.quantum * state.weight
+        self._pending.discard(winner)
+        return Dispatch(self._take(winner), reason)
 
     def done(self, ticket: Ticket, used: int | None) -> None:
         """A dispatched request left the engine, having used ``used`` tokens (None: unknown,
@@ -198,40 +206,67 @@ class FairQueue:
             state.deficit += max(0, ticket.cost - used)
         self._forget_if_idle(ticket.tenant)
 
-    # -- the ring -----------------------------------------------------------------
+    # -- passes -------------------------------------------------------------------
 
-    def _claims(self) -> list[_Claim]:
-        """Who could dispatch now, and after how many rounds of credit."""
-        claims = []
-        window, in_flight, quantum = self.window, self.in_flight, self.quantum
-        unreserved = window - self.headroom
-        ring, tenants, count = self._ring, self._tenants, len(self._ring)
-        for offset in range(1, count + 1):
-            name = ring[(self._cursor + offset) % count]
+    def _dispatchable(self) -> list[str]:
+        """The tenants still to be visited in this pass whose visit would dispatch, in the
+        order they started waiting."""
+        quantum, tenants, pending = self.quantum, self._tenants, self._pending
+        found = []
+        for name in self._backlogged:
+            if name not in pending:
+                continue
             state = tenants[name]
-            head = state.queue[0]
-            ticket = head.ticket
-            seqs = ticket.seqs if ticket.seqs <= window else window
-            after = in_flight + seqs
-            # An empty engine takes any request, however many sequences it has.
-            if (
-                after > unreserved
-                and in_flight > 0
-                and (
-                    after > window
-                    or not ticket.interactive
-                    # Headroom: only a tenant below its share of the unreserved window.
-                    or state.in_flight + seqs > unreserved * state.weight / self._weights
-                )
+            head = state.queue[0].ticket
+            if state.deficit + quantum * state.weight >= head.cost and self._admissible(
+                state, head
             ):
-                continue
-            need = ticket.cost - state.deficit
-            if name == self._visiting and need <= 0:
-                claims.append(_Claim(0, 0, name, state, head))
-                continue
-            rounds = max(0, math.ceil(need / (quantum * state.weight)) - 1)
-            claims.append(_Claim(rounds, offset, name, state, head))
-        return claims
+                found.append(name)
+        return found
+
+    def _next_pass(self) -> None:
+        """End the pass (the tenants not visited yet are, without dispatching) and begin the
+        next, skipping ahead over the passes in which nobody could dispatch either."""
+        quantum, tenants = self.quantum, self._tenants
+        admissible = [
+            state
+            for state in (tenants[name] for name in self._backlogged)
+            if self._admissible(state, state.queue[0].ticket)
+        ]
+        if not admissible:
+            return
+        may = {id(state) for state in admissible}
+        for name in self._pending:
+            state = tenants[name]
+            if id(state) in may:
+                state.deficit += quantum * state.weight
+        self._pending = set(self._backlogged)
+        self._visiting = None
+        passes = min(
+            math.ceil((state.queue[0].ticket.cost - state.deficit) / (quantum * state.weight))
+            for state in admissible
+        )
+        if passes > 1:
+            for state in admissible:
+                state.deficit += (passes - 1) * quantum * state.weight
+
+    def _admissible(self, state: TenantState, ticket: Ticket) -> bool:
+        """Whether the window lets the request in now (headroom included)."""
+        window, in_flight = self.window, self.in_flight
+        seqs = ticket.seqs if ticket.seqs <= window else window
+        after = in_flight + seqs
+        unreserved = window - self.headroom
+        # An empty engine takes any request, however many sequences it has.
+        return (
+            after <= unreserved
+            or in_flight == 0
+            or (
+                after <= window
+                and ticket.interactive
+                # Headroom: only a tenant below its share of the unreserved window.
+                and state.in_flight + seqs <= unreserved * state.weight / self._weights
+            )
+        )
 
     def _take(self, name: str) -> Waiting:
         state = self._tenants[name]
@@ -243,35 +278,24 @@ class FairQueue:
         state.in_flight += seqs
         self.in_flight += seqs
         self.affinity.started(ticket.adapter)
-        self._cursor = self._ring.index(name)
         self._visiting = name
         if state.queue:
             self._charged[ticket.request_id] = state.epoch
         else:
-            self._leave_ring(name)
+            self._stop_waiting(name)
         return waiting
 
     def _seqs(self, ticket: Ticket) -> int:
         return max(1, min(ticket.seqs, self.window))
 
-    def _enter_ring(self, name: str) -> None:
-        # Last in the visiting order, which runs from the tenant after the cursor round to
-        # the cursor: the cursor moves onto the newcomer.
-        self._cursor += 1
-        self._ring.insert(self._cursor, name)
-
-    def _leave_ring(self, name: str) -> None:
-        index = self._ring.index(name)
-        del self._ring[index]
+    def _stop_waiting(self, name: str) -> None:
+        del self._backlogged[name]
+        self._pending.discard(name)
         state = self._tenants[name]
         state.deficit = 0.0
         state.epoch += 1
         if name == self._visiting:
             self._visiting = None
-        if index <= self._cursor:
-            self._cursor -= 1
-        if not self._ring:
-            self._cursor = -1
 
     def _forget_if_idle(self, name: str) -> None:
         state = self._tenants.get(name)

@@ -258,3 +258,18 @@ def test_a_charge_forgotten_with_the_credit_is_not_refunded() -> None:
     fair.done(long, 100)
     served = Counter(d.waiting.ticket.tenant for d in drain(fair, 12))
     assert served["b"] == 9
+
+
+def test_affinity_reorders_visits_within_a_pass_but_never_skips_one() -> None:
+    """Tenants whose adapters stay resident cannot keep a cold tenant out: each pass visits
+    every waiting tenant once, affinity only decides the order (no age bound needed)."""
+    fair = queue(window=64, max_loras=2, quantum=SMALL, max_adapter_wait=1e9)
+    adapters_in_flight(fair, 1, 2)  # held for the whole test: adapters 1 and 2 stay resident
+    for number in range(40):
+        fair.push(ticket("cold", number, adapter=3), 0.0)
+        fair.push(ticket("warm1", number, adapter=1), 0.0)
+        fair.push(ticket("warm2", number, adapter=2), 0.0)
+    served = Counter(d.waiting.ticket.tenant for d in drain(fair, 30))
+    assert served == {"warm1": 10, "warm2": 10, "cold": 10}
+    # The cold tenant started waiting first, yet the warm ones go first in each pass.
+    assert [d.waiting.ticket.tenant for d in drain(fair, 3)] == ["warm1", "warm2", "cold"]
