@@ -107,13 +107,23 @@ def transport_error(exc: httpx.HTTPError) -> GatewayError:
     return UpstreamError("The upstream failed while answering.")
 
 
-def refusal(status: int, body: bytes, names: Mapping[str, str]) -> GatewayError:
+def refusal(
+    status: int, body: bytes, names: Mapping[str, str], retry_after: str | None = None
+) -> GatewayError:
     """The gateway's error for an upstream's error answer of ``status``.
 
     A 4xx is the client's request refused: passed on, with its message, field and code, each
     of ``names``' keys (the global names this request was sent with) written as its value
     (the name the tenant used), so no global name reaches the tenant. A 5xx is the upstream's
-    own failure: its text stays in the log."""
+    own failure: its text stays in the log. The upstream's ``Retry-After`` (a pool shedding
+    load: 429, 503) is passed on."""
+    error = _refusal(status, body, names)
+    if retry_after is not None and status in (429, 503):
+        error.headers["Retry-After"] = retry_after
+    return error
+
+
+def _refusal(status: int, body: bytes, names: Mapping[str, str]) -> GatewayError:
     if status == 408:
         return UpstreamTimeoutError("The upstream did not answer in time.")
     if status in _FRONT_FAULTS or status < 400:

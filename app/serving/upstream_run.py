@@ -112,7 +112,8 @@ class UpstreamRun:
                 call.path, json=call.body, headers=call.headers
             )
             if response.status_code != httpx.codes.OK:
-                raise refusal(response.status_code, response.content, call.names)
+                retry_after = response.headers.get("retry-after")
+                raise refusal(response.status_code, response.content, call.names, retry_after)
             payload = _object(response.content)
         except httpx.HTTPError as exc:
             self._failed = True
@@ -135,7 +136,8 @@ class UpstreamRun:
             request = client.build_request("POST", call.path, json=call.body, headers=call.headers)
             self._response = response = await client.send(request, stream=True)
             if response.status_code != httpx.codes.OK:
-                raise refusal(response.status_code, await response.aread(), call.names)
+                said, retry_after = await response.aread(), response.headers.get("retry-after")
+                raise refusal(response.status_code, said, call.names, retry_after)
             async for line in response.aiter_lines():
                 data = line.removeprefix("data:").strip() if line.startswith("data:") else None
                 if data is None:

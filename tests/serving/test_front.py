@@ -339,6 +339,16 @@ async def test_an_upstream_refusal_is_passed_on_without_the_global_name(front: S
         assert GLOBAL_NAME not in response.text
 
 
+async def test_a_pool_shedding_load_is_a_429_with_its_retry_after(front: Setup) -> None:
+    shed = {"error": {"message": "Too many requests", "type": "RateLimitError", "code": 429}}
+    front.upstream.script = Script(status=429, error=shed, error_headers={"Retry-After": "3"})
+    for stream in (False, True):
+        response = await post(front, chat(max_tokens=2, stream=stream))
+        assert response.status_code == 429, response.text
+        assert response.headers["retry-after"] == "3"
+        assert response.json()["error"]["type"] == "RateLimitError"
+
+
 async def test_a_stream_the_upstream_cuts_is_an_error_event_charged_what_it_streamed(
     front: Setup,
 ) -> None:

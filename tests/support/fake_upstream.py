@@ -40,6 +40,7 @@ class Script:
     completion_tokens: int = 4
     status: int = 200
     error: dict[str, Any] | None = None
+    error_headers: dict[str, str] = field(default_factory=dict)
     step_seconds: float = 0.0
     hang: bool = False
     # A stream that ends (the connection closed) after this many tokens, with no [DONE].
@@ -89,7 +90,8 @@ def _app(fake: FakeUpstream) -> Starlette:
             await _until_disconnected(request, recorded)
             return Response(status_code=204)
         if script.status != 200:
-            return JSONResponse(script.error or {"detail": "failed"}, status_code=script.status)
+            error = script.error or {"detail": "failed"}
+            return JSONResponse(error, status_code=script.status, headers=script.error_headers)
         chat = request.url.path.endswith("/chat/completions")
         n = int(body.get("n", 1))
         if not body.get("stream"):
