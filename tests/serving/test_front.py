@@ -281,6 +281,24 @@ async def test_a_client_that_leaves_a_stream_closes_the_upstream_and_pays_what_i
     assert usage["budget_used"] - before == UPSTREAM_PROMPT_TOKENS + record.completion_tokens
 
 
+async def test_a_client_that_leaves_before_the_first_chunk_closes_the_upstream(
+    front: Setup,
+) -> None:
+    """The response waits for the upstream's first chunk (so that a refusal keeps its
+    status): a client that leaves meanwhile is noticed, and is charged no completion."""
+    front.upstream.script = Script(hang=True)
+    async with front.front.client(front.keys["tenant-a"]) as client:
+        body = chat(max_tokens=100, stream=True)
+        call = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+        await asyncio.to_thread(front.upstream.wait_for_requests, 1)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    assert await asyncio.to_thread(front.upstream.requests[0].disconnected.wait, 10)
+    [*_, record] = await front.front.records_after(front.known)
+    assert (record.status, record.completion_tokens) == ("cancelled", 0)
+
+
 async def test_an_abandoned_json_request_closes_the_upstream_and_pays_its_reservation(
     front: Setup,
 ) -> None:
