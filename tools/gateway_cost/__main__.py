@@ -98,7 +98,12 @@ def gateway(workdir: Path, rate: float, profile: Path | None = None) -> Iterator
     log = (workdir / "gateway.log").open("ab")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
-        key, model = _set_up(port, process)
+        try:
+            key, model = _set_up(port, process)
+        except RuntimeError as error:
+            log.flush()
+            tail = (workdir / "gateway.log").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{error}; the end of its log:\n{tail}") from error
         yield Gateway(process, port, key, model)
     finally:
         process.send_signal(signal.SIGINT)
