@@ -122,7 +122,9 @@ async def _visit(
     label = f"round {round_ + 1}"
     status.set(system.name, f"{label}: starting")
     try:
-        startup = await system.start(adapters, out_dir / "logs" / f"{system.name}-{label}.log")
+        startup = await system.start(
+            adapters, out_dir / "logs" / f"{system.name}-round{round_ + 1}.log"
+        )
         status.note(f"{system.name} ready in {startup:.0f}s ({label})")
         status.set(system.name, f"{label}: warm-up")
         await warm_up(system, adapters)
