@@ -2,11 +2,12 @@
 
 :meth:`RequestTracker.track` is the whole of it, as one ``async with``: resolve the request's
 ``model`` for its tenant, check the request-rate limits that need no token count, tokenise off
-the event loop, reserve the worst case against the quotas, then hand the caller a :class:`Run`
-whose answer it may read. However the block ends (it finished, the client left, an error, a
-shutdown), the exit closes the run (an unfinished request is aborted and what it produced up to
-then is counted), settles the reservation exactly once with that count, counts the outcome and
-writes the usage record. The JSON and the SSE response both run inside it.
+the event loop, reserve the worst case against the quotas, wait for an engine slot
+(:mod:`app.scheduling`), then hand the caller a :class:`Run` whose answer it may read. However
+the block ends (it finished, the client left, an error, a shutdown), the exit closes the run
+(an unfinished request is aborted and what it produced up to then is counted), settles the
+reservation exactly once with that count, counts the outcome and writes the usage record, and
+only then gives the engine slot back. The JSON and the SSE response both run inside it.
 
 What a request runs on is its service's choice (:meth:`Service.start`): the in-process engine
 (:class:`app.serving.engine_run.EngineRun`) or, in the front role, an upstream OpenAI server
