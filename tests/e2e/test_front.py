@@ -308,3 +308,41 @@ def test_a_streamed_text_completion(deployment: Deployment) -> None:
     *pieces, last = chunks
     assert "".join(c.choices[0].text for c in pieces) == whole.choices[0].text
     assert last.choices == [] and last.usage == whole.usage
+
+
+def _running(engine: EngineProcess) -> float:
+    """Requests the engine is running now, from its own /metrics."""
+    for line in engine.metrics().splitlines():
+        if line.startswith("vllm:num_requests_running"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("vllm:num_requests_running is not exported")
+
+
+def test_a_client_that_leaves_aborts_the_engine_request(deployment: Deployment) -> None:
+    body = {
+        "model": ALIAS,
+        "messages": MESSAGES,
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    headers = {"Authorization": f"Bearer {deployment.keys['tenant-a']}"}
+    received = 0
+    with httpx.stream(
+        "POST", f"{deployment.front_url}/v1/chat/completions", json=body, headers=headers
+    ) as response:
+        request_id = response.headers["x-request-id"]
+        for line in response.iter_lines():
+            chunk = json.loads(line.removeprefix("data: ")) if line.startswith("data: ") else {}
+            if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                received += 1
+                if received == 5:
+                    break
+        assert _running(deployment.engine) >= 1
+    deadline = time.monotonic() + 30
+    while _running(deployment.engine) > 0:
+        assert time.monotonic() < deadline, "the engine kept generating for a client that left"
+        time.sleep(0.2)
+    status, _, completion_tokens = deployment.usage_row(request_id)
+    assert status == "cancelled"
+    assert received <= completion_tokens < 400
