@@ -30,6 +30,7 @@ from app.settings import EMBEDDED_MODEL_DIR, Settings
 from app.store.db import open_database
 from app.tenancy.base_model import BaseModelInfo
 from app.tenancy.storage.s3 import S3Location, s3_client
+from tests.e2e.conftest import LiveGateway
 from tests.support.engine_role import BASE_MODEL_ID, EngineProcess, engine_process
 from tests.support.lora_requests_info import LoraRequestsInfo, parse_lora_requests_info
 from tests.support.s3_server import CREDENTIALS, s3_server
@@ -179,6 +180,19 @@ def test_an_engine_never_told_about_the_adapter_serves_it_token_identically(
     for engine in cluster.engines:
         models = httpx.get(f"{engine.base_url}/v1/models").json()["data"]
         assert ADAPTER in {model["id"] for model in models}
+
+
+def test_the_engines_answer_as_the_in_process_gateway_does(
+    cluster: Cluster, gateway: LiveGateway
+) -> None:
+    # The session's in-process gateway (shared with the other e2e tests) serves the same demo
+    # adapter's content under the tenant's alias.
+    in_process = gateway.client("acme-legal").completions.create(
+        model="legal_advisor", prompt=PROMPT, max_tokens=8, temperature=0
+    )
+    engine = complete(cluster.engines[1], ADAPTER)
+    assert engine.status_code == 200, engine.text
+    assert engine.json()["choices"][0]["text"] == in_process.choices[0].text
 
 
 def test_a_corrupted_object_is_refused_and_the_engine_keeps_serving(cluster: Cluster) -> None:
