@@ -65,13 +65,14 @@ class Gateway:
             fail_open=settings.quota_fail_open,
             lease_seconds=settings.quota_lease_seconds,
         )
+        self.admission = admission_for(settings)
         self.tracker = RequestTracker(
             lambda: self.registry,
             self.in_flight,
             self.ledger,
             self.quota,
             self.background,
-            admission=admission_for(settings),
+            admission=self.admission,
             lease_seconds=settings.quota_lease_seconds,
             # The front names adapters by global name: their content is the engines' to fetch.
             local_copy=None if settings.role == "front" else self.admin.storage.local_copy,
@@ -151,6 +152,7 @@ class Gateway:
 
     def attach_engine(self, engine: Engine | None) -> None:
         self._engine = engine
+        self.admission.follow(engine)
 
     def attach_front(self, front: Front | None) -> None:
         self._front = front

@@ -259,8 +259,9 @@ SCHEDULER_REJECTIONS = Counter(
 )
 SCHEDULER_SLOTS = Gauge(
     "lora_gateway_scheduler_slots",
-    "The in-flight window: its size (state=window) and the sequences in the engine "
-    "(state=in_flight).",
+    "The in-flight window: its size (state=window), the sequences in the engine "
+    "(state=in_flight), and the engine's latest report of its running batch and its own "
+    "queue (state=engine_running, engine_waiting; requests).",
     ["state"],
     multiprocess_mode="livesum",
 )

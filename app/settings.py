@@ -46,8 +46,9 @@ class Settings(BaseSettings):
     scheduler_window: int | None = Field(
         None,
         ge=1,
-        description="Fair scheduler: most sequences inside the engine at once (unset: "
-        "max_num_seqs, so vLLM's own FCFS queue stays empty and the order is ours).",
+        description="Fair scheduler: most sequences inside the engine at once, fixed (unset: "
+        "adaptive, up to max_num_seqs, shrunk while requests wait inside vLLM for memory so "
+        "its own FCFS queue stays empty and the order is ours; docs/scheduling.md).",
     )
     scheduler_headroom_slots: int = Field(
         2,

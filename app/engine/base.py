@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 from vllm import RequestOutput, SamplingParams
 
@@ -42,3 +43,26 @@ class Engine(Protocol):
         """Raise :class:`app.errors.EngineUnavailableError` if the engine is dead."""
 
     def num_unfinished_requests(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """The engine scheduler's latest report on itself; vLLM makes one every step."""
+
+    # Requests in the running batch.
+    running: int
+    # Requests queued inside the engine, not yet scheduled: served first come, first served.
+    waiting: int
+    # Share of the KV cache in use, 0 to 1.
+    kv_cache_usage: float
+    # Counts the reports: a new value is a new observation.
+    step: int
+
+
+@runtime_checkable
+class ReportsLoad(Protocol):
+    """An engine that tells its running batch from its own queue (the in-process ones; a
+    remote engine does not), which the admission window follows."""
+
+    def load(self) -> EngineLoad | None:
+        """The latest report; ``None`` before the engine's first step."""

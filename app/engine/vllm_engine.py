@@ -11,13 +11,16 @@ from typing import Any
 
 import vllm
 from vllm import AsyncEngineArgs, AsyncLLMEngine, RequestOutput, SamplingParams
-from vllm.config import StructuredOutputsConfig
+from vllm.config import StructuredOutputsConfig, VllmConfig
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs.engine import tokens_input
 from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
+from app.engine.base import EngineLoad
 from app.engine.vllm_plugin import ENV_VAR as ISOLATION_FIX_ENV
 from app.engine.vllm_plugin import require_isolation_fix
 from app.errors import BadRequestError, EngineUnavailableError
@@ -66,9 +69,57 @@ def lora_request(adapter: Adapter) -> LoRARequest:
     )
 
 
+class LoadReports:
+    """The engine core's latest scheduler report, per engine (one, or one per data-parallel
+    rank). vLLM's front end hands every stat logger the report the engine core sends with each
+    step's outputs, on the event loop; :meth:`logger` is the factory vLLM builds ours with."""
+
+    def __init__(self) -> None:
+        self._latest: dict[int, SchedulerStats] = {}
+        self._reports = 0
+
+    def logger(self, vllm_config: VllmConfig, engine_index: int = 0) -> StatLoggerBase:
+        return _LoadLogger(self, engine_index)
+
+    def record(self, engine_index: int, stats: SchedulerStats) -> None:
+        self._latest[engine_index] = stats
+        self._reports += 1
+
+    def load(self) -> EngineLoad | None:
+        if not self._latest:
+            return None
+        reports = self._latest.values()
+        return EngineLoad(
+            running=sum(r.num_running_reqs for r in reports),
+            waiting=sum(r.num_waiting_reqs for r in reports),
+            kv_cache_usage=max(r.kv_cache_usage for r in reports),
+            step=self._reports,
+        )
+
+
+class _LoadLogger(StatLoggerBase):
+    def __init__(self, reports: LoadReports, engine_index: int) -> None:
+        self._reports = reports
+        self._engine_index = engine_index
+
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        mm_cache_stats: MultiModalCacheStats | None = None,
+        engine_idx: int = 0,
+    ) -> None:
+        if scheduler_stats is not None:
+            self._reports.record(self._engine_index, scheduler_stats)
+
+    def log_engine_initialized(self) -> None:
+        return None
+
+
 class VLLMEngine:
-    def __init__(self, llm: AsyncLLMEngine) -> None:
+    def __init__(self, llm: AsyncLLMEngine, reports: LoadReports | None = None) -> None:
         self._llm = llm
+        self._reports = reports or LoadReports()
         self.max_model_len: int = llm.model_config.max_model_len
 
     @property
@@ -119,6 +170,9 @@ class VLLMEngine:
     def num_unfinished_requests(self) -> int:
         return self._llm.get_num_unfinished_requests()
 
+    def load(self) -> EngineLoad | None:
+        return self._reports.load()
+
 
 def _request_refusal(exc: BaseException) -> BadRequestError | None:
     """What vLLM's refusal of a request says, as a 400; ``None`` for a failure that is not
@@ -156,8 +210,11 @@ async def start_vllm_engine(settings: Settings) -> AsyncIterator[VLLMEngine]:
     os.environ[ISOLATION_FIX_ENV] = "1" if settings.isolation_fix else "0"
     # Building the engine blocks for as long as the model loads: keep the
     # event loop free meanwhile, so /healthz answers while /readyz says 503.
-    llm = await asyncio.to_thread(AsyncLLMEngine.from_engine_args, engine_args(settings))
+    reports = LoadReports()
+    llm = await asyncio.to_thread(
+        AsyncLLMEngine.from_engine_args, engine_args(settings), stat_loggers=[reports.logger]
+    )
     try:
-        yield VLLMEngine(llm)
+        yield VLLMEngine(llm, reports)
     finally:
         llm.shutdown()

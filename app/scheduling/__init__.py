@@ -13,9 +13,11 @@ from app.scheduling.errors import AdmissionRefused
 from app.scheduling.fair import FairAdmission
 from app.scheduling.fcfs import FcfsAdmission
 from app.scheduling.policy import FairQueue
+from app.scheduling.window import AdaptiveWindow
 from app.settings import Settings
 
 __all__ = [
+    "AdaptiveWindow",
     "Admission",
     "AdmissionRefused",
     "FairAdmission",
@@ -31,8 +33,16 @@ def admission_for(settings: Settings) -> Admission:
     """The admission policy ``settings`` ask for."""
     if settings.role == "front" or settings.scheduler == "fcfs":
         return FcfsAdmission()
+    # A window set in the settings stays; unset, it follows the engine's load up to the
+    # most vLLM batches, never below one slot beyond the headroom.
+    fixed = settings.scheduler_window
+    window = (
+        None
+        if fixed is not None
+        else AdaptiveWindow(cap=settings.max_num_seqs, floor=settings.scheduler_headroom_slots + 1)
+    )
     queue = FairQueue(
-        window=settings.scheduler_window or settings.max_num_seqs,
+        window=fixed or settings.max_num_seqs,
         headroom=settings.scheduler_headroom_slots,
         quantum=settings.scheduler_quantum_tokens,
         max_adapter_wait=settings.scheduler_max_adapter_wait_seconds,
@@ -42,4 +52,5 @@ def admission_for(settings: Settings) -> Admission:
         queue,
         max_queue_depth=settings.scheduler_max_queue_depth,
         max_queue_seconds=settings.scheduler_max_queue_seconds,
+        window=window,
     )

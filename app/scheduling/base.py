@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol
 
+from app.engine.base import Engine
+
 
 @dataclass(frozen=True)
 class Ticket:
@@ -61,3 +63,7 @@ class Admission(Protocol):
 
     def admit(self, ticket: Ticket) -> Slot:
         """The request's slot, not yet acquired."""
+
+    def follow(self, engine: Engine | None) -> None:
+        """The engine the requests go to, once it runs (``None`` once it stops): a policy may
+        follow its load."""

@@ -1,22 +1,32 @@
 """Fair admission on the event loop: requests wait for :class:`~app.scheduling.policy.FairQueue`
-to let them into the engine, within per-tenant limits on queue depth and time."""
+to let them into the engine, within per-tenant limits on queue depth and time; the window
+follows the engine's load (:class:`~app.scheduling.window.AdaptiveWindow`) where the engine
+reports it."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from types import TracebackType
 
 from app import metrics
+from app.engine.base import Engine, EngineLoad, ReportsLoad
 from app.scheduling.base import Ticket
 from app.scheduling.errors import AdmissionRefused, RefusalReason
 from app.scheduling.policy import FairQueue, Waiting
+from app.scheduling.window import AdaptiveWindow
+
+logger = logging.getLogger(__name__)
 
 # Weight of the newest request in the running mean of how long a request holds its slot,
 # which Retry-After is estimated from.
 HOLD_SMOOTHING = 0.2
 FIRST_HOLD_GUESS_SECONDS = 1.0
+# How often the window reads the engine's load when no request comes or goes (it also reads
+# it at each of those); a report seen before changes nothing.
+LOAD_POLL_SECONDS = 0.05
 
 
 class FairAdmission:
@@ -27,18 +37,64 @@ class FairAdmission:
         max_queue_depth: int,
         max_queue_seconds: float,
         clock: Callable[[], float] = time.monotonic,
+        window: AdaptiveWindow | None = None,
     ) -> None:
+        """``window``: the controller that sizes ``queue``'s window from the engine's load
+        (``None``: the window stays as it is)."""
         self.queue = queue
         self.max_queue_depth = max_queue_depth
         self.max_queue_seconds = max_queue_seconds
         self._clock = clock
         self._granted: dict[int, asyncio.Future[None]] = {}
         self._mean_hold = FIRST_HOLD_GUESS_SECONDS
+        self._window = window
+        self._load: Callable[[], EngineLoad | None] | None = None
+        self._poller: asyncio.Task[None] | None = None
+        if window is not None:
+            queue.resize(window.size)
         metrics.SCHEDULER_SLOTS.labels("window").set(queue.window)
         metrics.SCHEDULER_SLOTS.labels("in_flight").set(0)
 
     def admit(self, ticket: Ticket) -> FairSlot:
         return FairSlot(self, ticket)
+
+    def follow(self, engine: Engine | None) -> None:
+        """Size the window from ``engine``'s reports from now on (where it makes them and the
+        window adapts); ``None``: stop."""
+        if self._poller is not None:
+            self._poller.cancel()
+            self._poller = None
+        self._load = None
+        if self._window is None or not isinstance(engine, ReportsLoad):
+            return
+        self._load = engine.load
+        self._poller = asyncio.get_running_loop().create_task(self._poll())
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(LOAD_POLL_SECONDS)
+            try:
+                if self._adapt():
+                    self._dispatch()
+            except Exception:
+                logger.exception("the admission window could not follow the engine's load")
+
+    def _adapt(self) -> bool:
+        """Read the engine's load into the window; whether the window grew."""
+        if self._load is None or self._window is None:
+            return False
+        load = self._load()
+        if load is None:
+            return False
+        before = self.queue.window
+        after = self._window.observe(load, held_back=self.queue.held_back())
+        metrics.SCHEDULER_SLOTS.labels("engine_running").set(load.running)
+        metrics.SCHEDULER_SLOTS.labels("engine_waiting").set(load.waiting)
+        if after == before:
+            return False
+        self.queue.resize(after)
+        metrics.SCHEDULER_SLOTS.labels("window").set(after)
+        return after > before
 
     def retry_after(self, ticket: Ticket) -> float:
         """Seconds until the tenant's queue has moved by its own length, at its fair share of
@@ -74,6 +130,7 @@ class FairAdmission:
         self._dispatch()
 
     def _dispatch(self, immediate: Waiting | None = None) -> None:
+        self._adapt()
         now = self._clock()
         while (dispatch := self.queue.pop(now)) is not None:
             waiting = dispatch.waiting

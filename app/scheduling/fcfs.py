@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from types import TracebackType
 
+from app.engine.base import Engine
 from app.scheduling.base import Ticket
 
 
 class FcfsAdmission:
     def admit(self, ticket: Ticket) -> PassThrough:
         return PassThrough()
+
+    def follow(self, engine: Engine | None) -> None:
+        return None
 
 
 class PassThrough:

@@ -78,6 +78,7 @@ class FairQueue:
         max_loras: int,
     ) -> None:
         self.window = window
+        self._headroom = headroom
         # At least one slot stays open to a tenant alone.
         self.headroom = min(headroom, window - 1)
         self.quantum = quantum
@@ -118,7 +119,18 @@ class FairQueue:
         others = self._weights - (state.weight if state else 0)
         return (self.window - self.headroom) * weight / (others + weight)
 
+    def held_back(self) -> bool:
+        """Whether requests wait that a larger window would let in: the window is the limit,
+        not the tenants' shares."""
+        return bool(self._backlogged) and self.in_flight >= self.window - self.headroom
+
     # -- changing -----------------------------------------------------------------
+
+    def resize(self, window: int) -> None:
+        """A new window; requests in flight beyond it stay, and no more go in until they end."""
+        self.window = window
+        self.headroom = min(self._headroom, window - 1)
+        self._blocked = False
 
     def push(self, ticket: Ticket, now: float) -> Waiting:
         state = self._tenants.get(ticket.tenant)
@@ -286,7 +298,9 @@ class FairQueue:
         return waiting
 
     def _seqs(self, ticket: Ticket) -> int:
-        return max(1, min(ticket.seqs, self.window))
+        # Not capped by the window, which may change while the request runs: what a request
+        # adds to in_flight when it goes in is what it takes away when it ends.
+        return max(1, ticket.seqs)
 
     def _stop_waiting(self, name: str) -> None:
         del self._backlogged[name]

@@ -6,7 +6,10 @@ import asyncio
 
 import pytest
 
+from app import metrics
+from app.engine.base import EngineLoad
 from app.scheduling import AdmissionRefused, FairAdmission, FairQueue, Ticket, admission_for
+from app.scheduling.fair import LOAD_POLL_SECONDS
 from app.scheduling.fcfs import FcfsAdmission
 from app.settings import Settings
 
@@ -139,3 +142,42 @@ def test_the_policy_is_chosen_once_from_the_settings() -> None:
     assert isinstance(admission_for(front), FcfsAdmission)
     sized = admission_for(Settings(**base, max_num_seqs=24))  # type: ignore[arg-type]
     assert isinstance(sized, FairAdmission) and sized.queue.window == 24
+
+
+class ReportingEngine:
+    """An engine's load reports, and nothing else of it."""
+
+    def __init__(self) -> None:
+        self.report: EngineLoad | None = None
+
+    def load(self) -> EngineLoad | None:
+        return self.report
+
+
+async def reported(engine: ReportingEngine, running: int, waiting: int, kv: float) -> None:
+    """Two new reports, each seen by the window's poll."""
+    for _ in range(2):
+        step = engine.report.step + 1 if engine.report else 0
+        engine.report = EngineLoad(running, waiting, kv, step)
+        await asyncio.sleep(3 * LOAD_POLL_SECONDS)
+
+
+@pytest.mark.parametrize(("fixed", "after"), [(None, 4), (16, 16)])
+async def test_the_window_follows_the_engines_reports_unless_it_is_set(
+    fixed: int | None, after: int
+) -> None:
+    settings = Settings(_env_file=None, max_num_seqs=16, scheduler_window=fixed)  # type: ignore[call-arg]
+    fair = admission_for(settings)
+    assert isinstance(fair, FairAdmission) and fair.queue.window == 16
+    engine = ReportingEngine()
+    fair.follow(engine)  # type: ignore[arg-type]
+    try:
+        # Requests wait inside the engine, whose memory is full with 4 running.
+        await reported(engine, running=4, waiting=10, kv=1.0)
+        assert fair.queue.window == after
+        assert metrics.SCHEDULER_SLOTS.labels("window")._value.get() == after
+    finally:
+        fair.follow(None)
+    # Stopped following: reports change nothing any more.
+    await reported(engine, running=2, waiting=10, kv=1.0)
+    assert fair.queue.window == after

@@ -14,29 +14,9 @@ import pytest
 
 from tests.serving.conftest import TENANT, Served, ServeFactory
 from tests.serving.test_lifecycle import chat, eventually, quota_usage
-from tests.support.scripted_engine import ScriptedEngine, ScriptedRequest
+from tests.support.scripted_engine import ScriptedEngine, SeatedEngine
 
 NEIGHBOUR = "tenant-b"
-
-
-class SeatedEngine(ScriptedEngine):
-    """A scripted engine that runs at most ``seats`` requests at once; the others wait for a
-    seat in arrival order and produce nothing meanwhile (vLLM's waiting queue)."""
-
-    def __init__(self, seats: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._seats = asyncio.Semaphore(seats)
-        self.running = 0
-        self.peak = 0
-
-    async def _produce(self, request: ScriptedRequest) -> None:
-        async with self._seats:
-            self.running += 1
-            self.peak = max(self.peak, self.running)
-            try:
-                await super()._produce(request)
-            finally:
-                self.running -= 1
 
 
 async def neighbour_client(served: Served) -> httpx.AsyncClient:
@@ -103,6 +83,59 @@ async def test_a_neighbours_request_starts_while_a_tenant_floods_the_engine(
                 ttft = await first_content_after(neighbour, chat(served, max_tokens=5, stream=True))
                 assert ttft < 0.5, ttft
                 assert engine.peak <= seats
+            finally:
+                for task in flood:
+                    task.cancel()
+                await asyncio.gather(*flood, return_exceptions=True)
+
+
+async def keep_sending(client: httpx.AsyncClient, body: dict[str, Any]) -> None:
+    """One client's closed loop: its next request as soon as the last one ended."""
+    while True:
+        response = await client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(("window", "quick"), [(None, True), (16, False)])
+async def test_requests_waiting_inside_the_engine_shrink_the_window_so_a_newcomer_goes_first(
+    serve: ServeFactory, window: int | None, quick: bool
+) -> None:
+    """The engine's memory holds 4 requests, the window starts at 16 (max_num_seqs): the
+    flood's requests beyond 4 wait inside the engine, first come, first served, where a
+    newcomer would queue behind them. The adaptive window shrinks to the 4 the engine runs,
+    so the flood waits in the gateway and the neighbour's request is seated at once; a window
+    fixed at 16 (``scheduler_window``) leaves it behind the flood's queue in the engine."""
+    seats = 4
+    engine = SeatedEngine(seats, step_seconds=0.01)
+    settings: dict[str, Any] = {"max_num_seqs": 16}
+    if window is not None:
+        settings["scheduler_window"] = window
+    async with serve(engine, **settings) as served:
+        neighbour = await neighbour_client(served)
+        async with served.client(limits=flood_limits()) as flooder, neighbour:
+            body = chat(served, max_tokens=20)
+            flood = [asyncio.create_task(keep_sending(flooder, body)) for _ in range(40)]
+            try:
+                await eventually(lambda: engine.running == seats)
+                if quick:
+                    await eventually(
+                        lambda: (
+                            served.counter("lora_gateway_scheduler_slots", state="window") == seats
+                        )
+                    )
+                    # What the larger window let in drains; then nothing waits in the engine.
+                    await eventually(lambda: engine.load().waiting == 0)  # type: ignore[union-attr]
+                else:
+                    await eventually(lambda: engine.load().waiting >= 8)  # type: ignore[union-attr]
+                await asyncio.sleep(0.5)
+                ttft = await first_content_after(neighbour, chat(served, max_tokens=5, stream=True))
+                if quick:
+                    assert ttft < 0.3, ttft
+                    assert served.counter("lora_gateway_scheduler_queue_depth", tenant=TENANT) > 0
+                else:
+                    # Behind 10 of the flood's requests, 4 at a time, 0.2 s each.
+                    assert ttft > 0.4, ttft
+                    assert served.counter("lora_gateway_scheduler_slots", state="window") == 16
             finally:
                 for task in flood:
                     task.cancel()

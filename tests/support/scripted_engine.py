@@ -6,6 +6,8 @@ producer task that runs whether or not anyone reads: like vLLM's output collecto
 slow reader has not taken yet are merged. ``abort`` ends a request with one last output that
 carries what was produced and not read (finish reason ``abort``); closing the stream aborts it
 too. ``fail_after`` makes requests raise ``error`` once that many tokens were read.
+:class:`SeatedEngine` runs a fixed number of requests at once and queues the rest, as vLLM's
+scheduler does when its memory is full; both report their load as vLLM's scheduler does.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from vllm import CompletionOutput, RequestOutput, SamplingParams
 
+from app.engine.base import EngineLoad
 from app.tenancy.adapters import Adapter
 
 VOCABULARY = 256
@@ -86,6 +89,8 @@ class ScriptedEngine:
         self.aborted: list[str] = []
         self._tokenizer = ToyTokenizer()
         self._producers: set[asyncio.Task[None]] = set()
+        # Tokens produced by all requests: each is one engine step, which vLLM reports on.
+        self.steps = 0
 
     @property
     def tokenizer(self) -> Any:
@@ -97,6 +102,12 @@ class ScriptedEngine:
 
     def num_unfinished_requests(self) -> int:
         return sum(not r.finished for r in self.requests.values())
+
+    def load(self) -> EngineLoad | None:
+        """Every unfinished request runs; nothing waits, and memory is never short."""
+        return EngineLoad(
+            running=self.num_unfinished_requests(), waiting=0, kv_cache_usage=0.0, step=self.steps
+        )
 
     async def check_health(self) -> None:
         return None
@@ -154,6 +165,7 @@ class ScriptedEngine:
             if request.finished:
                 return
             request.produced += 1
+            self.steps += 1
             last = request.produced == budget
             token = len(request.prompt_token_ids) + request.produced
             request.finished = last
@@ -181,3 +193,33 @@ class ScriptedEngine:
             choices,
             finished=finish_reason is not None,
         )
+
+
+class SeatedEngine(ScriptedEngine):
+    """A scripted engine that runs at most ``seats`` requests at once; the others wait for a
+    seat in arrival order and produce nothing meanwhile, as requests wait in vLLM's queue when
+    its KV cache is full: its report counts them waiting, and its memory as full as its seats."""
+
+    def __init__(self, seats: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.seats = seats
+        self._seats = asyncio.Semaphore(seats)
+        self.running = 0
+        self.peak = 0
+
+    def load(self) -> EngineLoad | None:
+        return EngineLoad(
+            running=self.running,
+            waiting=self.num_unfinished_requests() - self.running,
+            kv_cache_usage=self.running / self.seats,
+            step=self.steps,
+        )
+
+    async def _produce(self, request: ScriptedRequest) -> None:
+        async with self._seats:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+            try:
+                await super()._produce(request)
+            finally:
+                self.running -= 1
