@@ -1,8 +1,9 @@
 """deploy/kubernetes: it renders, every object validates against its API's schema, and it
 says what the scale-out needs (docs/scale-out.md): only inference paths through the
 inference gateway, GPU engines in the InferencePool, the LoRA affinity scorer in the
-endpoint picker's profile, NetworkPolicies that admit exactly the intended peers, and only
-settings that exist."""
+endpoint picker's profile, an InferenceObjective per tenant priority class with flow control
+to act on it, NetworkPolicies that admit exactly the intended peers, and only settings that
+exist."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
+from app.serving.upstream import OBJECTIVE_HEADER, objective_of
 from app.settings import Settings
+from app.tenancy.tenants import PRIORITIES, Tenant
 from tests.deploy.manifests import (
     KUSTOMIZATION,
     ROOT,
@@ -85,7 +88,14 @@ def epp_config(manifests: list[Manifest]) -> Manifest:
 
 def test_every_rendered_object_validates(manifests: list[Manifest]) -> None:
     kinds = {m["kind"] for m in manifests}
-    assert {"Gateway", "HTTPRoute", "InferencePool", "NetworkPolicy", "Deployment"} <= kinds
+    assert {
+        "Gateway",
+        "HTTPRoute",
+        "InferencePool",
+        "InferenceObjective",
+        "NetworkPolicy",
+        "Deployment",
+    } <= kinds
     errors = [error for m in manifests for error in schema_errors(m)]
     assert errors == []
 
@@ -123,6 +133,9 @@ def break_field(manifest: Manifest, path: list[str | int], value: Any) -> Manife
         ),
         ("InferencePool", POOL, ["spec", "targetPorts"], []),
         ("InferencePool", POOL, ["spec", "endpointPickerRef", "failureMode"], "Open"),
+        ("InferenceObjective", "interactive", ["spec", "priority"], "high"),
+        ("InferenceObjective", "batch", ["spec", "poolRef", "nam"], POOL),
+        ("InferenceObjective", "batch", ["spec", "poolRef"], {}),
         ("Gateway", GATEWAY, ["spec", "listeners", 0, "protocl"], "HTTP"),
         ("DestinationRule", "lora-gateway-epp", ["spec", "trafficPolicy", "tls", "mode"], "TLS"),
         # metadata is checked as ObjectMeta for the vendored kinds too.
@@ -141,6 +154,7 @@ def test_a_broken_endpoint_picker_config_is_refused(manifests: list[Manifest]) -
     config = epp_config(manifests)
     assert schema_errors(break_field(config, ["schedulingProfile"], [])) != []
     assert schema_errors(break_field(config, ["plugins", 0, "typ"], "queue-scorer")) != []
+    assert schema_errors(break_field(config, ["flowControl", "priorityBands", 0], {})) != []
 
 
 def test_a_kind_without_a_schema_is_an_error() -> None:
@@ -305,6 +319,57 @@ def test_the_endpoint_picker_serves_the_pool(manifests: list[Manifest]) -> None:
     assert int(args["grpc-port"]) == grpc_port
     labels = pod_template(manifests, "lora-gateway-epp")["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
+
+
+# -- objectives and flow control ------------------------------------------------------------
+
+
+def objectives(manifests: list[Manifest]) -> dict[str, Manifest]:
+    return {m["metadata"]["name"]: m for m in find(manifests, "InferenceObjective")}
+
+
+def test_every_priority_class_has_an_objective_of_the_pool(manifests: list[Manifest]) -> None:
+    found = objectives(manifests)
+    # The picker looks an objective up by the header's value, the objective's name.
+    assert OBJECTIVE_HEADER == "x-llm-d-inference-objective"
+    sent = {objective_of(Tenant(id="t", name="t", priority=p)) for p in PRIORITIES}
+    assert sent == set(PRIORITIES)
+    assert set(found) == sent
+    epp = only_container(manifests, "lora-gateway-epp")
+    args = dict(arg.removeprefix("--").split("=", 1) for arg in epp["args"])
+    for name, objective in found.items():
+        # The picker ignores an objective whose poolRef is not its own pool, group included.
+        assert objective["spec"]["poolRef"]["name"] == args["pool-name"] == POOL, name
+        assert objective["spec"]["poolRef"]["group"] == args["pool-group"], name
+        one(manifests, "InferencePool", objective["spec"]["poolRef"]["name"])
+
+
+def test_interactive_is_dispatched_before_batch(manifests: list[Manifest]) -> None:
+    priority = {name: o["spec"]["priority"] for name, o in objectives(manifests).items()}
+    assert priority["interactive"] > priority["batch"]
+    # Negative priorities are sheddable in the picker: dropped when the pool is saturated.
+    assert min(priority.values()) >= 0
+
+
+def test_flow_control_serves_each_objectives_band_round_robin(manifests: list[Manifest]) -> None:
+    config = epp_config(manifests)
+    assert "flowControl" in config["featureGates"]
+    declared = {p.get("name", p["type"]): p["type"] for p in config["plugins"]}
+    bands = {b["priority"]: b for b in config["flowControl"]["priorityBands"]}
+    for name, objective in objectives(manifests).items():
+        band = bands[objective["spec"]["priority"]]
+        # Tenants (fairness ids) of one class take turns; the default policy would not.
+        assert declared[band["fairnessPolicyRef"]] == "round-robin-fairness-policy", name
+
+
+def test_the_endpoint_picker_may_read_the_objectives(manifests: list[Manifest]) -> None:
+    role = one(manifests, "Role", "lora-gateway-epp")
+    assert any(
+        rule["apiGroups"] == ["llm-d.ai"]
+        and "inferenceobjectives" in rule["resources"]
+        and {"get", "list", "watch"} <= set(rule["verbs"])
+        for rule in role["rules"]
+    )
 
 
 # -- NetworkPolicies ------------------------------------------------------------------------
