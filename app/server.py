@@ -73,7 +73,10 @@ class GatewayServer(uvicorn.Server):
                 engine = gateway.engine
             except EngineUnavailableError:
                 if gateway.startup_error is not None:
-                    self.fail(STARTUP_FAILURE, "the inference engine failed to start")
+                    # In the front role what failed is its tokenizer or upstream client.
+                    self.fail(
+                        STARTUP_FAILURE, f"the gateway failed to start: {gateway.startup_error}"
+                    )
                 continue  # still starting
             try:
                 await engine.check_health()

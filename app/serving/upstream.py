@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -144,10 +145,18 @@ def _refusal(status: int, body: bytes, names: Mapping[str, str]) -> GatewayError
     return UpstreamRefusedError(
         message,
         status_code=status,
-        error_type=str(detail.get("type") or "invalid_request_error"),
-        code=_renamed(str(code), names) if code is not None else None,
+        error_type=_openai_type(status, detail.get("type")),
+        code=_renamed(code, names) if isinstance(code, str) and not code.isdigit() else None,
         param=_renamed(str(param), names) if param is not None else None,
     )
+
+
+def _openai_type(status: int, upstream_type: object) -> str:
+    """An OpenAI error type: vLLM's server names its exception classes (``BadRequestError``,
+    ``RateLimitError``) and puts the status in ``code``, which OpenAI clients do not know."""
+    if isinstance(upstream_type, str) and re.fullmatch(r"[a-z]+(_[a-z]+)*", upstream_type):
+        return upstream_type
+    return "requests" if status == 429 else "invalid_request_error"
 
 
 def _error_detail(body: bytes) -> dict[str, Any]:

@@ -131,4 +131,4 @@ def test_a_dead_engine_stops_the_server_with_a_failure_status() -> None:
 def test_an_engine_that_failed_to_start_stops_the_server() -> None:
     status, stderr = serve_until_it_stops("never-starts")
     assert status == 3, stderr
-    assert "failed to start" in stderr
+    assert "the gateway failed to start: RuntimeError: no model" in stderr
