@@ -12,6 +12,9 @@ router's EPP and llm-d's manifests expect: ``/v1/*``, ``/health``, ``/metrics`` 
   metrics: :mod:`app.engine.vllm_plugin`) and ``lora_gateway_resolver`` (global adapter
   names from the shared store: :mod:`app.engine.lora_resolver`), and the settings the
   resolver reads;
+* :class:`app.engine.engine_paths.EnginePathsOnly` as vLLM's ``--middleware``: the runtime
+  load/unload endpoints that flag mounts (and every other path but inference, ``/health`` and
+  ``/metrics``) are refused;
 * a fresh ``PROMETHEUS_MULTIPROC_DIR``, so that the residency metrics, written in the engine
   core's process, reach the server's ``/metrics`` beside vLLM's own; removed at exit.
 
@@ -51,6 +54,7 @@ RESOLVER_PLUGIN_NAME = "lora_gateway_resolver"
 RESOLVER_TARGET = "app.engine.lora_resolver:register"
 PLUGINS = f"{PLUGIN_NAME},{RESOLVER_PLUGIN_NAME}"
 GIB = 1 << 30
+PATHS_MIDDLEWARE = "app.engine.engine_paths.EnginePathsOnly"
 
 
 def vllm_server_argv(settings: Settings) -> list[str]:
@@ -96,6 +100,8 @@ def vllm_server_argv(settings: Settings) -> list[str]:
         str(settings.port),
         "--uvicorn-log-level",
         settings.log_level,
+        "--middleware",
+        PATHS_MIDDLEWARE,
     ]
     if settings.kv_cache_gib is not None:
         argv += ["--kv-cache-memory-bytes", str(int(settings.kv_cache_gib * GIB))]

@@ -248,16 +248,18 @@ def test_the_isolation_fix_is_active_in_every_vllm_process(cluster: Cluster) -> 
     assert {"MainProcess", "EngineCore"} <= processes and len(processes) >= 3, active
 
 
-def test_the_runtime_load_and_unload_endpoints_exist_on_engines(cluster: Cluster) -> None:
-    # vLLM's server exposes them with VLLM_ALLOW_RUNTIME_LORA_UPDATING: the HTTPRoute in front
-    # of the engines must never route to them.
+def test_the_runtime_load_and_unload_endpoints_are_refused_on_engines(cluster: Cluster) -> None:
+    # vLLM mounts them with VLLM_ALLOW_RUNTIME_LORA_UPDATING, which the resolver needs; the
+    # engine role's middleware refuses them (and the SageMaker /adapters routes) on the port
+    # the endpoint picker and Prometheus reach.
     base = cluster.engines[0].base_url
-    load = httpx.post(f"{base}/v1/load_lora_adapter", json={"lora_name": "x@v1", "lora_path": ""})
-    assert load.status_code == 400
-    assert "must be provided" in load.json()["error"]["message"]
-    unload = httpx.post(f"{base}/v1/unload_lora_adapter", json={"lora_name": "nope@v1"})
-    assert unload.status_code == 404
-    assert "cannot be found" in unload.json()["error"]["message"]
+    refused = [
+        httpx.post(f"{base}/v1/load_lora_adapter", json={"lora_name": "x@v1", "lora_path": "/"}),
+        httpx.post(f"{base}/v1/unload_lora_adapter", json={"lora_name": "legal_advisor@v1"}),
+        httpx.post(f"{base}/adapters", json={"name": "x@v1", "src": "/"}),
+    ]
+    assert [r.status_code for r in refused] == [404, 404, 404]
+    assert httpx.get(f"{base}/health").status_code == 200
 
 
 def prefix_cache_hits(engine: EngineProcess) -> float:
