@@ -5,7 +5,10 @@
   ends with one error event and is charged the last counts the upstream streamed; a JSON
   request is a 502 charged its prompt alone;
 - Redis down while the front serves: refused with 503 before anything is forwarded (the
-  default), or admitted unchecked and still recorded in the ledger (``quota_fail_open``).
+  default), or admitted unchecked and still recorded in the ledger (``quota_fail_open``);
+- PostgreSQL down: keys are still checked against the front's in-memory registry and requests
+  served, their usage records held in memory and written once the store is back; ``/readyz``
+  answers 503 meanwhile and the admin API fails.
 
 The upstream here is a raw TCP server, not tests/support/fake_upstream.py: tearing a
 connection down mid-body (no final chunk, an RST) is what an HTTP framework will not do.
@@ -14,10 +17,14 @@ connection down mid-body (no final chunk, an RST) is what an HTTP framework will
 from __future__ import annotations
 
 import asyncio
+import glob
 import json
+import os
 import shutil
 import socket
 import struct
+import subprocess
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -28,8 +35,9 @@ import pytest
 
 from tests.serving.conftest import sse_events
 from tests.support.fake_upstream import FakeUpstream, fake_upstream
-from tests.support.front_app import Front, front_settings, running_front
+from tests.support.front_app import ADMIN_TOKEN, Front, front_settings, running_front
 from tests.support.redis_server import redis_server
+from tests.support.servers import free_port
 
 ADAPTER_SOURCE = Path(__file__).resolve().parents[2] / "var/adapters/medical_scribe"
 UPSTREAM_PROMPT_TOKENS = 77
@@ -254,3 +262,97 @@ async def test_redis_down_follows_the_fail_open_setting(
         assert (error["code"], error["type"]) == ("quota_backend_unavailable", "server_error")
         assert len(upstream.requests) == forwarded
         assert records[known:] == []
+
+
+# -- PostgreSQL down ---------------------------------------------------------------------------
+
+
+class Postgres:
+    """A throwaway PostgreSQL cluster that a test can stop and start again on the same port."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = free_port()
+        if os.geteuid() == 0:
+            shutil.chown(root, "postgres", "postgres")
+        subprocess.run(
+            _as_postgres_user(
+                [_pg_bin("initdb"), "-D", str(root / "db"), "-U", "postgres", "-A", "trust", "-N"]
+            ),
+            check=True,
+            capture_output=True,
+        )
+        options = f"-p {self.port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._pg_ctl = [_pg_bin("pg_ctl"), "-D", str(root / "db"), "-l", str(root / "log")]
+        self._pg_ctl += ["-o", options]
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def start(self) -> None:
+        command = _as_postgres_user([*self._pg_ctl, "-w", "start"])
+        subprocess.run(command, check=True, capture_output=True)
+
+    def stop(self) -> None:
+        command = _as_postgres_user([*self._pg_ctl, "-m", "immediate", "stop"])
+        subprocess.run(command, capture_output=True)
+
+
+def _pg_bin(name: str) -> str:
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    return found[-1] if found else name
+
+
+def _as_postgres_user(command: list[str]) -> list[str]:
+    # initdb and postgres refuse to run as root.
+    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
+
+
+@pytest.fixture
+def postgres() -> Iterator[Postgres]:
+    root = Path(tempfile.mkdtemp(prefix="lgw-pg-"))
+    server = Postgres(root)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_postgres_down_the_front_serves_from_its_snapshot_but_is_not_ready(
+    upstream: FakeUpstream, postgres: Postgres, tmp_path: Path
+) -> None:
+    settings = front_settings(upstream.url, tmp_path, database_url=postgres.url)
+    async with running_front(settings) as front:
+        await front.admin("POST", "/tenants", {"id": "t", "name": "t", "allow_base_model": True})
+        key = (await front.admin("POST", "/tenants/t/keys", {"name": "k"}))["key"]
+        body = {
+            "model": front.gateway.registry.base_model_id,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+        }
+        known = len(await front.usage_records())
+        async with front.client(key) as client:
+            await asyncio.to_thread(postgres.stop)
+            served = await client.post("/v1/chat/completions", json=body)
+            ready = await client.get("/readyz")
+            admin = await client.get(
+                "/admin/v1/tenants", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+            )
+            await asyncio.to_thread(postgres.start)
+            for _ in range(200):
+                if (await client.get("/readyz")).status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the front did not become ready again")
+        records = await front.usage_records()
+    assert served.status_code == 200, served.text
+    assert ready.status_code == 503
+    # The admin API needs the store: an unexpected failure, OpenAI-shaped, the cause logged.
+    assert admin.status_code == 500, admin.text
+    assert admin.json()["error"]["type"] == "server_error"
+    # The record of the request served during the outage waited in memory, then was written.
+    assert [r.status for r in records[known:]] == ["ok"]
