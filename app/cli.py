@@ -61,7 +61,7 @@ async def admin_service(settings: Settings) -> AsyncIterator[AdminService]:
     async def nothing() -> None:
         return None
 
-    base_model = BaseModelInfo.from_model_dir(settings.model_dir())
+    base_model = BaseModelInfo.for_settings(settings)
     async with open_database(settings.database_url) as sessions:
         yield AdminService.from_settings(settings, sessions, base_model, on_change=nothing)
 

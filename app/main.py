@@ -65,7 +65,7 @@ def create_app(
             # the directory; it goes once they have shut down.
             app.state.metrics_dir = stack.enter_context(multiprocess_dir())
             sessions = await stack.enter_async_context(open_database(settings.database_url))
-            base_model = await asyncio.to_thread(BaseModelInfo.from_model_dir, settings.model_dir())
+            base_model = await asyncio.to_thread(BaseModelInfo.for_settings, settings)
             gateway = Gateway(settings, sessions, base_model)
             stack.push_async_callback(gateway.quota.close)
             await gateway.reload()

@@ -13,6 +13,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 EMBEDDED_MODEL_DIR = Path("models/SmolLM2-135M-Instruct")
+# A hub model's files other than its weights: config, tokenizer, chat template.
+MODEL_FILES_WITHOUT_WEIGHTS = ("*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken")
 
 
 class Settings(BaseSettings):
@@ -56,6 +58,13 @@ class Settings(BaseSettings):
         description="Fair scheduler: the last slots of the window, kept for tenants below "
         "their fair share so a newcomer never waits for another tenant's long streams; a "
         "tenant alone runs at most window - headroom requests (docs/scheduling.md).",
+    )
+    scheduler_dispatches_per_step: int = Field(
+        8,
+        ge=0,
+        description="Fair scheduler: requests let into the engine per engine step, beyond a "
+        "tenant's first (0: any): a burst's prefills then spread over steps instead of making "
+        "one long step that a newcomer's first token waits for (docs/scheduling.md).",
     )
     scheduler_quantum_tokens: int = Field(
         1024,
@@ -268,13 +277,15 @@ class Settings(BaseSettings):
             raw = ""
         return [token.strip() for token in raw.split(",") if token.strip()]
 
-    def model_dir(self) -> Path:
-        """The base model's local directory (a hub id is fetched, as vLLM would)."""
+    def model_dir(self, *, weights: bool = True) -> Path:
+        """The base model's local directory (a hub id is fetched, as vLLM would); without
+        ``weights``, only its config and tokenizer files (what the front role reads)."""
         if Path(self.model).is_dir():
             return Path(self.model)
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(self.model))
+        patterns = None if weights else list(MODEL_FILES_WITHOUT_WEIGHTS)
+        return Path(snapshot_download(self.model, allow_patterns=patterns))
 
     @property
     def base_model_id(self) -> str:

@@ -147,7 +147,7 @@ class StoreLoRAResolver(LoRAResolver):
             cache = AdapterCache(settings.adapter_cache_dir, settings.adapter_cache_bytes)
             return cls(BucketVersions(bucket), CachedBucketContent(cache, bucket))
         # One host: the store's own directory, which nothing evicts.
-        store = open_adapter_store(settings, BaseModelInfo.from_model_dir(settings.model_dir()))
+        store = open_adapter_store(settings, BaseModelInfo.for_settings(settings))
         return cls(DatabaseVersions(settings.database_url), store.local_copy)
 
     async def resolve_lora(self, base_model_name: str, lora_name: str) -> LoRARequest | None:

@@ -97,7 +97,7 @@ class TokenizerModel:
     @classmethod
     def load(cls, settings: Settings) -> TokenizerModel:
         """The tokenizer vLLM would load for ``settings.model`` (blocking: file reads)."""
-        return cls(get_tokenizer(str(settings.model_dir())), settings.max_model_len)
+        return cls(get_tokenizer(str(settings.model_dir(weights=False))), settings.max_model_len)
 
 
 def global_name(target: ModelTarget) -> str:
