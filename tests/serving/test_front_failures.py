@@ -5,7 +5,8 @@
   ends with one error event and is charged the last counts the upstream streamed; a JSON
   request is a 502 charged its prompt alone;
 - Redis down while the front serves: refused with 503 before anything is forwarded (the
-  default), or admitted unchecked and still recorded in the ledger (``quota_fail_open``);
+  default), or admitted unchecked and still recorded in the ledger (``quota_fail_open``); a
+  tenant without limits is served either way;
 - PostgreSQL down: keys are still checked against the front's in-memory registry and requests
   served, their usage records held in memory and written once the store is back; ``/readyz``
   answers 503 meanwhile and the admin API fails.
@@ -236,6 +237,11 @@ async def test_redis_down_follows_the_fail_open_setting(
             )
             await front.admin("PUT", "/tenants/t/quota", {"max_concurrent_requests": 4})
             key = (await front.admin("POST", "/tenants/t/keys", {"name": "k"}))["key"]
+            # A tenant without limits never asks the quota store.
+            await front.admin(
+                "POST", "/tenants", {"id": "free", "name": "free", "allow_base_model": True}
+            )
+            free = (await front.admin("POST", "/tenants/free/keys", {"name": "k"}))["key"]
             body = {
                 "model": front.gateway.registry.base_model_id,
                 "messages": [{"role": "user", "content": "hi"}],
@@ -249,19 +255,23 @@ async def test_redis_down_follows_the_fail_open_setting(
                 await asyncio.to_thread(redis.close)
                 response = await client.post("/v1/chat/completions", json=body)
                 ready = await client.get("/readyz")
+            async with front.client(free) as client:
+                unlimited = await client.post("/v1/chat/completions", json=body)
             records = await front.usage_records()
     # The quota store is not part of the front's readiness: it serves (or refuses) on its own.
     assert ready.status_code == 200
+    assert unlimited.status_code == 200, unlimited.text
+    records = [r for r in records[known:] if r.tenant_id == "t"]
     if fail_open:
         assert response.status_code == 200, response.text
-        assert len(upstream.requests) == forwarded + 1
-        assert [r.status for r in records[known:]] == ["ok"]
+        assert len(upstream.requests) == forwarded + 2
+        assert [r.status for r in records] == ["ok"]
     else:
         assert response.status_code == 503, response.text
         error = response.json()["error"]
         assert (error["code"], error["type"]) == ("quota_backend_unavailable", "server_error")
-        assert len(upstream.requests) == forwarded
-        assert records[known:] == []
+        assert len(upstream.requests) == forwarded + 1  # the unlimited tenant's
+        assert records == []
 
 
 # -- PostgreSQL down ---------------------------------------------------------------------------
