@@ -59,13 +59,6 @@ class Settings(BaseSettings):
         "their fair share so a newcomer never waits for another tenant's long streams; a "
         "tenant alone runs at most window - headroom requests (docs/scheduling.md).",
     )
-    scheduler_dispatches_per_step: int = Field(
-        8,
-        ge=0,
-        description="Fair scheduler: requests let into the engine per engine step, beyond a "
-        "tenant's first (0: any): a burst's prefills then spread over steps instead of making "
-        "one long step that a newcomer's first token waits for (docs/scheduling.md).",
-    )
     scheduler_quantum_tokens: int = Field(
         1024,
         ge=1,

@@ -49,6 +49,7 @@ class FairAdmission:
         self._mean_hold = FIRST_HOLD_GUESS_SECONDS
         self._window = window
         self._load: Callable[[], EngineLoad | None] | None = None
+        self._step: int | None = None  # the engine's last report seen
         self._poller: asyncio.Task[None] | None = None
         if window is not None:
             queue.resize(window.size)
@@ -65,7 +66,8 @@ class FairAdmission:
             self._poller.cancel()
             self._poller = None
         self._load = None
-        if self._window is None or not isinstance(engine, ReportsLoad):
+        self._step = None
+        if not isinstance(engine, ReportsLoad):
             return
         self._load = engine.load
         self._poller = asyncio.get_running_loop().create_task(self._poll())
@@ -80,16 +82,20 @@ class FairAdmission:
                 logger.exception("the admission window could not follow the engine's load")
 
     def _adapt(self) -> bool:
-        """Read the engine's load into the window; whether the window grew."""
-        if self._load is None or self._window is None:
+        """Read the engine's latest report (shown as gauges) into the window, where it adapts;
+        whether the window grew."""
+        if self._load is None:
             return False
         load = self._load()
-        if load is None:
+        if load is None or load.step == self._step:
             return False
-        before = self.queue.window
-        after = self._window.observe(load, held_back=self.queue.held_back())
+        self._step = load.step
         metrics.SCHEDULER_SLOTS.labels("engine_running").set(load.running)
         metrics.SCHEDULER_SLOTS.labels("engine_waiting").set(load.waiting)
+        before = self.queue.window
+        if self._window is None:
+            return False
+        after = self._window.observe(load, held_back=self.queue.held_back())
         if after == before:
             return False
         self.queue.resize(after)
