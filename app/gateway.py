@@ -75,7 +75,7 @@ class Gateway:
             admission=self.admission,
             lease_seconds=settings.quota_lease_seconds,
             # The front names adapters by global name: their content is the engines' to fetch.
-            local_copy=None if settings.role == "front" else self.admin.storage.local_copy,
+            held_copy=None if settings.role == "front" else self.admin.storage.held_copy,
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self.startup_error: str | None = None

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, ExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -216,18 +216,19 @@ class RequestTracker:
         spawn: Spawn,
         *,
         lease_seconds: float,
-        local_copy: Callable[[str], Path] | None,
+        held_copy: Callable[[str], AbstractContextManager[Path]] | None,
         admission: Admission | None = None,
     ) -> None:
-        """``local_copy`` gives this host's copy of an adapter's content (by digest) for an
-        engine in this process to load; ``None`` where the engine is elsewhere (the front
-        role), which names adapters by their global name and never needs their content.
+        """``held_copy`` gives this host's copy of an adapter's content (by digest) for an
+        engine in this process to load, kept in place while the request runs; ``None`` where
+        the engine is elsewhere (the front role), which names adapters by their global name
+        and never needs their content.
         ``admission`` decides when an admitted request may enter the engine (default: at once).
         """
         self._admission = admission or FcfsAdmission()
         self.in_flight = in_flight
         self._registry = registry
-        self._local_copy = local_copy
+        self._held_copy = held_copy
         self._ledger = ledger
         self._quota = quota
         self._spawn = spawn
@@ -249,40 +250,44 @@ class RequestTracker:
         request_id: str,
     ) -> AsyncIterator[RunT]:
         """Admit the request and yield its :class:`Run`; settle and record it on exit."""
-        generation, reservation = await self._admit(service, request, principal, request_id)
-        run = service.start(request, generation, reservation)
-        began = time.monotonic()
-        adapter = generation.target.adapter
-        started_at = datetime.now(timezone.utc)
-        if adapter is not None:
-            self.last_used[adapter.lora_id] = started_at
-        lease = asyncio.create_task(self._keep_lease(reservation)) if reservation else None
-        slot = self._admission.admit(ticket_of(generation))
-        refused: AdmissionRefused | None = None
-        outcome: Outcome = "error"
-        with self.in_flight.hold(adapter):
-            try:
-                # Queued for an engine slot after the reservation, so the queue holds only
-                # requests the quotas allow, and before the run is read: a refusal is a status.
-                await slot.acquire()
-                yield run
-                outcome = run.outcome()
-            except (asyncio.CancelledError, ClientDisconnected):
-                outcome = "cancelled"
-                raise
-            except AdmissionRefused as exc:
-                refused = exc
-                raise
-            finally:
-                if lease is not None:
-                    lease.cancel()
-                # Shielded: a shutdown that cancels this request still settles and records it.
-                finish = (
-                    self._finish(run, outcome, began, started_at, request.user)
-                    if refused is None
-                    else self._refused(run, refused)
-                )
-                await asyncio.shield(self._spawn(self._released_after(finish, run, slot)))
+        # This host's copy of the request's adapter stays in place until the request ended.
+        with ExitStack() as holds:
+            generation, reservation = await self._admit(
+                service, request, principal, request_id, holds
+            )
+            run = service.start(request, generation, reservation)
+            began = time.monotonic()
+            adapter = generation.target.adapter
+            started_at = datetime.now(timezone.utc)
+            if adapter is not None:
+                self.last_used[adapter.lora_id] = started_at
+            lease = asyncio.create_task(self._keep_lease(reservation)) if reservation else None
+            slot = self._admission.admit(ticket_of(generation))
+            refused: AdmissionRefused | None = None
+            outcome: Outcome = "error"
+            with self.in_flight.hold(adapter):
+                try:
+                    # Queued for an engine slot after the reservation, so the queue holds only
+                    # requests the quotas allow, and before the run is read: a refusal is a status.
+                    await slot.acquire()
+                    yield run
+                    outcome = run.outcome()
+                except (asyncio.CancelledError, ClientDisconnected):
+                    outcome = "cancelled"
+                    raise
+                except AdmissionRefused as exc:
+                    refused = exc
+                    raise
+                finally:
+                    if lease is not None:
+                        lease.cancel()
+                    # Shielded: a shutdown that cancels this request still settles and records it.
+                    finish = (
+                        self._finish(run, outcome, began, started_at, request.user)
+                        if refused is None
+                        else self._refused(run, refused)
+                    )
+                    await asyncio.shield(self._spawn(self._released_after(finish, run, slot)))
 
     async def _admit(
         self,
@@ -290,15 +295,18 @@ class RequestTracker:
         request: Request,
         principal: Principal,
         request_id: str,
+        holds: ExitStack,
     ) -> tuple[Generation, Reservation | None]:
-        """Resolve, pre-check, tokenise and reserve, or raise; a refusal holds nothing."""
+        """Resolve, pre-check, tokenise and reserve, or raise; a refusal holds nothing (what
+        ``holds`` holds is the caller's to let go)."""
         tenant = principal.tenant
         model = metrics.UNKNOWN_MODEL  # until resolved: refused names stay out of the labels
         try:
             target = self._registry().resolve(tenant, request.model)
             model = target.model
-            if target.adapter is not None and self._local_copy is not None:
-                target = await self._on_this_host(target, target.adapter, self._local_copy)
+            if target.adapter is not None and self._held_copy is not None:
+                copy = self._held_copy(target.adapter.sha256)
+                target = await self._on_this_host(target, target.adapter, holds, copy)
             subjects = quota_subjects(principal)
             if subjects:
                 # The limits that need no token count, before the prompt is tokenised.
@@ -324,11 +332,15 @@ class RequestTracker:
 
     @staticmethod
     async def _on_this_host(
-        target: ModelTarget, adapter: Adapter, local_copy: Callable[[str], Path]
+        target: ModelTarget,
+        adapter: Adapter,
+        holds: ExitStack,
+        copy: AbstractContextManager[Path],
     ) -> ModelTarget:
-        """``target`` with its adapter at this host's copy of the content, fetched first when
-        the adapter store keeps it elsewhere (another replica registered it)."""
-        path = await asyncio.to_thread(local_copy, adapter.sha256)
+        """``target`` with its adapter at this host's copy of the content (held in
+        ``holds``), fetched first when the adapter store keeps it elsewhere (another replica
+        registered it)."""
+        path = await asyncio.to_thread(holds.enter_context, copy)
         return (
             target if path == adapter.path else replace(target, adapter=replace(adapter, path=path))
         )

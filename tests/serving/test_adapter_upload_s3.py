@@ -4,8 +4,10 @@ upload is a 503 in OpenAI's error shape and nothing is recorded."""
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
+import os
 import tarfile
 import uuid
 from collections.abc import Iterator
@@ -31,10 +33,11 @@ def s3_endpoint() -> Iterator[str]:
         yield endpoint
 
 
-def archive() -> bytes:
-    """A rank-4 LoRA for the tiny model's q_proj, as a .tar.gz."""
+def archive(seed: int = 0) -> bytes:
+    """A rank-4 LoRA for the tiny model's q_proj, as a .tar.gz (its weights drawn from
+    ``seed``)."""
     prefix = "base_model.model.model.layers.0.self_attn.q_proj"
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     files = {
         "adapter_config.json": json.dumps(
             {"peft_type": "LORA", "r": RANK, "lora_alpha": 8, "target_modules": ["q_proj"]}
@@ -55,7 +58,7 @@ def archive() -> bytes:
     return buffer.getvalue()
 
 
-async def upload(base_url: str, name: str) -> httpx.Response:
+async def upload(base_url: str, name: str, seed: int = 0) -> httpx.Response:
     async with httpx.AsyncClient(
         base_url=f"{base_url}/admin/v1",
         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
@@ -64,7 +67,7 @@ async def upload(base_url: str, name: str) -> httpx.Response:
         return await admin.post(
             "/adapters",
             data={"name": name},
-            files={"file": ("adapter.tar.gz", archive(), "application/gzip")},
+            files={"file": ("adapter.tar.gz", archive(seed), "application/gzip")},
         )
 
 
@@ -151,3 +154,51 @@ async def test_a_replica_that_never_saw_the_upload_serves_the_adapter_from_the_b
     assert (request.adapter.path / "adapter_model.safetensors").read_bytes() == (
         tmp_path / "cache-a" / "sha256" / digest / "adapter_model.safetensors"
     ).read_bytes()
+
+
+async def test_a_running_request_keeps_its_adapter_in_the_cache(
+    serve: ServeFactory, bucket: S3Location, tmp_path: Path
+) -> None:
+    """The cache's bound evicts what no one uses; the adapter of a request still running is
+    not evicted from under the engine, however small the bound."""
+    store = f"s3://{bucket.bucket}/{bucket.prefix}"
+    async with serve(
+        ScriptedEngine(), adapter_store=store, adapter_cache_dir=tmp_path / "cache-a"
+    ) as first:
+        digests = {}
+        for seed, name in enumerate(("support", "billing")):
+            digests[name] = (await upload(first.base_url, name, seed)).json()["sha256"]
+            await first.admin("PUT", f"/tenants/{TENANT}/adapters/{name}", {"adapter": name})
+
+    cache = tmp_path / "cache-b" / "sha256"
+    engine = ScriptedEngine(step_seconds=0.05)
+    second_replica = serve(
+        engine, adapter_store=store, adapter_cache_dir=tmp_path / "cache-b", adapter_cache_bytes=1
+    )
+    async with second_replica as second, second.client() as client:
+        body = {"model": "support", "prompt": "hi", "max_tokens": 40, "stream": True}
+        async with client.stream("POST", "/v1/completions", json=body) as running:
+            assert running.status_code == 200
+            lines = running.aiter_lines()
+            assert (await anext(lines)).startswith("data: {")
+            # Another adapter's fetch must make room: the running request's entry stays.
+            other = {"model": "billing", "prompt": "hi", "max_tokens": 1}
+            assert (await client.post("/v1/completions", json=other)).status_code == 200
+            assert (cache / digests["support"]).is_dir()
+            assert not can_evict(tmp_path / "cache-b", digests["support"])
+            async for _ in lines:  # to the end
+                pass
+        await second.settled()
+        assert can_evict(tmp_path / "cache-b", digests["support"])  # let go once it ended
+
+
+def can_evict(cache: Path, digest: str) -> bool:
+    """Whether eviction could take ``digest``'s entry now (its lock, alone, without waiting)."""
+    fd = os.open(cache / "locks" / f"{digest}.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)

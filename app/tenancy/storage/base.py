@@ -7,6 +7,8 @@ from __future__ import annotations
 import shutil
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from app.tenancy.adapters import AdapterError
@@ -51,6 +53,12 @@ class AdapterStore(ABC):
         """This host's directory of the stored content ``digest``, fetched first where the
         storage keeps it elsewhere. ``AdapterContentMissing`` when nothing holds it; a
         fetch may also raise the other errors of :mod:`app.tenancy.storage.errors`."""
+
+    @contextmanager
+    def held_copy(self, digest: str) -> Iterator[Path]:
+        """:meth:`local_copy`, kept in place until the block ends (an engine in this process
+        loads it from disk while a request runs). Nothing evicts a directory's content."""
+        yield self.local_copy(digest)
 
     def _checked(self, directory: Path) -> ValidatedAdapter:
         return validate_adapter_dir(

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -222,3 +224,9 @@ class S3AdapterStore(AdapterStore):
         """This host's directory of ``digest``'s content, fetched from the store if the
         cache does not hold it (any more)."""
         return self.cache.fetch(digest, self.content)
+
+    @contextmanager
+    def held_copy(self, digest: str) -> Iterator[Path]:
+        """:meth:`local_copy`, which the cache does not evict until the block ends."""
+        with self.cache.open(digest, self.content) as path:
+            yield path
