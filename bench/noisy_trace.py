@@ -29,7 +29,7 @@ from app.settings import Settings
 from bench.config import FLOOD, BenchConfig
 from bench.random_adapters import ensure_bench_adapters
 from bench.runner import warm_up
-from bench.scenarios import FLOODER, VICTIM, noisy_neighbour
+from bench.scenarios import FLOOD_COMPLETED, FLOODER, VICTIM, noisy_neighbour
 from bench.systems import EngineConfig, GatewaySystem, tenant_id
 
 # The gateway's histograms (their _sum and _count) whose growth is one request of B's.
@@ -131,7 +131,13 @@ async def main(config: BenchConfig, extra: dict[str, str], poll: float) -> Path:
     alone = next(s for s in samples if s.point != FLOOD)
     rows = per_request(timeline)[len(alone.records) :]
     client = [r.ttft for r in flood.records]
+    completed = flood.counters.get(FLOOD_COMPLETED, 0.0)
+    a_rate = completed * config.flood_tokens / flood.wall_seconds
     print(f"B alone, client TTFT (s): {[round(r.ttft or 0, 3) for r in alone.records]}")
+    print(
+        f"A under its flood: {completed:.0f} streams of {config.flood_tokens} tokens completed "
+        f"in {flood.wall_seconds:.1f} s ({a_rate:.0f} output tok/s)"
+    )
     print("B under the flood (s): client TTFT | gateway scheduler wait | vLLM queue wait | "
           "gateway TTFT")  # fmt: skip
     for ttft, row in zip(client, rows, strict=False):
@@ -148,6 +154,7 @@ async def main(config: BenchConfig, extra: dict[str, str], poll: float) -> Path:
         json.dumps(
             {
                 "settings": extra,
+                "a_output_tokens_per_second": a_rate,
                 "alone": [r.ttft for r in alone.records],
                 "flood": client,
                 "requests": rows,
