@@ -93,6 +93,10 @@ class UpstreamUnavailableError(EngineUnavailableError):
     code = "upstream_unavailable"
 
 
+class StoreUnavailableError(EngineUnavailableError):
+    code = "store_unavailable"
+
+
 class UpstreamError(GatewayError):
     status_code = 502
     code = "upstream_error"

@@ -180,17 +180,14 @@ class Gateway:
 
     async def check_ready(self) -> None:
         """Raise :class:`EngineUnavailableError` unless requests can be served: the engine is
-        healthy or, in the front role, the store answers and so does the upstream."""
+        healthy or, in the front role, the front has started. A front does not follow the
+        store or the upstream, which all fronts share: were their outage to take every front
+        out of its Service, clients would get the ingress's own 503 instead of the front's
+        OpenAI-shaped one (and a front serves from its registry while the store is down)."""
         if self.settings.role != "front":
             await self.engine.check_health()
             return
-        front = self.front
-        try:
-            await revision(self.sessions)
-        except Exception as exc:
-            logger.warning("readiness: the store does not answer", exc_info=True)
-            raise EngineUnavailableError("The store does not answer.") from exc
-        await front.upstream.check_reachable()
+        self.front  # noqa: B018 - raises until the front has started
 
     @property
     def chat(self) -> Service[ChatCompletionRequest, Any]:

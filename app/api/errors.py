@@ -11,13 +11,14 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException
 from starlette.routing import Match, Route
 
 from app.admin.service import was_audited
 from app.api.admin.auditing import is_admin_path, record_admin_failure
-from app.errors import BadRequestError, GatewayError
+from app.errors import BadRequestError, GatewayError, StoreUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,12 @@ def _allowed_methods(request: Request) -> str:
     return ", ".join(sorted(methods))
 
 
+async def _store_error(request: Request, exc: Exception) -> JSONResponse:
+    logger.error("the store failed on %s %s: %s", request.method, request.url.path, exc)
+    await _audit_admin(request, 503, f"store unavailable: {type(exc).__name__}")
+    return render(StoreUnavailableError("The gateway's store is unavailable; retry shortly."))
+
+
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error on %s %s", request.method, request.url.path)
     # The exception's text stays in the log: it may hold anything.
@@ -102,4 +109,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
+    # The database cannot be reached (or the connection broke): a retryable 503, not a 500.
+    for unreachable in (OperationalError, InterfaceError, ConnectionError):
+        app.add_exception_handler(unreachable, _store_error)
     app.add_exception_handler(Exception, _unexpected_error)

@@ -34,9 +34,6 @@ CONNECT_SECONDS = 5.0
 """Longest wait for a connection to the upstream: a pool that accepts none is down, and the
 client should hear so (503) long before a generation's timeout."""
 
-PROBE_SECONDS = 2.0
-"""Longest wait for the readiness probe's answer."""
-
 FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
 OBJECTIVE_HEADER = "x-llm-d-inference-objective"
 
@@ -50,16 +47,6 @@ class Upstream:
 
     def __init__(self, client: httpx.AsyncClient) -> None:
         self.client = client
-
-    async def check_reachable(self) -> None:
-        """Raise :class:`UpstreamUnavailableError` unless the upstream answers HTTP at all.
-
-        Any answer counts, a 404 included: the inference gateway routes only inference paths,
-        and whether an engine pod can serve is the pool's to know (the EPP), not the front's."""
-        try:
-            await self.client.get("/health", timeout=PROBE_SECONDS)
-        except httpx.HTTPError as exc:
-            raise UpstreamUnavailableError("The upstream does not answer.") from exc
 
 
 @asynccontextmanager
