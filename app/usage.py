@@ -23,9 +23,9 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy import ColumnElement, String, func, select
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
@@ -62,8 +62,16 @@ class UsageRecord:
     # OpenAI's `user`, where the request named one: recorded, never sent to the engine.
     user: str | None = None
 
+    def as_dict(self) -> dict[str, Any]:
+        """The fields by name. Every value is a scalar or a datetime, so this shallow dict is
+        the whole record (``dataclasses.asdict`` would deep-copy each value, for nothing)."""
+        return {name: getattr(self, name) for name in _RECORD_FIELDS}
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), default=str, sort_keys=True)
+        return json.dumps(self.as_dict(), default=str, sort_keys=True)
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(UsageRecord))
 
 
 @dataclass(frozen=True)
@@ -225,7 +233,7 @@ class UsageLedger:
 
     async def _insert(self, records: Iterable[UsageRecord]) -> None:
         async with self._sessions.begin() as session:
-            session.add_all(UsageRow(**asdict(r)) for r in records)
+            session.add_all(UsageRow(**r.as_dict()) for r in records)
 
     async def _exists(self, record: UsageRecord) -> bool:
         """Whether ``record`` is in the store already (a write that was reported failed after

@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from app.api.errors import render
 from app.errors import GatewayError
@@ -43,14 +43,8 @@ class CompletionResponse(Response, Generic[Request]):
         self._request_id = request_id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = False
-
-        async def send_started(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
         service, request = self._service, self._request
+        streamed: EventStreamResponse | None = None
         try:
             tracked = self._tracker.track(service, request, self._principal, self._request_id)
             async with entered_unless_disconnected(receive, tracked) as run:
@@ -58,16 +52,15 @@ class CompletionResponse(Response, Generic[Request]):
                     events = service.stream(request, run)
                     if service.fails_before_streaming:
                         events = await _started(receive, events)
-                    await EventStreamResponse(events, headers=run.headers)(
-                        scope, receive, send_started
-                    )
+                    streamed = EventStreamResponse(events, headers=run.headers)
+                    await streamed(scope, receive, send)
                     return
                 result = await cancel_on_disconnect(receive, service.complete(request, run))
                 headers = run.headers
         except ClientDisconnected:
             return
         except GatewayError as exc:
-            if started:
+            if streamed is not None and streamed.started:
                 raise
             await render(exc)(scope, receive, send)
             return
@@ -76,7 +69,11 @@ class CompletionResponse(Response, Generic[Request]):
 
 class EventStreamResponse(StreamingResponse):
     """An SSE response whose body iterator is cancelled as soon as the client
-    disconnects, not at the next write, and always closed before this returns."""
+    disconnects, not at the next write, and always closed before this returns.
+
+    It writes to the ``send`` it is given, with no wrapper of its own: every event passes
+    every layer of the server's ``send`` chain, so each layer costs once per streamed token.
+    """
 
     media_type = "text/event-stream"
 
@@ -85,34 +82,46 @@ class EventStreamResponse(StreamingResponse):
     ) -> None:
         super().__init__(content, headers=headers)
         self._events = content
+        self._connected = True
+        self.started = False
+        """Whether the response's start has been sent: from then on, a failure can only be
+        reported in the stream."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        connected = True
-
-        async def send_while_connected(message: Message) -> None:
-            # A cancelled scope only stops a task at a suspension point: a generator whose
-            # next output is always ready, writing to a closed connection (which returns at
-            # once), would never reach one.
-            if not connected:
-                raise ClientDisconnected
-            await send(message)
-
         try:
             async with anyio.create_task_group() as group:
 
                 async def stream_then_stop() -> None:
                     with contextlib.suppress(ClientDisconnected):
-                        await self.stream_response(send_while_connected)
+                        await self.stream_response(send)
                     group.cancel_scope.cancel()
 
                 group.start_soon(stream_then_stop)
                 await self.listen_for_disconnect(receive)
-                connected = False
+                self._connected = False
                 group.cancel_scope.cancel()
         finally:
             # Cancelled mid-write, the generator is only suspended: close it now, not
             # whenever the garbage collector finds it.
             await self._events.aclose()  # type: ignore[attr-defined]
+
+    async def stream_response(self, send: Send) -> None:
+        if not self._connected:
+            raise ClientDisconnected
+        self.started = True
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        async for event in self._events:
+            # A cancelled scope only stops a task at a suspension point: a generator whose
+            # next output is always ready, writing to a closed connection (which returns at
+            # once), would never reach one.
+            if not self._connected:
+                raise ClientDisconnected
+            await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
+        if not self._connected:
+            raise ClientDisconnected
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _started(receive: Receive, events: AsyncIterator[str]) -> AsyncIterator[str]:

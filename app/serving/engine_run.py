@@ -99,4 +99,7 @@ class EngineRun:
                 "could not drain aborted request %s", self.generation.request_id, exc_info=True
             )
         finally:
+            # The gaps counted since the last flush: a drain that failed never reached the
+            # last output, which flushes them.
+            self.meter.flush()
             await stream.aclose()  # type: ignore[attr-defined]
