@@ -27,7 +27,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import ColumnElement, String, func, select
+from sqlalchemy import ColumnElement, String, func, insert, select
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -232,8 +232,11 @@ class UsageLedger:
         return written
 
     async def _insert(self, records: Iterable[UsageRecord]) -> None:
+        # One executemany of plain rows: the ORM's unit of work (an object, its state and
+        # identity per record, flushed) cost more than the rest of a short request.
+        rows = [record.as_dict() for record in records]
         async with self._sessions.begin() as session:
-            session.add_all(UsageRow(**r.as_dict()) for r in records)
+            await session.execute(insert(UsageRow.__table__), rows)
 
     async def _exists(self, record: UsageRecord) -> bool:
         """Whether ``record`` is in the store already (a write that was reported failed after
