@@ -72,6 +72,7 @@ class UsageRecord:
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(UsageRecord))
+_USAGE_TABLE = UsageRow.metadata.tables[UsageRow.__tablename__]
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,7 @@ class UsageLedger:
         # identity per record, flushed) cost more than the rest of a short request.
         rows = [record.as_dict() for record in records]
         async with self._sessions.begin() as session:
-            await session.execute(insert(UsageRow.__table__), rows)
+            await session.execute(insert(_USAGE_TABLE), rows)
 
     async def _exists(self, record: UsageRecord) -> bool:
         """Whether ``record`` is in the store already (a write that was reported failed after
