@@ -40,13 +40,11 @@ class RequestIdMiddleware:
             return
         request_id = uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
+        header = (REQUEST_ID_HEADER, request_id.encode())
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [
-                    *message.get("headers", []),
-                    (REQUEST_ID_HEADER, request_id.encode()),
-                ]
+                message["headers"] = [*message.get("headers", []), header]
             await send(message)
 
         await self.app(scope, receive, send_with_id)
@@ -104,6 +102,12 @@ class EarlyRefusalMiddleware:
                 await record_admin_failure(gateway, scope, path, "rejected", refusal.message)
         if refusal is not None:
             await _refuse(refusal, scope, send)
+            return
+        if _declared_length_only(headers):
+            # The server reads exactly the declared length, already checked: the body cannot
+            # pass the limit, so the app runs without the counting wrappers (every streamed
+            # event would pass through one).
+            await self.app(scope, receive, send)
             return
         if await self._within_limit(scope, receive, send, limit) and is_admin_path(path):
             message = RequestTooLargeError(limit).message
@@ -190,6 +194,12 @@ def _invalid_metrics_token() -> AuthenticationError:
     return AuthenticationError(
         "GET /metrics needs `Authorization: Bearer <metrics token>` (or an admin token)."
     )
+
+
+def _declared_length_only(headers: Headers) -> bool:
+    """Whether the body is exactly one declared ``Content-Length`` long (no chunked body)."""
+    lengths = headers.getlist("content-length")
+    return len(lengths) == 1 and lengths[0].isdigit() and "transfer-encoding" not in headers
 
 
 def _content_length(headers: Headers) -> int:
