@@ -1,6 +1,8 @@
-"""The engine role on the embedded model: two engine processes (vLLM's OpenAI server with our
-plugins) beside a real S3 server on loopback (moto's server mode), an adapter registered into
-the bucket as the front registers it, and neither engine told about it.
+"""The scale-out on one machine: a front and two engine processes (vLLM's OpenAI server with
+our plugins) on the embedded model, beside a real S3 server on loopback (moto's server mode).
+Adapters are uploaded through the front's admin API into the bucket; neither engine is told
+about them. The front forwards to engine 1; engine 2 is asked directly, as the endpoint picker
+may route there.
 
 GETs are counted on the S3 server itself (moto's request recorder: every request it served,
 method and URL), not in our code.
@@ -8,38 +10,39 @@ method and URL), not in our code.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
+import threading
 import uuid
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import httpx
+import openai
 import pytest
+import uvicorn
 
-from app.admin.service import AdminService
-from app.settings import EMBEDDED_MODEL_DIR, Settings
-from app.store.db import open_database
-from app.tenancy.base_model import BaseModelInfo
+from app.main import create_app
 from app.tenancy.storage.s3 import S3Location, s3_client
 from tests.e2e.conftest import LiveGateway
-from tests.support.engine_role import BASE_MODEL_ID, EngineProcess, engine_process
+from tests.support.engine_role import BASE_MODEL_ID, SMALL_ENGINE, EngineProcess, engine_process
+from tests.support.front_app import ADMIN_TOKEN, front_settings
 from tests.support.lora_requests_info import LoraRequestsInfo, parse_lora_requests_info
 from tests.support.s3_server import CREDENTIALS, s3_server
+from tests.support.servers import wait_until_ready
 
 pytestmark = pytest.mark.slow
 
 ADAPTER = "legal_advisor@v1"
 COLD = "telephony@v1"  # asked for by the cold-load test only, whatever order tests run in
 TAMPERED = "tampered@v1"
+ALIAS = "contracts"  # the tenant's name for legal_advisor@v1
 PROMPT = "The contract says"
 # name: the demo adapter it is a copy of
 SOURCES = {
@@ -56,6 +59,13 @@ class Cluster:
     recording: Path
     digests: dict[str, str]
     engines: list[EngineProcess]
+    front_url: str
+    keys: dict[str, str]
+
+    def tenant(self, tenant: str) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=f"{self.front_url}/v1", api_key=self.keys[tenant], max_retries=0
+        )
 
     def gets(self) -> Counter[str]:
         """Keys under the prefix the S3 server served GETs for since the recording began."""
@@ -76,23 +86,30 @@ class Cluster:
         assert response.status_code == 200
 
 
-async def _register(settings: Settings, database: Path, names: list[str]) -> dict[str, str]:
-    """Register directories under the adapter root as the front's admin service does
-    (validated, uploaded content-addressed, then versions/<name>@v1.json)."""
+def _admin(front_url: str, method: str, path: str, body: Any = None) -> Any:
+    response = httpx.request(
+        method,
+        f"{front_url}/admin/v1{path}",
+        json=body,
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        timeout=120,
+    )
+    assert response.status_code < 300, response.text
+    return response.json() if response.content else None
 
-    async def nothing() -> None:
-        return None
 
-    base = BaseModelInfo.from_model_dir(EMBEDDED_MODEL_DIR)
-    digests = {}
-    async with open_database(f"sqlite+aiosqlite:///{database}") as sessions:
-        admin = AdminService.from_settings(settings, sessions, base, on_change=nothing)
-        for name in names:
-            row = await admin.register_adapter(
-                "admin:test", name, partial(admin.storage.from_path, name)
-            )
-            digests[f"{row.name}@v{row.version}"] = row.sha256
-    return digests
+@contextmanager
+def serving(app: Any, port: int) -> Iterator[str]:
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="front", daemon=True)
+    thread.start()
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(f"{base_url}/readyz", alive=thread.is_alive, timeout=60)
+        yield base_url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -110,18 +127,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             store = f"s3://{location.bucket}/{location.prefix}"
             for name, demo in SOURCES.items():
                 shutil.copytree(Path("var/adapters") / demo, state / "adapters" / name)
-            front = Settings(
-                _env_file=None,
-                adapter_root=state / "adapters",
-                adapter_store=store,
-                adapter_cache_dir=state / "front-cache",
-            )
-            digests = asyncio.run(_register(front, state / "front.db", list(SOURCES)))
-            # The upload tampered with in the bucket: one bit of the weights flipped.
-            key = location.content_key(digests[TAMPERED], "adapter_model.safetensors")
-            weights = s3_client().get_object(Bucket=location.bucket, Key=key)["Body"].read()
-            tampered = weights[:-1] + bytes([weights[-1] ^ 1])
-            s3_client().put_object(Bucket=location.bucket, Key=key, Body=tampered)
             engines = [
                 stack.enter_context(
                     engine_process(
@@ -135,7 +140,69 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 )
                 for i in (1, 2)
             ]
-            yield Cluster(endpoint, location, recording, digests, engines)
+            front = front_settings(
+                engines[0].base_url,
+                state,
+                max_model_len=int(SMALL_ENGINE["LORA_GATEWAY_MAX_MODEL_LEN"]),
+                adapter_store=store,
+                adapter_cache_dir=state / "front-cache",
+            )
+            front_url = stack.enter_context(serving(create_app(front), front.port))
+            digests = {}
+            for name in SOURCES:  # uploaded through the front, as an admin does
+                row = _admin(front_url, "POST", "/adapters", {"name": name, "path": name})
+                digests[f"{name}@v{row['version']}"] = row["sha256"]
+            keys = {}
+            for tenant in ("acme", "other"):
+                _admin(front_url, "POST", "/tenants", {"id": tenant, "name": tenant})
+                keys[tenant] = _admin(front_url, "POST", f"/tenants/{tenant}/keys", {})["key"]
+            _admin(
+                front_url, "PUT", f"/tenants/acme/adapters/{ALIAS}", {"adapter": "legal_advisor"}
+            )
+            # The upload tampered with in the bucket: one bit of the weights flipped.
+            key_of_weights = location.content_key(digests[TAMPERED], "adapter_model.safetensors")
+            weights = s3_client().get_object(Bucket=location.bucket, Key=key_of_weights)
+            data = weights["Body"].read()
+            s3_client().put_object(
+                Bucket=location.bucket, Key=key_of_weights, Body=data[:-1] + bytes([data[-1] ^ 1])
+            )
+            yield Cluster(endpoint, location, recording, digests, engines, front_url, keys)
+
+
+def test_an_upload_through_the_front_lands_in_the_bucket(cluster: Cluster) -> None:
+    bucket, location = cluster.location.bucket, cluster.location
+    digest = cluster.digests[ADAPTER]
+    version = s3_client().get_object(Bucket=bucket, Key=location.version_key(ADAPTER))
+    assert json.loads(version["Body"].read())["sha256"] == digest
+    manifest = s3_client().get_object(Bucket=bucket, Key=location.manifest_key(digest))
+    files = {f["name"] for f in json.loads(manifest["Body"].read())["files"]}
+    assert files == {"adapter_config.json", "adapter_model.safetensors"}
+
+
+def test_a_tenant_is_served_through_the_front_by_engine_1_and_engine_2_answers_the_same(
+    cluster: Cluster,
+) -> None:
+    first, second = cluster.engines
+    resolved = f"resolved {ADAPTER} to content"
+    assert resolved not in first.log_text()
+    served = cluster.tenant("acme").completions.create(
+        model=ALIAS, prompt=PROMPT, max_tokens=8, temperature=0
+    )
+    assert served.model == ALIAS  # never the global name
+    assert resolved in first.log_text()  # engine 1 loaded it from the bucket for the front
+    direct = complete(second, ADAPTER)
+    assert direct.status_code == 200, direct.text
+    assert direct.json()["choices"][0]["text"] == served.choices[0].text
+
+
+@pytest.mark.parametrize("model", [ALIAS, ADAPTER, "legal_advisor"])
+def test_another_tenant_cannot_reach_the_adapter_through_the_front(
+    cluster: Cluster, model: str
+) -> None:
+    with pytest.raises(openai.NotFoundError) as refused:
+        cluster.tenant("other").completions.create(model=model, prompt=PROMPT, max_tokens=1)
+    message = refused.value.body["message"]  # type: ignore[index]
+    assert message == f"The model `{model}` does not exist or you do not have access to it."
 
 
 def complete(engine: EngineProcess, model: str, **extra: Any) -> httpx.Response:
