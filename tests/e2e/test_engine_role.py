@@ -32,7 +32,7 @@ from app.main import create_app
 from app.tenancy.storage.s3 import S3Location, s3_client
 from tests.e2e.conftest import LiveGateway
 from tests.support.engine_role import BASE_MODEL_ID, SMALL_ENGINE, EngineProcess, engine_process
-from tests.support.front_app import ADMIN_TOKEN, front_settings
+from tests.support.front_app import admin_call, front_settings
 from tests.support.lora_requests_info import LoraRequestsInfo, parse_lora_requests_info
 from tests.support.s3_server import CREDENTIALS, s3_server
 from tests.support.servers import wait_until_ready
@@ -84,18 +84,6 @@ class Cluster:
         """``reset``, ``start`` or ``stop`` moto's request recording."""
         response = httpx.post(f"{self.s3_endpoint}/moto-api/recorder/{action}-recording")
         assert response.status_code == 200
-
-
-def _admin(front_url: str, method: str, path: str, body: Any = None) -> Any:
-    response = httpx.request(
-        method,
-        f"{front_url}/admin/v1{path}",
-        json=body,
-        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-        timeout=120,
-    )
-    assert response.status_code < 300, response.text
-    return response.json() if response.content else None
 
 
 @contextmanager
@@ -150,13 +138,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             front_url = stack.enter_context(serving(create_app(front), front.port))
             digests = {}
             for name in SOURCES:  # uploaded through the front, as an admin does
-                row = _admin(front_url, "POST", "/adapters", {"name": name, "path": name})
+                row = admin_call(front_url, "POST", "/adapters", {"name": name, "path": name})
                 digests[f"{name}@v{row['version']}"] = row["sha256"]
             keys = {}
             for tenant in ("acme", "other"):
-                _admin(front_url, "POST", "/tenants", {"id": tenant, "name": tenant})
-                keys[tenant] = _admin(front_url, "POST", f"/tenants/{tenant}/keys", {})["key"]
-            _admin(
+                admin_call(front_url, "POST", "/tenants", {"id": tenant, "name": tenant})
+                keys[tenant] = admin_call(front_url, "POST", f"/tenants/{tenant}/keys", {})["key"]
+            admin_call(
                 front_url, "PUT", f"/tenants/acme/adapters/{ALIAS}", {"adapter": "legal_advisor"}
             )
             # The upload tampered with in the bucket: one bit of the weights flipped.

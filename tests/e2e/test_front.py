@@ -25,7 +25,7 @@ from transformers import AutoTokenizer
 from app.main import create_app
 from app.settings import EMBEDDED_MODEL_DIR, Settings
 from tests.support.engine_role import SMALL_ENGINE, EngineProcess, engine_process
-from tests.support.front_app import ADMIN_TOKEN
+from tests.support.front_app import ADMIN_TOKEN, admin_call
 from tests.support.servers import free_port, wait_until_ready
 
 pytestmark = pytest.mark.slow
@@ -64,18 +64,6 @@ class Deployment:
             time.sleep(0.05)
 
 
-def _admin(front_url: str, method: str, path: str, body: Any = None) -> Any:
-    response = httpx.request(
-        method,
-        f"{front_url}/admin/v1{path}",
-        json=body,
-        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-        timeout=60,
-    )
-    assert response.status_code < 300, response.text
-    return response.json() if response.content else None
-
-
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     state = tmp_path_factory.mktemp("front-e2e")
@@ -108,15 +96,15 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         front_url = f"http://127.0.0.1:{settings.port}"
         try:
             wait_until_ready(f"{front_url}/readyz", alive=thread.is_alive, timeout=60)
-            _admin(front_url, "POST", "/adapters", {"name": "legal", "path": "legal_advisor"})
+            admin_call(front_url, "POST", "/adapters", {"name": "legal", "path": "legal_advisor"})
             keys = {}
             for tenant in ("tenant-a", "tenant-b"):
                 body = {"id": tenant, "name": tenant, "allow_base_model": True}
-                _admin(front_url, "POST", "/tenants", body)
-                keys[tenant] = _admin(front_url, "POST", f"/tenants/{tenant}/keys", {"name": "k"})[
-                    "key"
-                ]
-            _admin(front_url, "PUT", f"/tenants/tenant-a/adapters/{ALIAS}", {"adapter": "legal"})
+                admin_call(front_url, "POST", "/tenants", body)
+                key = admin_call(front_url, "POST", f"/tenants/{tenant}/keys", {"name": "k"})
+                keys[tenant] = key["key"]
+            grant = {"adapter": "legal"}
+            admin_call(front_url, "PUT", f"/tenants/tenant-a/adapters/{ALIAS}", grant)
             yield Deployment(front_url, engine, database, keys, settings.base_model_id)
         finally:
             server.should_exit = True

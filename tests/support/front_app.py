@@ -84,6 +84,19 @@ class Front:
         raise AssertionError("background work did not finish")
 
 
+def admin_call(front_url: str, method: str, path: str, body: Any = None) -> Any:
+    """One admin API call to a front (from synchronous code), which must succeed."""
+    response = httpx.request(
+        method,
+        f"{front_url}/admin/v1{path}",
+        json=body,
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        timeout=120,
+    )
+    assert response.status_code < 300, response.text
+    return response.json() if response.content else None
+
+
 def front_settings(upstream_url: str, state: Path, **overrides: Any) -> Settings:
     return Settings(
         _env_file=None,  # type: ignore[call-arg]
