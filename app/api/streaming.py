@@ -46,7 +46,9 @@ class CompletionResponse(Response, Generic[Request]):
         service, request = self._service, self._request
         streamed: EventStreamResponse | None = None
         try:
-            tracked = self._tracker.track(service, request, self._principal, self._request_id)
+            tracked = self._tracker.track(
+                service, request, self._principal, self._request_id, body_bytes=_body_bytes(scope)
+            )
             async with entered_unless_disconnected(receive, tracked) as run:
                 if request.stream:
                     events = service.stream(request, run)
@@ -122,6 +124,15 @@ class EventStreamResponse(StreamingResponse):
         if not self._connected:
             raise ClientDisconnected
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _body_bytes(scope: Scope) -> int | None:
+    """The request body's size, where it is one declared ``Content-Length`` (not chunked)."""
+    declared = [value for name, value in scope["headers"] if name == b"content-length"]
+    chunked = any(name == b"transfer-encoding" for name, _ in scope["headers"])
+    if len(declared) != 1 or not declared[0].isdigit() or chunked:
+        return None
+    return int(declared[0])
 
 
 async def _started(receive: Receive, events: AsyncIterator[str]) -> AsyncIterator[str]:

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -111,6 +111,10 @@ class Service(Protocol[RequestContra, RunT]):
     def stream(self, request: RequestContra, run: RunT) -> AsyncIterator[str]:
         """The response as server-sent events, as it is produced."""
 
+
+INLINE_PREPARE_BYTES = 2048
+"""A request body up to this size is tokenised on the event loop when the tokenizer thread is
+idle: handing it to the thread and back costs more CPU than tokenising it."""
 
 ITL_FLUSH_SECONDS = 1.0
 """How stale the inter-token latency histogram may be while a stream runs."""
@@ -235,6 +239,8 @@ class RequestTracker:
         self._renew_every = lease_seconds / 3
         # One thread: Hugging Face tokenizers are not safe to share between threads.
         self._tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
+        # The last work handed to that thread: once it is done, so is all before it.
+        self._last_prepared: Future[Any] | None = None
         # lora_id -> when a request last started with that adapter version
         self.last_used: dict[int, datetime] = {}
 
@@ -248,12 +254,16 @@ class RequestTracker:
         request: Request,
         principal: Principal,
         request_id: str,
+        *,
+        body_bytes: int | None = None,
     ) -> AsyncIterator[RunT]:
-        """Admit the request and yield its :class:`Run`; settle and record it on exit."""
+        """Admit the request and yield its :class:`Run`; settle and record it on exit.
+        ``body_bytes``, the size of the request's body where it is known, bounds the work of
+        tokenising it."""
         # This host's copy of the request's adapter stays in place until the request ended.
         with ExitStack() as holds:
             generation, reservation = await self._admit(
-                service, request, principal, request_id, holds
+                service, request, principal, request_id, holds, body_bytes
             )
             run = service.start(request, generation, reservation)
             began = time.monotonic()
@@ -296,6 +306,7 @@ class RequestTracker:
         principal: Principal,
         request_id: str,
         holds: ExitStack,
+        body_bytes: int | None,
     ) -> tuple[Generation, Reservation | None]:
         """Resolve, pre-check, tokenise and reserve, or raise; a refusal holds nothing (what
         ``holds`` holds is the caller's to let go)."""
@@ -311,8 +322,8 @@ class RequestTracker:
             if subjects:
                 # The limits that need no token count, before the prompt is tokenised.
                 await self._checked(self._quota.precheck(subjects), tenant.id)
-            generation = await asyncio.get_running_loop().run_in_executor(
-                self._tokenizer, service.prepare, request, principal, target, request_id
+            generation = await self._prepare(
+                service, request, principal, target, request_id, body_bytes
             )
             reservation = None
             if subjects:
@@ -329,6 +340,25 @@ class RequestTracker:
             metrics.REQUESTS.labels(tenant.id, model, service.endpoint, status).inc()
             raise
         return generation, reservation
+
+    async def _prepare(
+        self,
+        service: Service[Request, Any],
+        request: Request,
+        principal: Principal,
+        target: ModelTarget,
+        request_id: str,
+        body_bytes: int | None,
+    ) -> Generation:
+        """``service.prepare``, off the event loop unless the body is small. The tokenizer is
+        never used by two threads at once: the loop uses it only while its thread is idle."""
+        last = self._last_prepared
+        small = body_bytes is not None and body_bytes <= INLINE_PREPARE_BYTES
+        if small and (last is None or last.done()):
+            return service.prepare(request, principal, target, request_id)
+        future = self._tokenizer.submit(service.prepare, request, principal, target, request_id)
+        self._last_prepared = future
+        return await asyncio.wrap_future(future)
 
     @staticmethod
     async def _on_this_host(
