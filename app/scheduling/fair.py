@@ -60,8 +60,8 @@ class FairAdmission:
         return FairSlot(self, ticket)
 
     def follow(self, engine: Engine | None) -> None:
-        """Size the window from ``engine``'s reports from now on (where it makes them and the
-        window adapts); ``None``: stop."""
+        """Read ``engine``'s load reports from now on, where it makes them: into the gauges,
+        and into the window where it adapts; ``None``: stop."""
         if self._poller is not None:
             self._poller.cancel()
             self._poller = None
@@ -92,9 +92,9 @@ class FairAdmission:
         self._step = load.step
         metrics.SCHEDULER_SLOTS.labels("engine_running").set(load.running)
         metrics.SCHEDULER_SLOTS.labels("engine_waiting").set(load.waiting)
-        before = self.queue.window
         if self._window is None:
             return False
+        before = self.queue.window
         after = self._window.observe(load, held_back=self.queue.held_back())
         if after == before:
             return False
