@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from types import SimpleNamespace
 
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from app import server
+from app.settings import Settings
 from tests.support.servers import free_port, wait_until_ready
 
 # A gateway-shaped app: its lifespan's shutdown leaves a thread behind when told to.
@@ -92,6 +101,7 @@ DYING = textwrap.dedent(
 
     class Gateway:
         startup_error = "RuntimeError: no model" if sys.argv[2] == "never-starts" else None
+        settings = Settings(_env_file=None)
 
         @property
         def engine(self):
@@ -132,3 +142,29 @@ def test_an_engine_that_failed_to_start_stops_the_server() -> None:
     status, stderr = serve_until_it_stops("never-starts")
     assert status == 3, stderr
     assert "the gateway failed to start: RuntimeError: no model" in stderr
+
+
+async def test_once_started_what_start_up_built_is_kept_out_of_garbage_collection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Engine:
+        async def check_health(self) -> None:
+            return None
+
+    app = FastAPI()
+    app.state.gateway = SimpleNamespace(
+        settings=Settings(_env_file=None), engine=Engine(), startup_error=None
+    )
+    watched = server.GatewayServer(uvicorn.Config(app), app)
+    gc.unfreeze()
+    monkeypatch.setattr(server, "WATCH_SECONDS", 0.01)
+    watchdog = asyncio.create_task(watched._watch_engine())
+    try:
+        for _ in range(500):
+            if gc.get_freeze_count():
+                break
+            await asyncio.sleep(0.01)
+        assert gc.get_freeze_count() > 0
+    finally:
+        watchdog.cancel()
+        gc.unfreeze()
