@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 import uuid
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,16 +25,18 @@ from urllib.parse import unquote, urlsplit
 import httpx
 import openai
 import pytest
-import uvicorn
 
-from app.main import create_app
 from app.tenancy.storage.s3 import S3Location, s3_client
 from tests.e2e.conftest import LiveGateway
-from tests.support.engine_role import BASE_MODEL_ID, SMALL_ENGINE, EngineProcess, engine_process
-from tests.support.front_app import admin_call, front_settings
+from tests.support.engine_role import (
+    BASE_MODEL_ID,
+    EngineProcess,
+    engine_process,
+    front_process,
+)
+from tests.support.front_app import ADMIN_TOKEN, admin_call
 from tests.support.lora_requests_info import LoraRequestsInfo, parse_lora_requests_info
 from tests.support.s3_server import CREDENTIALS, s3_server
-from tests.support.servers import wait_until_ready
 
 pytestmark = pytest.mark.slow
 
@@ -86,20 +87,6 @@ class Cluster:
         assert response.status_code == 200
 
 
-@contextmanager
-def serving(app: Any, port: int) -> Iterator[str]:
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="front", daemon=True)
-    thread.start()
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_ready(f"{base_url}/readyz", alive=thread.is_alive, timeout=60)
-        yield base_url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     state = tmp_path_factory.mktemp("engine-role")
@@ -128,14 +115,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 )
                 for i in (1, 2)
             ]
-            front = front_settings(
-                engines[0].base_url,
-                state,
-                max_model_len=int(SMALL_ENGINE["LORA_GATEWAY_MAX_MODEL_LEN"]),
-                adapter_store=store,
-                adapter_cache_dir=state / "front-cache",
+            front_env = {
+                "LORA_GATEWAY_DATABASE_URL": f"sqlite+aiosqlite:///{state / 'front.db'}",
+                "LORA_GATEWAY_ADAPTER_ROOT": str(state / "adapters"),
+                "LORA_GATEWAY_ADAPTER_STORE": store,
+                "LORA_GATEWAY_ADAPTER_CACHE_DIR": str(state / "front-cache"),
+                "LORA_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
+            }
+            front = stack.enter_context(
+                front_process(engines[0].base_url, front_env, state / "logs")
             )
-            front_url = stack.enter_context(serving(create_app(front), front.port))
+            front_url = front.base_url
             digests = {}
             for name in SOURCES:  # uploaded through the front, as an admin does
                 row = admin_call(front_url, "POST", "/adapters", {"name": name, "path": name})

@@ -1,5 +1,8 @@
 """Engine-role processes for tests: ``LORA_GATEWAY_ROLE=engine lora-gateway serve`` (vLLM's
-OpenAI server with our plugins) on a free loopback port, small enough for two on two cores.
+OpenAI server with our plugins) on a free loopback port, small enough for two on two cores;
+and front-role processes (``LORA_GATEWAY_ROLE=front``) before them. A front runs in a process
+of its own, as in a deployment: in the test process its metrics storage would be switched
+under the session's in-process gateway (prometheus_client's is per process).
 
     with engine_process({"LORA_GATEWAY_ADAPTER_STORE": "s3://bucket/prefix"}, log_dir) as engine:
         httpx.post(f"{engine.base_url}/v1/completions", json={"model": "name@v1", ...})
@@ -58,17 +61,6 @@ class EngineProcess:
         return response.text
 
 
-def engine_environment(env: Mapping[str, str], port: int) -> dict[str, str]:
-    return {
-        **os.environ,
-        **SMALL_ENGINE,
-        **env,
-        "LORA_GATEWAY_ROLE": "engine",
-        "LORA_GATEWAY_HOST": "127.0.0.1",
-        "LORA_GATEWAY_PORT": str(port),
-    }
-
-
 @contextmanager
 def engine_process(
     env: Mapping[str, str], log_dir: Path, *, timeout: float = ENGINE_START_TIMEOUT_S
@@ -76,10 +68,40 @@ def engine_process(
     """Start an engine-role process with ``env`` (on top of :data:`SMALL_ENGINE`), wait
     until its ``/health`` answers 200, and stop it (SIGTERM, then SIGKILL for whatever of
     it is left) when the block ends."""
+    with _role_process("engine", {**SMALL_ENGINE, **env}, log_dir, "/health", timeout) as engine:
+        yield engine
+
+
+@contextmanager
+def front_process(
+    upstream_url: str, env: Mapping[str, str], log_dir: Path, *, timeout: float = 120
+) -> Iterator[EngineProcess]:
+    """Start a front-role process forwarding to ``upstream_url``, with ``env`` (its store,
+    admin token...) and the engines' context length, wait until its ``/readyz`` answers
+    200, and stop it when the block ends."""
+    front_env = {
+        "LORA_GATEWAY_UPSTREAM_URL": upstream_url,
+        "LORA_GATEWAY_MAX_MODEL_LEN": SMALL_ENGINE["LORA_GATEWAY_MAX_MODEL_LEN"],
+        **env,
+    }
+    with _role_process("front", front_env, log_dir, "/readyz", timeout) as front:
+        yield front
+
+
+@contextmanager
+def _role_process(
+    role: str, env: Mapping[str, str], log_dir: Path, ready_path: str, timeout: float
+) -> Iterator[EngineProcess]:
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / f"engine-{port}.log"
-    environment = engine_environment(env, port)
+    log = log_dir / f"{role}-{port}.log"
+    environment = {
+        **os.environ,
+        **env,
+        "LORA_GATEWAY_ROLE": role,
+        "LORA_GATEWAY_HOST": "127.0.0.1",
+        "LORA_GATEWAY_PORT": str(port),
+    }
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve"],
@@ -88,14 +110,14 @@ def engine_process(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    engine = EngineProcess(f"http://127.0.0.1:{port}", process, log, environment)
+    started = EngineProcess(f"http://127.0.0.1:{port}", process, log, environment)
     try:
         wait_until_ready(
-            f"{engine.base_url}/health", alive=lambda: process.poll() is None, timeout=timeout
+            f"{started.base_url}{ready_path}", alive=lambda: process.poll() is None, timeout=timeout
         )
-        yield engine
+        yield started
     except BaseException:
-        print(engine.log_text()[-6000:], file=sys.stderr)
+        print(started.log_text()[-6000:], file=sys.stderr)
         raise
     finally:
         stop_engine(process)
