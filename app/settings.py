@@ -59,6 +59,14 @@ class Settings(BaseSettings):
         "their fair share so a newcomer never waits for another tenant's long streams; a "
         "tenant alone runs at most window - headroom requests (docs/scheduling.md).",
     )
+    scheduler_dispatches_per_step: int = Field(
+        0,
+        ge=0,
+        description="Fair scheduler: most requests let into the engine per engine step (0: "
+        "no limit; a tenant with nothing in the engine may always send one). A burst's "
+        "prefills then spread over steps: fewer long steps for a newcomer's first token to "
+        "wait for, at some cost to the median (docs/scheduling.md).",
+    )
     scheduler_quantum_tokens: int = Field(
         1024,
         ge=1,

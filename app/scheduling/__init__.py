@@ -47,6 +47,7 @@ def admission_for(settings: Settings) -> Admission:
         quantum=settings.scheduler_quantum_tokens,
         max_adapter_wait=settings.scheduler_max_adapter_wait_seconds,
         max_loras=settings.max_loras,
+        per_step=settings.scheduler_dispatches_per_step,
     )
     return FairAdmission(
         queue,

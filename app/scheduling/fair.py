@@ -67,6 +67,7 @@ class FairAdmission:
             self._poller = None
         self._load = None
         self._step = None
+        self.queue.pace(isinstance(engine, ReportsLoad))
         if not isinstance(engine, ReportsLoad):
             return
         self._load = engine.load
@@ -82,25 +83,25 @@ class FairAdmission:
                 logger.exception("the admission window could not follow the engine's load")
 
     def _adapt(self) -> bool:
-        """Read the engine's latest report (shown as gauges) into the window, where it adapts;
-        whether the window grew."""
+        """Read the engine's latest report (shown as gauges): a new step opens the pacing
+        anew, and the window follows the load where it adapts; whether it was new."""
         if self._load is None:
             return False
         load = self._load()
         if load is None or load.step == self._step:
             return False
         self._step = load.step
+        self.queue.new_step()
         metrics.SCHEDULER_SLOTS.labels("engine_running").set(load.running)
         metrics.SCHEDULER_SLOTS.labels("engine_waiting").set(load.waiting)
         if self._window is None:
-            return False
+            return True
         before = self.queue.window
         after = self._window.observe(load, held_back=self.queue.held_back())
-        if after == before:
-            return False
-        self.queue.resize(after)
-        metrics.SCHEDULER_SLOTS.labels("window").set(after)
-        return after > before
+        if after != before:
+            self.queue.resize(after)
+            metrics.SCHEDULER_SLOTS.labels("window").set(after)
+        return True
 
     def retry_after(self, ticket: Ticket) -> float:
         """Seconds until the tenant's queue has moved by its own length, at its fair share of

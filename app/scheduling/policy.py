@@ -20,6 +20,11 @@ loop; :mod:`app.scheduling.fair` drives it.
 * **Age bound.** Among the tenants that can dispatch in this pass, a request that waited
   ``max_adapter_wait`` or longer goes first (the oldest), whatever its adapter: affinity may
   delay a request within a pass, never by more than that.
+* **Pacing** (``per_step`` > 0, once :meth:`FairQueue.pace` is on: the engine reports its
+  steps). At most ``per_step`` requests go in per engine step, except that a tenant with
+  nothing in the engine may always send one: a burst (a flood's requests that ended together
+  and came back) then puts its prefills in several short steps instead of one long one that
+  a newcomer's first token would wait for.
 * **Headroom.** The last ``headroom`` slots of the window only go to a tenant below its fair
   share of the rest (``(window - headroom) x weight / the active tenants' weights``) whose
   priority class is interactive (a batch tenant can wait for the next free slot): a tenant
@@ -76,8 +81,12 @@ class FairQueue:
         quantum: int,
         max_adapter_wait: float,
         max_loras: int,
+        per_step: int = 0,
     ) -> None:
         self.window = window
+        self.per_step = per_step
+        self._paced = False
+        self._this_step = 0  # requests let in since the engine's last step
         self._headroom = headroom
         # At least one slot stays open to a tenant alone.
         self.headroom = min(headroom, window - 1)
@@ -125,6 +134,17 @@ class FairQueue:
         return bool(self._backlogged) and self.in_flight >= self.window - self.headroom
 
     # -- changing -----------------------------------------------------------------
+
+    def pace(self, on: bool) -> None:
+        """Count dispatches per engine step (:meth:`new_step`); only an engine that reports
+        its steps can be paced."""
+        self._paced = on and self.per_step > 0
+        self._this_step = 0
+        self._blocked = False
+
+    def new_step(self) -> None:
+        self._this_step = 0
+        self._blocked = False
 
     def resize(self, window: int) -> None:
         """A new window; requests in flight beyond it stay, and no more go in until they end."""
@@ -263,8 +283,10 @@ class FairQueue:
                 state.deficit += (passes - 1) * quantum * state.weight
 
     def _admissible(self, state: TenantState, ticket: Ticket) -> bool:
-        """Whether the window lets the request in now (headroom included)."""
+        """Whether the window lets the request in now (headroom and pacing included)."""
         window, in_flight = self.window, self.in_flight
+        if self._paced and self._this_step >= self.per_step and state.in_flight > 0:
+            return False
         seqs = ticket.seqs if ticket.seqs <= window else window
         after = in_flight + seqs
         unreserved = window - self.headroom
@@ -289,6 +311,7 @@ class FairQueue:
         seqs = self._seqs(ticket)
         state.in_flight += seqs
         self.in_flight += seqs
+        self._this_step += 1
         self.affinity.started(ticket.adapter)
         self._visiting = name
         if state.queue:

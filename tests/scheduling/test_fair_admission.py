@@ -181,3 +181,22 @@ async def test_the_window_follows_the_engines_reports_unless_it_is_set(
     # Stopped following: reports change nothing any more.
     await reported(engine, running=2, waiting=10, kv=1.0)
     assert fair.queue.window == after
+
+
+async def test_paced_requests_go_in_as_the_engine_reports_its_steps() -> None:
+    settings = Settings(_env_file=None, max_num_seqs=16, scheduler_dispatches_per_step=2)  # type: ignore[call-arg]
+    fair = admission_for(settings)
+    assert isinstance(fair, FairAdmission)
+    engine = ReportingEngine()
+    fair.follow(engine)  # type: ignore[arg-type]
+    try:
+        slots = [fair.admit(ticket("a", n)) for n in range(6)]
+        waits = [asyncio.create_task(slot.acquire()) for slot in slots]
+        await asyncio.sleep(3 * LOAD_POLL_SECONDS)
+        assert sum(w.done() for w in waits) == 2  # no step reported yet
+        await reported(engine, running=2, waiting=0, kv=0.1)  # two steps
+        assert sum(w.done() for w in waits) == 6
+    finally:
+        fair.follow(None)
+        for slot in slots:
+            slot.release()

@@ -273,3 +273,51 @@ def test_affinity_reorders_visits_within_a_pass_but_never_skips_one() -> None:
     assert served == {"warm1": 10, "warm2": 10, "cold": 10}
     # The cold tenant started waiting first, yet the warm ones go first in each pass.
     assert [d.waiting.ticket.tenant for d in drain(fair, 3)] == ["warm1", "warm2", "cold"]
+
+
+def popped(fair: FairQueue) -> list[str]:
+    """Tenants of the requests let in now, until the queue lets in no more."""
+    out = []
+    while (dispatch := fair.pop(0.0)) is not None:
+        out.append(dispatch.waiting.ticket.tenant)
+    return out
+
+
+def paced_queue(per_step: int) -> FairQueue:
+    fair = FairQueue(
+        window=64, headroom=2, quantum=SMALL, max_adapter_wait=10.0, max_loras=2, per_step=per_step
+    )
+    fair.pace(True)
+    return fair
+
+
+def test_paced_a_burst_goes_in_a_few_requests_per_engine_step() -> None:
+    fair = paced_queue(per_step=4)
+    for number in range(12):
+        fair.push(ticket("a", number), 0.0)
+    for _ in range(3):
+        assert popped(fair) == ["a"] * 4
+        fair.new_step()
+    assert fair.waiting() == 0
+
+
+def test_paced_a_newcomers_first_request_still_goes_in_at_once() -> None:
+    fair = paced_queue(per_step=2)
+    for number in range(10):
+        fair.push(ticket("a", number), 0.0)
+    assert len(popped(fair)) == 2
+    fair.push(ticket("b", 0), 0.0)
+    fair.push(ticket("b", 1), 0.0)
+    assert popped(fair) == ["b"]  # its second waits for the next step like the others'
+
+
+def test_nothing_is_paced_without_step_reports_or_with_no_limit() -> None:
+    fair = paced_queue(per_step=2)
+    fair.pace(False)
+    for number in range(10):
+        fair.push(ticket("a", number), 0.0)
+    assert len(popped(fair)) == 10
+    unpaced = paced_queue(per_step=0)
+    for number in range(10):
+        unpaced.push(ticket("a", number), 0.0)
+    assert len(popped(unpaced)) == 10
