@@ -22,27 +22,8 @@ from vllm import CompletionOutput, RequestOutput, SamplingParams
 
 from app.engine.base import EngineLoad
 from app.tenancy.adapters import Adapter
-
-VOCABULARY = 256
-
-
-class ToyTokenizer:
-    """One token per character (its code point modulo the vocabulary)."""
-
-    def __len__(self) -> int:
-        return VOCABULARY
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [ord(c) % VOCABULARY for c in text]
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return "".join(chr(t) for t in token_ids)
-
-    def apply_chat_template(
-        self, messages: list[dict[str, str]], *, add_generation_prompt: bool, tokenize: bool
-    ) -> str:
-        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
-        return text + ("<assistant>" if add_generation_prompt else "")
+from tools.gateway_cost.engine import VOCABULARY as VOCABULARY  # the toy vocabulary, re-exported
+from tools.gateway_cost.engine import CharTokenizer
 
 
 def token_text(token: int) -> str:
@@ -87,7 +68,7 @@ class ScriptedEngine:
         self.error = error or RuntimeError("scripted engine failure")
         self.requests: dict[str, ScriptedRequest] = {}
         self.aborted: list[str] = []
-        self._tokenizer = ToyTokenizer()
+        self._tokenizer = CharTokenizer()
         self._producers: set[asyncio.Task[None]] = set()
         # Tokens produced by all requests: each is one engine step, which vLLM reports on.
         self.steps = 0

@@ -22,7 +22,8 @@ VOCABULARY = 256
 
 
 class CharTokenizer:
-    """One token per character: tokenising costs the gateway what a short prompt does."""
+    """One token per character: tokenising costs the gateway what a short prompt does (the
+    serving tests' scripted engine uses it too)."""
 
     def __len__(self) -> int:
         return VOCABULARY
