@@ -35,7 +35,7 @@ BASE_MODEL_ID = Settings(_env_file=None).base_model_id
 # float32 for exact (token-identical) greedy output; short contexts and a small KV cache.
 SMALL_ENGINE: dict[str, str] = {
     "LORA_GATEWAY_DTYPE": "float32",
-    "LORA_GATEWAY_MAX_MODEL_LEN": "512",
+    "LORA_GATEWAY_MAX_MODEL_LEN": "1024",
     "LORA_GATEWAY_MAX_NUM_SEQS": "16",
     "LORA_GATEWAY_KV_CACHE_GIB": "0.25",
     "LORA_GATEWAY_MAX_LORAS": "2",
