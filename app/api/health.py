@@ -1,5 +1,6 @@
 """Probes: ``/healthz`` (the process answers) and ``/readyz`` (the engine serves; in the front
-role, the store and the upstream answer).
+role, the front has started: the store and the upstream, which every front shares, are not
+asked).
 
 ``/readyz`` says whether the engine is starting, failed to start or stopped, never why: the
 cause (an exception's text, with paths and versions) is in the log, not on an unauthenticated

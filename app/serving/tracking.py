@@ -25,6 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -210,6 +211,11 @@ def quota_subjects(principal: Principal) -> list[tuple[str, Limits]]:
     ]
 
 
+def _exit_once_entered(copy: AbstractContextManager[Path], entering: asyncio.Future[Path]) -> None:
+    if not entering.cancelled() and entering.exception() is None:
+        copy.__exit__(None, None, None)
+
+
 class RequestTracker:
     def __init__(
         self,
@@ -358,7 +364,9 @@ class RequestTracker:
             return service.prepare(request, principal, target, request_id)
         future = self._tokenizer.submit(service.prepare, request, principal, target, request_id)
         self._last_prepared = future
-        return await asyncio.wrap_future(future)
+        # Shielded: a request cancelled while queued leaves its job to run, or a job queued
+        # before it would still be running when ``last.done()`` says the thread is idle.
+        return await asyncio.shield(asyncio.wrap_future(future))
 
     @staticmethod
     async def _on_this_host(
@@ -370,7 +378,14 @@ class RequestTracker:
         """``target`` with its adapter at this host's copy of the content (held in
         ``holds``), fetched first when the adapter store keeps it elsewhere (another replica
         registered it)."""
-        path = await asyncio.to_thread(holds.enter_context, copy)
+        entering = asyncio.ensure_future(asyncio.to_thread(copy.__enter__))
+        try:
+            path = await asyncio.shield(entering)
+        except asyncio.CancelledError:
+            # The fetch runs on in its thread; what it holds once done is let go then.
+            entering.add_done_callback(partial(_exit_once_entered, copy))
+            raise
+        holds.push(copy.__exit__)
         return (
             target if path == adapter.path else replace(target, adapter=replace(adapter, path=path))
         )

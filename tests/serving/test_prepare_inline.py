@@ -78,3 +78,24 @@ async def test_a_small_body_queues_behind_the_thread_while_it_works() -> None:
     finally:
         subject.close()
     assert all(name.startswith("tokenizer") for name in service.threads)
+
+
+async def test_a_request_cancelled_while_queued_does_not_free_the_tokenizer_early() -> None:
+    subject, service = tracker(), RecordingService()
+    service.hold = True
+    try:
+        working = asyncio.ensure_future(prepare(subject, service, None))
+        while not service.threads:
+            await asyncio.sleep(0.001)
+        queued = asyncio.ensure_future(prepare(subject, service, None))
+        await asyncio.sleep(0.01)
+        queued.cancel()  # its client left while it waited for the thread
+        await asyncio.gather(queued, return_exceptions=True)
+        # The thread is still busy with the first: a small body must not take the tokenizer.
+        small = asyncio.ensure_future(prepare(subject, service, 10))
+        await asyncio.sleep(0.01)
+        service.hold = False
+        service.release.set()
+        assert await asyncio.gather(working, small) == ["r", "r"]
+    finally:
+        subject.close()
