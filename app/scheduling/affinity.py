@@ -50,8 +50,3 @@ class AdapterAffinity:
             self._idle[adapter] = None
             while len(self._idle) > self.max_loras:
                 self._idle.popitem(last=False)
-
-    @property
-    def running(self) -> int:
-        """Distinct adapters with requests in the engine."""
-        return len(self._running)

@@ -43,7 +43,6 @@ from app.scheduling.affinity import AdapterAffinity
 from app.scheduling.base import Ticket
 
 Reason = Literal["immediate", "fair_share", "adapter_affinity", "age"]
-REASONS: tuple[Reason, ...] = ("immediate", "fair_share", "adapter_affinity", "age")
 
 
 @dataclass(eq=False)
@@ -116,10 +115,6 @@ class FairQueue:
 
     def waiting(self) -> int:
         return sum(len(state.queue) for state in self._tenants.values())
-
-    def in_flight_of(self, tenant: str) -> int:
-        state = self._tenants.get(tenant)
-        return state.in_flight if state else 0
 
     def share(self, tenant: str, weight: int) -> float:
         """The tenant's fair share of the window below the headroom, in sequences, were it

@@ -35,6 +35,16 @@ class Generation:
     def prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
+    @property
+    def completion_budget(self) -> int:
+        """The most completion tokens the request may produce, over all its choices."""
+        return (self.params.max_tokens or 0) * self.params.n
+
+    @property
+    def worst_case_tokens(self) -> int:
+        """What the quotas reserve and the scheduler charges before the request has run."""
+        return self.prompt_tokens + self.completion_budget
+
 
 class PromptModel(Protocol):
     """What preparing a request needs of the model: its tokenizer and context length. The

@@ -189,7 +189,7 @@ def ticket_of(generation: Generation) -> Ticket:
         request_id=generation.request_id,
         tenant=tenant.id,
         weight=tenant.weight,
-        cost=generation.prompt_tokens + (params.max_tokens or 0) * params.n,
+        cost=generation.worst_case_tokens,
         adapter=adapter.lora_id if adapter is not None else None,
         seqs=params.n,
         interactive=tenant.priority == "interactive",
@@ -333,11 +333,9 @@ class RequestTracker:
             )
             reservation = None
             if subjects:
-                worst_case = generation.prompt_tokens + (generation.params.max_tokens or 0) * (
-                    generation.params.n
-                )
                 reservation = await self._checked(
-                    self._quota.reserve(subjects, worst_case, request_id), tenant.id
+                    self._quota.reserve(subjects, generation.worst_case_tokens, request_id),
+                    tenant.id,
                 )
                 if reservation.unchecked:
                     metrics.QUOTA_UNCHECKED.labels(tenant.id).inc()

@@ -90,8 +90,7 @@ class UpstreamRun:
         if self._per_choice:
             return sum(self._per_choice.values())
         if self._sent and not self._finished and not self._failed and not self._streamed:
-            params = self.generation.params
-            return (params.max_tokens or 0) * params.n
+            return self.generation.completion_budget
         return 0
 
     @property
