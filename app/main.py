@@ -14,6 +14,7 @@ from app.api import health, metrics, openai
 from app.api.admin import router as admin_router
 from app.api.errors import install_error_handlers
 from app.api.middleware import EarlyRefusalMiddleware, RequestIdMiddleware
+from app.api.streaming import GatewayApp
 from app.engine.base import Engine
 from app.gateway import Gateway
 from app.metrics import multiprocess_dir
@@ -92,7 +93,7 @@ def create_app(
                 gateway.attach_engine(None)
                 gateway.attach_front(None)
 
-    app = FastAPI(
+    app = GatewayApp(
         title="LoRA Gateway",
         version=__version__,
         description="Multi-tenant, OpenAI-compatible LoRA serving over one vLLM engine.",

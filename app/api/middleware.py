@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import ClassVar
 
 from starlette._utils import get_route_path
 from starlette.datastructures import Headers
@@ -30,6 +31,8 @@ MULTIPART_OVERHEAD_BYTES = 2 << 20
 class RequestIdMiddleware:
     """Gives every HTTP request an id, ``request.state.request_id``, and
     returns it in the ``x-request-id`` header of every response."""
+
+    passes_bodies_through: ClassVar[bool] = True
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -70,6 +73,9 @@ class EarlyRefusalMiddleware:
     ``/metrics`` needs no credentials unless a metrics token is set, and every
     other path is left to the routes (it has none: 404).
     """
+
+    # A body cut off at its limit is answered before the response has started.
+    passes_bodies_through: ClassVar[bool] = True
 
     def __init__(
         self,

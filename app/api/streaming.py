@@ -10,6 +10,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Generic, TypeVar
 
 import anyio
+from fastapi import FastAPI
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -19,6 +20,32 @@ from app.serving.tracking import ClientDisconnected, Request, RequestTracker, Se
 from app.tenancy.tenants import Principal
 
 T = TypeVar("T")
+
+SERVER_SEND = "lora_gateway.server_send"
+"""The scope key of the server's own ``send``, where every layer between it and the
+routes passes response bodies through unchanged (see :class:`GatewayApp`)."""
+
+
+class GatewayApp(FastAPI):
+    """FastAPI, with streamed events sent straight to the server.
+
+    Every layer between the server and a route wraps ``send`` to look at the response's
+    start only: Starlette's error handling (twice, and once more per route), the request
+    id. For a stream, each token would pay for that chain of calls to reach the server
+    unchanged. So where every middleware says it passes bodies through
+    (``passes_bodies_through``), the server's ``send`` is kept in the scope, and
+    :class:`EventStreamResponse` sends its events there once its start has gone through the
+    chain. One middleware that does not say so (one that compresses or rewrites bodies)
+    turns this off for the whole app: it is never bypassed.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and all(
+            getattr(middleware.cls, "passes_bodies_through", False)
+            for middleware in self.user_middleware
+        ):
+            scope[SERVER_SEND] = send
+        await super().__call__(scope, receive, send)
 
 
 class CompletionResponse(Response, Generic[Request]):
@@ -73,8 +100,9 @@ class EventStreamResponse(StreamingResponse):
     """An SSE response whose body iterator is cancelled as soon as the client
     disconnects, not at the next write, and always closed before this returns.
 
-    It writes to the ``send`` it is given, with no wrapper of its own: every event passes
-    every layer of the server's ``send`` chain, so each layer costs once per streamed token.
+    It has no ``send`` wrapper of its own, and sends its events to the server's ``send``
+    where :class:`GatewayApp` has kept it in the scope: each layer of the ``send`` chain
+    would cost once per streamed token.
     """
 
     media_type = "text/event-stream"
@@ -95,7 +123,7 @@ class EventStreamResponse(StreamingResponse):
 
                 async def stream_then_stop() -> None:
                     with contextlib.suppress(ClientDisconnected):
-                        await self.stream_response(send)
+                        await self._stream(send, scope.get(SERVER_SEND, send))
                     group.cancel_scope.cancel()
 
                 group.start_soon(stream_then_stop)
@@ -107,7 +135,7 @@ class EventStreamResponse(StreamingResponse):
             # whenever the garbage collector finds it.
             await self._events.aclose()  # type: ignore[attr-defined]
 
-    async def stream_response(self, send: Send) -> None:
+    async def _stream(self, send: Send, send_body: Send) -> None:
         if not self._connected:
             raise ClientDisconnected
         self.started = True
@@ -120,10 +148,12 @@ class EventStreamResponse(StreamingResponse):
             # once), would never reach one.
             if not self._connected:
                 raise ClientDisconnected
-            await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
+            await send_body(
+                {"type": "http.response.body", "body": event.encode(), "more_body": True}
+            )
         if not self._connected:
             raise ClientDisconnected
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send_body({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def _body_bytes(scope: Scope) -> int | None:

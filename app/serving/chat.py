@@ -26,7 +26,7 @@ from app.protocol.responses import FinishReason, FunctionCallDelta, ToolCallDelt
 from app.quota import Reservation
 from app.serving import generation as gen
 from app.serving import tools
-from app.serving.chunk_encoding import ChunkEnvelope, chat_choice
+from app.serving.chunk_encoding import StreamChunks, chat_choice
 from app.serving.engine_run import EngineRun
 from app.serving.logprobs import chat_logprobs
 from app.serving.sse import event_stream
@@ -154,17 +154,11 @@ class ChatService(ChatPreparation):
         if request.forced_tool is not None or request.auto_tools:
             return self._stream_call(request, run, chunk)
 
-        envelope = ChunkEnvelope(chunk([]))
+        chunks = StreamChunks(chunk([]), chat_choice, request.n)
 
         def delta(out: CompletionOutput) -> str:
-            return envelope.wrap(
-                chat_choice(
-                    out.index,
-                    out.text,
-                    self._logprobs(request, out),
-                    gen.finish_reason(out.finish_reason),
-                )
-            )
+            logprobs = self._logprobs(request, out)
+            return chunks(out.index, out.text, logprobs, gen.finish_reason(out.finish_reason))
 
         opening = [
             chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])

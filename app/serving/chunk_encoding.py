@@ -9,42 +9,69 @@ formatted directly. The tests hold each encoder to its model's ``model_dump_json
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
+from json.encoder import encode_basestring
 from typing import Final
 
 from pydantic import BaseModel
 
 _PLACEHOLDER: Final = '"choices":[]'
-_STRING = json.JSONEncoder(ensure_ascii=False)
+_TEXT_MARK: Final = "\x00text\x00"
 
 
 def json_string(text: str) -> str:
     """``text`` as a JSON string literal (UTF-8 kept, as pydantic writes it)."""
-    return _STRING.encode(text)
+    return encode_basestring(text)
 
 
 def json_optional_string(text: str | None) -> str:
-    return "null" if text is None else _STRING.encode(text)
+    return "null" if text is None else encode_basestring(text)
 
 
 def json_optional_model(model: BaseModel | None) -> str:
     return "null" if model is None else model.model_dump_json()
 
 
-class ChunkEnvelope:
-    """A stream's chunk with its ``choices`` left open: ``wrap(choice_json)`` is the JSON of
-    the envelope model with that one choice, as ``model_dump_json`` writes it."""
+ChoiceEncoder = Callable[[int, str, BaseModel | None, str | None], str]
+"""``(index, text, logprobs, finish_reason) -> the choice's JSON``."""
 
-    def __init__(self, envelope: BaseModel) -> None:
+
+class StreamChunks:
+    """The chunks of one stream, each with one choice, as JSON: ``chunks(index, text,
+    logprobs, finish_reason)`` is the JSON of ``envelope`` (a chunk model with an empty
+    ``choices`` list) holding that choice, as ``model_dump_json`` writes it.
+
+    Most chunks carry only text (no logprobs, no finish reason): for those, the JSON around
+    the text is formatted once per choice index, and a chunk is one string encoding."""
+
+    def __init__(self, envelope: BaseModel, choice: ChoiceEncoder, n: int) -> None:
         text = envelope.model_dump_json()
         if getattr(envelope, "choices", None) != [] or text.count(_PLACEHOLDER) != 1:
             raise ValueError("the envelope must have an empty `choices` list")
         head, tail = text.split(_PLACEHOLDER)
         self._head = f'{head}"choices":['
         self._tail = f"]{tail}"
+        self._choice = choice
+        self._around_text = [self._split_at_text(i) for i in range(n)]
 
-    def wrap(self, choice_json: str) -> str:
+    def __call__(
+        self, index: int, text: str, logprobs: BaseModel | None, finish_reason: str | None
+    ) -> str:
+        if logprobs is None and finish_reason is None:
+            around = self._around_text[index]
+            if around is not None:
+                return around[0] + encode_basestring(text) + around[1]
+        return self._wrap(self._choice(index, text, logprobs, finish_reason))
+
+    def _wrap(self, choice_json: str) -> str:
         return f"{self._head}{choice_json}{self._tail}"
+
+    def _split_at_text(self, index: int) -> tuple[str, str] | None:
+        """The text-only chunk of ``index`` before and after its text; ``None`` where the
+        envelope holds the marker too (a model named so), and the text cannot be found."""
+        marked = self._wrap(self._choice(index, _TEXT_MARK, None, None))
+        parts = marked.split(json_string(_TEXT_MARK))
+        return (parts[0], parts[1]) if len(parts) == 2 else None
 
 
 def chat_choice(

@@ -19,7 +19,7 @@ from app.protocol import (
 )
 from app.quota import Reservation
 from app.serving import generation as gen
-from app.serving.chunk_encoding import ChunkEnvelope, completion_choice
+from app.serving.chunk_encoding import StreamChunks, completion_choice
 from app.serving.engine_run import EngineRun
 from app.serving.logprobs import completion_logprobs
 from app.serving.sse import event_stream
@@ -107,13 +107,12 @@ class CompletionService(CompletionPreparation):
                 usage=usage,
             )
 
-        envelope = ChunkEnvelope(chunk([]))
+        chunks = StreamChunks(chunk([]), completion_choice, request.n)
 
         def delta(out: CompletionOutput) -> str:
             logprobs = self._logprobs(request, out, offsets[out.index])
             offsets[out.index] += len(out.text)
-            finish = gen.finish_reason(out.finish_reason)
-            return envelope.wrap(completion_choice(out.index, out.text, logprobs, finish))
+            return chunks(out.index, out.text, logprobs, gen.finish_reason(out.finish_reason))
 
         opening = (
             [

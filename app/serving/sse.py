@@ -51,17 +51,22 @@ async def event_stream(
     opened = False
     try:
         async for output in outputs:
-            events: list[str] = []
-            if not opened:
-                opened = True
-                events.extend(event(payload) for payload in opening)
-            for delta in output.outputs:
+            deltas = output.outputs
+            if opened and len(deltas) == 1:  # most outputs: one choice's next tokens
+                completion_tokens += len(deltas[0].token_ids)
+                piece = chunk(deltas[0])
+                if piece is not None:
+                    yield event(piece)
+                continue
+            events = [] if opened else [event(payload) for payload in opening]
+            opened = True
+            for delta in deltas:
                 completion_tokens += len(delta.token_ids)
                 piece = chunk(delta)
                 if piece is not None:
                     events.append(event(piece))
             if events:
-                yield events[0] if len(events) == 1 else "".join(events)
+                yield "".join(events)
     except GatewayError as exc:
         yield f"data: {_error_json(exc)}\n\n{DONE}"
     except Exception:

@@ -16,7 +16,7 @@ from app.protocol import (
     CompletionLogprobs,
 )
 from app.protocol.responses import TokenLogprob, TopLogprob
-from app.serving.chunk_encoding import ChunkEnvelope, chat_choice, completion_choice
+from app.serving.chunk_encoding import StreamChunks, chat_choice, completion_choice
 
 TEXTS = ["", "a", 'quote " and \\ backslash', "line\nbreak\ttab\r", "é ✓ 日本 🙂", "\x00\x1f\u2028"]
 FINISHES = [None, "stop", "length"]
@@ -49,7 +49,7 @@ def test_a_chat_chunk_is_what_its_model_dumps(
         finish_reason=finish,  # type: ignore[arg-type]
     )
     expected = envelope.model_copy(update={"choices": [choice]}).model_dump_json()
-    encoded = ChunkEnvelope(envelope).wrap(chat_choice(2, text, logprobs, finish))
+    encoded = StreamChunks(envelope, chat_choice, n=3)(2, text, logprobs, finish)
     assert json.loads(encoded) == json.loads(expected)
     assert list(json.loads(encoded)) == list(json.loads(expected))
 
@@ -68,11 +68,19 @@ def test_a_completion_chunk_is_what_its_model_dumps(
         finish_reason=finish,  # type: ignore[arg-type]
     )
     expected = envelope.model_copy(update={"choices": [choice]}).model_dump_json()
-    encoded = ChunkEnvelope(envelope).wrap(completion_choice(0, text, logprobs, finish))
+    encoded = StreamChunks(envelope, completion_choice, n=1)(0, text, logprobs, finish)
     assert json.loads(encoded) == json.loads(expected)
 
 
 def test_an_envelope_needs_empty_choices() -> None:
     choice = CompletionChoice(index=0, text="", finish_reason=None)
     with pytest.raises(ValueError, match="choices"):
-        ChunkEnvelope(Completion(id="c", model="m", choices=[choice]))
+        StreamChunks(Completion(id="c", model="m", choices=[choice]), completion_choice, n=1)
+
+
+def test_a_model_named_like_the_text_marker_is_still_encoded_right() -> None:
+    envelope = Completion(id="c", model="\x00text\x00", choices=[])
+    choice = CompletionChoice(index=0, text="\x00text\x00", finish_reason=None)
+    expected = envelope.model_copy(update={"choices": [choice]}).model_dump_json()
+    chunks = StreamChunks(envelope, completion_choice, n=1)
+    assert json.loads(chunks(0, "\x00text\x00", None, None)) == json.loads(expected)

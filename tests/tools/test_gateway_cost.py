@@ -93,10 +93,15 @@ def test_a_small_run_measures_the_gateway_process(tmp_path: Path) -> None:
     report = json.loads(written.read_text())
     assert set(report["results"]) == {"2", "4"}
     phases = report["phases"]
-    assert len(phases) == 2 * 2 * 2  # rounds x concurrencies x (short, long)
+    # rounds x concurrencies x (short, long; through the gateway, and the engine alone)
+    assert len(phases) == 2 * 2 * 4
+    assert {phase["kind"] for phase in phases} == {
+        "short", "long", "engine alone, short", "engine alone, long"
+    }  # fmt: skip
     for phase in phases:
         assert phase["result"]["requests"] == 8
         assert phase["result"]["completion_tokens"] == 8 * phase["max_tokens"]
     for figures in report["results"].values():
         assert figures["request_us"]["min"] <= figures["request_us"]["median"]
         assert figures["request_us"]["median"] <= figures["request_us"]["max"]
+        assert "own_token_us" in figures

@@ -12,9 +12,16 @@ another:
 
 The gateway process's CPU time (user + system, all its threads; not wall time) is read
 before and after each phase. A request costs the short phase's CPU per request; a token, the
-long phase's CPU per request less that, over the tokens beyond the first. Medians and the
-spread over rounds are printed and written to ``var/gateway-cost/<time>.json``. With
-``--profile``, one long phase more runs under cProfile and its top entries are printed.
+long phase's CPU per request less that, over the tokens beyond the first.
+
+Part of a token's cost is the stand-in engine's (its steps, its outputs, waking the reader),
+which vLLM's own output processing replaces in production. The same two phases run once more
+each round with the engine read directly in the gateway process, nothing of the gateway
+around it; the gateway's own cost per token is the difference, round by round.
+
+Medians and the spread over rounds are printed and written to
+``var/gateway-cost/<time>.json``. With ``--profile``, one long phase more runs under cProfile
+and its top entries are printed.
 """
 
 from __future__ import annotations
@@ -156,6 +163,8 @@ FIGURES = (
     "request_system_us",
     "token_us",
     "token_system_us",
+    "engine_token_us",
+    "own_token_us",
     "long_token_us",
     "tokens_per_event",
 )
@@ -193,6 +202,28 @@ def measure(gw: Gateway, streams: int, max_tokens: int, requests_per_stream: int
         raise RuntimeError(f"{result.completion_tokens} tokens streamed, {expected} expected")
     kind = "short" if max_tokens == 1 else "long"
     return Phase(streams, kind, max_tokens, cpu, system, result)
+
+
+def measure_engine_alone(gw: Gateway, streams: int, max_tokens: int, each: int) -> Phase:
+    """The same phase with the engine read directly in the gateway process."""
+    user_before, system_before = gw.cpu_times()
+    started = time.monotonic()
+    answer = httpx.post(
+        f"http://{HOST}:{gw.port}/cost/engine-alone",
+        params={"streams": streams, "requests_per_stream": each, "max_tokens": max_tokens},
+        timeout=600,
+    )
+    answer.raise_for_status()
+    wall = time.monotonic() - started
+    time.sleep(SETTLE_SECONDS)
+    user, system = gw.cpu_times()
+    requests = streams * each
+    if answer.json() != requests * max_tokens:
+        raise RuntimeError(f"{answer.json()} tokens read, {requests * max_tokens} expected")
+    result = PhaseResult(requests, requests * max_tokens, 0, wall)
+    cpu = user - user_before + system - system_before
+    kind = "engine alone, " + ("short" if max_tokens == 1 else "long")
+    return Phase(streams, kind, max_tokens, cpu, system - system_before, result)
 
 
 def per_token_us(short: Phase, long: Phase) -> float:
@@ -237,23 +268,30 @@ def measure_rounds(
     for streams in args.streams:  # warm-up: first connections, lazy imports, caches
         measure(gw, streams, 1, 1)
         measure(gw, streams, args.tokens, 1)
+        measure_engine_alone(gw, streams, args.tokens, 1)
     for round_number in range(args.rounds):
         for streams in args.streams:
             each = max(1, args.requests // streams)
             short = measure(gw, streams, 1, each)
             long = measure(gw, streams, args.tokens, each)
-            phases += [short, long]
+            engine_short = measure_engine_alone(gw, streams, 1, each)
+            engine_long = measure_engine_alone(gw, streams, args.tokens, each)
+            phases += [short, long, engine_short, engine_long]
             row = rows[streams]
             row["request_us"].append(short.cpu_per_request_us)
             row["request_system_us"].append(short.system_per_request_us)
             row["token_us"].append(per_token_us(short, long))
             row["token_system_us"].append(system_per_token_us(short, long))
+            engine_token = per_token_us(engine_short, engine_long)
+            row["engine_token_us"].append(engine_token)
+            row["own_token_us"].append(per_token_us(short, long) - engine_token)
             row["long_token_us"].append(long.cpu_seconds / long.result.completion_tokens * 1e6)
             row["tokens_per_event"].append(tokens_per_content_event(long))
             print(
                 f"round {round_number + 1} streams {streams}: "
                 f"{short.cpu_per_request_us:.0f} us/request, "
-                f"{per_token_us(short, long):.1f} us/token",
+                f"{per_token_us(short, long):.1f} us/token, "
+                f"of which the stand-in engine alone {engine_token:.1f}",
                 flush=True,
             )
     return rows, phases
@@ -295,8 +333,9 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         if args.rounds:
             with gateway(workdir / "measured", args.rate) as gw:
-                idle_us_per_s = gw.idle_cpu_us_per_second(args.idle_seconds)
                 rows, phases = measure_rounds(gw, args)
+                # After the rounds: just after start-up, the gateway is still settling.
+                idle_us_per_s = gw.idle_cpu_us_per_second(args.idle_seconds)
         top = ""
         if args.profile:
             stats_file = workdir / "gateway.prof"
@@ -344,8 +383,9 @@ def main(argv: list[str] | None = None) -> int:
 def format_table(report: dict[str, Any]) -> str:
     lines = [
         "| streams | CPU per request (us) | of which kernel | CPU per streamed token (us) "
-        "| of which kernel | long requests: CPU per token, all in (us) | tokens per event |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| of which kernel | the stand-in engine alone | the gateway's own "
+        "| long requests: CPU per token, all in (us) | tokens per event |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def cell(figure: dict[str, float], digits: int) -> str:
@@ -357,6 +397,7 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(
             f"| {streams} | {cell(row['request_us'], 0)} | {cell(row['request_system_us'], 0)} "
             f"| {cell(row['token_us'], 1)} | {cell(row['token_system_us'], 1)} "
+            f"| {cell(row['engine_token_us'], 1)} | {cell(row['own_token_us'], 1)} "
             f"| {cell(row['long_token_us'], 1)} | {cell(row['tokens_per_event'], 2)} |"
         )
     lines.append(

@@ -4,11 +4,16 @@ metrics, uvicorn as ``lora-gateway serve`` runs it) over a :class:`PacedEngine`.
 ``python -m tools.gateway_cost.server --workdir DIR --port P --rate R [--profile FILE]``
 serves until SIGINT; with ``--profile`` it runs under cProfile (the event loop's thread, by
 its CPU time) and writes the statistics to FILE on the way out.
+
+One route of its own, ``POST /cost/engine-alone``, reads streams from the engine in this
+process with nothing of the gateway around them: what the stand-in engine costs on its own,
+to tell apart from the gateway's cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import cProfile
 import json
 import time
@@ -17,7 +22,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import numpy as np
+from fastapi import FastAPI
 from safetensors.numpy import save_file
+from vllm import SamplingParams
 
 from app.engine.base import Engine
 from app.main import create_app
@@ -51,6 +58,25 @@ def settings_for(workdir: Path, port: int) -> Settings:
     )
 
 
+def add_engine_alone_route(app: FastAPI, engines: list[PacedEngine]) -> None:
+    @app.post("/cost/engine-alone")
+    async def engine_alone(streams: int, requests_per_stream: int, max_tokens: int) -> int:
+        """``streams`` readers of the engine at once, each reading ``requests_per_stream``
+        requests in turn, as the gateway's requests do; the tokens they read."""
+        engine = engines[0]
+        params = SamplingParams(max_tokens=max_tokens)
+
+        async def read(stream: int) -> int:
+            tokens = 0
+            for number in range(requests_per_stream):
+                request_id = f"engine-alone-{stream}-{number}"
+                async for output in engine.generate([1, 2, 3], params, request_id, None):
+                    tokens += len(output.outputs[0].token_ids)
+            return tokens
+
+        return sum(await asyncio.gather(*(read(stream) for stream in range(streams))))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workdir", type=Path, required=True)
@@ -59,9 +85,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", type=Path, help="write cProfile statistics here")
     args = parser.parse_args(argv)
 
+    engines: list[PacedEngine] = []
+
     @asynccontextmanager
     async def paced(_: Settings) -> AsyncIterator[Engine]:
         engine = PacedEngine(args.rate)
+        engines.append(engine)
         try:
             yield engine
         finally:
@@ -69,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = settings_for(args.workdir, args.port)
     app = create_app(settings, engine_factory=paced)
+    add_engine_alone_route(app, engines)
     if args.profile is None:
         run(app, settings)
         return
