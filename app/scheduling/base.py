@@ -3,14 +3,13 @@
 A request that has passed its quotas asks :meth:`Admission.admit` for a :class:`Slot` and
 holds it for its whole time in the engine: ``await slot.acquire()`` waits for its turn (or
 raises :class:`~app.scheduling.errors.AdmissionRefused`), ``slot.release()`` gives it back once
-the engine request has finished and was settled. ``async with admission.admit(ticket):`` does
-both. Which policy decides the order is chosen once, by :func:`app.scheduling.admission_for`.
+the engine request has finished, charged what it used (``slot.settle``). Which policy decides
+the order is chosen once, by :func:`app.scheduling.admission_for`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Protocol
 
 from app.engine.base import Engine
@@ -47,15 +46,6 @@ class Slot(Protocol):
 
     def release(self) -> None:
         """Give the slot back (idempotent; a no-op when it was never acquired)."""
-
-    async def __aenter__(self) -> Slot: ...
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None: ...
 
 
 class Admission(Protocol):

@@ -9,7 +9,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from types import TracebackType
 
 from app import metrics
 from app.engine.base import Engine, EngineLoad, ReportsLoad
@@ -193,15 +192,3 @@ class FairSlot:
             return
         held, self._held_since = self._admission._clock() - self._held_since, None
         self._admission._release(self._ticket, held, self._used)
-
-    async def __aenter__(self) -> FairSlot:
-        await self.acquire()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.release()

@@ -4,8 +4,6 @@ control provides, admits this way too."""
 
 from __future__ import annotations
 
-from types import TracebackType
-
 from app.engine.base import Engine
 from app.scheduling.base import Ticket
 
@@ -26,15 +24,4 @@ class PassThrough:
         return None
 
     def release(self) -> None:
-        return None
-
-    async def __aenter__(self) -> PassThrough:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
         return None

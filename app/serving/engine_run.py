@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from vllm import RequestOutput
 
@@ -35,6 +35,7 @@ class EngineRun:
         self._stream: AsyncIterator[RequestOutput] | None = None
         self._finished = False
         self._failed = False
+        self._ended: Callable[[], None] | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -76,9 +77,16 @@ class EngineRun:
             return "error"
         return "ok" if self._finished else "cancelled"
 
+    def when_ended(self, callback: Callable[[], None]) -> None:
+        self._ended = callback
+
     def _observe(self, output: RequestOutput) -> None:
         self.meter.observe(output)
-        self._finished = output.finished
+        if output.finished:
+            self._finished = True
+            if self._ended is not None:
+                ended, self._ended = self._ended, None
+                ended()
 
     async def _drain(self, stream: AsyncIterator[RequestOutput]) -> None:
         async for output in stream:

@@ -80,6 +80,11 @@ class Run(Protocol):
     def outcome(self) -> Outcome:
         """``ok`` when the answer was complete, ``error`` when it failed, else ``cancelled``."""
 
+    def when_ended(self, callback: Callable[[], None]) -> None:
+        """Have ``callback`` called once, as the request's last output arrives with its
+        token counts, while the answer may still be on its way to the client. A run whose
+        end is not its to see (another tier runs it) never calls it."""
+
     async def close(self) -> None:
         """Stop whatever still runs for the request and count what it produced."""
 
@@ -286,6 +291,9 @@ class RequestTracker:
                     # Queued for an engine slot after the reservation, so the queue holds only
                     # requests the quotas allow, and before the run is read: a refusal is a status.
                     await slot.acquire()
+                    # The slot goes back as the engine ends the request, not after its
+                    # answer has been written, settled and recorded.
+                    run.when_ended(partial(self._give_back, run, slot))
                     yield run
                     outcome = run.outcome()
                 except (asyncio.CancelledError, ClientDisconnected):
@@ -419,14 +427,20 @@ class RequestTracker:
             generation.principal.tenant.id, generation.target.model, generation.endpoint, status
         ).inc()
 
-    @staticmethod
-    async def _released_after(finish: Coroutine[Any, Any, None], run: Run, slot: Slot) -> None:
-        """``finish``, then the engine slot back, charged what the request really used."""
+    @classmethod
+    async def _released_after(cls, finish: Coroutine[Any, Any, None], run: Run, slot: Slot) -> None:
+        """``finish``, then the engine slot back unless the request's end gave it back."""
         try:
             await finish
         finally:
-            slot.settle(run.prompt_tokens + run.completion_tokens)
-            slot.release()
+            cls._give_back(run, slot)
+
+    @staticmethod
+    def _give_back(run: Run, slot: Slot) -> None:
+        """The engine slot back, charged what the request really used (once: a slot
+        already given back stays so)."""
+        slot.settle(run.prompt_tokens + run.completion_tokens)
+        slot.release()
 
     async def _finish(
         self, run: Run, outcome: Outcome, began: float, started_at: datetime, user: str | None

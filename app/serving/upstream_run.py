@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +101,10 @@ class UpstreamRun:
         if self._failed:
             return "error"
         return "ok" if self._finished else "cancelled"
+
+    def when_ended(self, callback: Callable[[], None]) -> None:
+        # The engine tier's own server schedules the request; the front has no slot to free.
+        return None
 
     async def answer(self) -> dict[str, Any]:
         """The upstream's whole (non-streamed) answer."""

@@ -67,18 +67,59 @@ def itl_count(tenant: str) -> float:
 
 
 async def test_close_writes_the_gaps_counted_when_the_drain_fails() -> None:
-    tenant = Tenant(id="run-drain-fails", name="t")
-    principal = Principal(tenant=tenant, key=ApiKey(id="k", tenant_id=tenant.id, sha256="0"))
-    generation = Generation(
-        "r", "chat", principal, ModelTarget(model="m", adapter=None), [1, 2], SamplingParams()
-    )
-    run = EngineRun(AbortFailsEngine(), generation, None)
+    run = EngineRun(AbortFailsEngine(), chat_generation("run-drain-fails"), None)
     outputs = run.outputs()
     for _ in range(4):
         await anext(outputs)
     # Four tokens within a second: three gaps counted, none written yet.
     assert run.completion_tokens == 4
-    assert itl_count(tenant.id) == 0
+    assert itl_count("run-drain-fails") == 0
     await run.close()
     assert run.outcome() == "cancelled"
-    assert itl_count(tenant.id) == 3
+    assert itl_count("run-drain-fails") == 3
+
+
+class FinishingEngine(AbortFailsEngine):
+    """Streams three tokens, the last one finishing the request."""
+
+    async def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str,
+        adapter: Adapter | None,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        for number in range(3):
+            last = output(1)
+            last.finished = number == 2
+            yield last
+
+
+def chat_generation(tenant_id: str) -> Generation:
+    tenant = Tenant(id=tenant_id, name="t")
+    principal = Principal(tenant=tenant, key=ApiKey(id="k", tenant_id=tenant.id, sha256="0"))
+    target = ModelTarget(model="m", adapter=None)
+    return Generation("r", "chat", principal, target, [1, 2], SamplingParams())
+
+
+async def test_the_end_is_told_as_the_last_output_arrives_with_its_counts() -> None:
+    run = EngineRun(FinishingEngine(), chat_generation("run-ends"), None)
+    told: list[int] = []
+    run.when_ended(lambda: told.append(run.completion_tokens))
+    read = []
+    async for out in run.outputs():
+        read.append(out)
+        assert told == ([3] if out.finished else [])
+    await run.close()
+    assert told == [3] and len(read) == 3
+
+
+async def test_a_request_cut_short_never_tells_its_end() -> None:
+    run = EngineRun(AbortFailsEngine(), chat_generation("run-cut"), None)
+    told: list[int] = []
+    run.when_ended(lambda: told.append(run.completion_tokens))
+    outputs = run.outputs()
+    await anext(outputs)
+    await run.close()
+    assert told == []

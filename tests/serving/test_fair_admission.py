@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.serving.engine_run import EngineRun
 from tests.serving.conftest import TENANT, Served, ServeFactory
 from tests.serving.test_lifecycle import chat, eventually, quota_usage
 from tests.support.scripted_engine import ScriptedEngine, SeatedEngine
@@ -270,3 +271,32 @@ async def test_tenants_share_the_engine_by_their_weights(serve: ServeFactory) ->
         order = [r.cache_salt for r in engine.started()[1:]]
         first = order[:12]
         assert first.count(NEIGHBOUR) == 9, order
+
+
+async def test_the_slot_goes_back_as_the_engine_ends_the_request(
+    serve: ServeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one seat, the next request enters the engine while the last one's run is still
+    closing (its answer on its way, its settlement not done)."""
+    closing = asyncio.Event()
+    may_close = asyncio.Event()
+    close = EngineRun.close
+
+    async def slow_close(run: EngineRun) -> None:
+        closing.set()
+        await may_close.wait()
+        await close(run)
+
+    monkeypatch.setattr(EngineRun, "close", slow_close)
+    engine = ScriptedEngine(step_seconds=0.01)
+    served_gateway = serve(engine, max_num_seqs=1, scheduler_headroom_slots=0)
+    async with served_gateway as served, served.client() as client:
+        body = chat(served, max_tokens=3, stream=True)
+        first = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+        await asyncio.wait_for(closing.wait(), 10)
+        second = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+        try:
+            await eventually(lambda: len(engine.requests) == 2)
+        finally:
+            may_close.set()
+        assert [(await first).status_code, (await second).status_code] == [200, 200]
