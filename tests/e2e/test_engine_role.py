@@ -36,7 +36,7 @@ from tests.support.engine_role import (
 )
 from tests.support.front_app import ADMIN_TOKEN, admin_call
 from tests.support.lora_requests_info import LoraRequestsInfo, parse_lora_requests_info
-from tests.support.s3_server import CREDENTIALS, s3_server
+from tests.support.s3_server import s3_server, use_s3
 
 pytestmark = pytest.mark.slow
 
@@ -92,11 +92,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     state = tmp_path_factory.mktemp("engine-role")
     recording = state / "s3-requests.jsonl"
     with pytest.MonkeyPatch.context() as env:
-        for name, value in CREDENTIALS.items():
-            env.setenv(name, value)
         env.setenv("MOTO_RECORDER_FILEPATH", str(recording))  # read by moto's server
         with s3_server() as endpoint, ExitStack() as stack:
-            env.setenv("AWS_ENDPOINT_URL", endpoint)
+            use_s3(env, endpoint)
             location = S3Location(f"adapters-{uuid.uuid4().hex[:12]}", "lgw/adapters")
             s3_client().create_bucket(Bucket=location.bucket)
             store = f"s3://{location.bucket}/{location.prefix}"

@@ -25,7 +25,7 @@ from app.tenancy.base_model import BaseModelInfo
 from app.tenancy.storage.cache import AdapterCache
 from app.tenancy.storage.s3 import S3Content, S3Location, s3_client
 from bench.random_adapters import make_random_adapter
-from tests.support.s3_server import CREDENTIALS, s3_server
+from tests.support.s3_server import s3_server, use_s3
 from tests.support.servers import free_port
 
 BASE = "models/SmolLM2-135M-Instruct"  # what vLLM passes: its model_config.model
@@ -39,9 +39,7 @@ def s3_endpoint() -> Iterator[str]:
 
 @pytest.fixture
 def aws(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    for name, value in CREDENTIALS.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    use_s3(monkeypatch, s3_endpoint)
     return s3_endpoint
 
 

@@ -20,7 +20,7 @@ from safetensors.numpy import save as save_tensors
 
 from app.tenancy.storage.s3 import S3Location, s3_client
 from tests.serving.conftest import ADMIN_TOKEN, TENANT, ServeFactory
-from tests.support.s3_server import CREDENTIALS, s3_server
+from tests.support.s3_server import s3_server, use_s3
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.servers import free_port
 
@@ -71,16 +71,10 @@ async def upload(base_url: str, name: str, seed: int = 0) -> httpx.Response:
         )
 
 
-def aws_env(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
-    for name, value in CREDENTIALS.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-
-
 @pytest.fixture
 def bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> S3Location:
     """A new, empty bucket on the S3 server, which the gateway reaches through AWS_*."""
-    aws_env(monkeypatch, s3_endpoint)
+    use_s3(monkeypatch, s3_endpoint)
     location = S3Location(f"adapters-{uuid.uuid4().hex}", "prod")
     s3_client().create_bucket(Bucket=location.bucket)
     return location
@@ -111,7 +105,7 @@ async def test_an_uploaded_adapter_lands_in_the_bucket(
 async def test_an_upload_with_the_store_down_is_a_503_and_records_nothing(
     serve: ServeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    aws_env(monkeypatch, f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    use_s3(monkeypatch, f"http://127.0.0.1:{free_port()}")  # nothing listens there
 
     async with serve(
         ScriptedEngine(), adapter_store="s3://unreachable/prod", adapter_cache_dir=tmp_path / "c"

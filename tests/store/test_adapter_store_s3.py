@@ -32,7 +32,7 @@ from app.tenancy.storage.errors import (
 from app.tenancy.storage.s3 import S3Content, S3Location, s3_client
 from bench.random_adapters import make_random_adapter
 from tests.support.cold_load import cold_load
-from tests.support.s3_server import CREDENTIALS, s3_server
+from tests.support.s3_server import s3_server, use_s3
 from tests.support.servers import free_port
 
 ACTOR = "admin:test"
@@ -47,9 +47,7 @@ def s3_endpoint() -> Iterator[str]:
 @pytest.fixture
 def aws(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """The standard AWS_* variables pointing boto3 at the loopback server."""
-    for name, value in CREDENTIALS.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    use_s3(monkeypatch, s3_endpoint)
     return s3_endpoint
 
 
@@ -380,9 +378,7 @@ async def test_the_cache_stays_under_its_bound_evicting_the_least_recently_used(
 async def test_an_unreachable_store_refuses_registration_with_503_and_keeps_nothing(
     base_model: BaseModelInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name, value in CREDENTIALS.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nobody there
+    use_s3(monkeypatch, f"http://127.0.0.1:{free_port()}")  # nobody there
     settings = Settings(
         adapter_root=tmp_path / "adapters",
         adapter_store="s3://down/adapters",

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
+
 from tests.support.servers import free_port, stop, wait_until_ready
 
 # moto accepts any credentials; boto3 only needs some to sign with.
@@ -31,3 +33,11 @@ def s3_server() -> Iterator[str]:
         yield endpoint
     finally:
         stop(process)
+
+
+def use_s3(env: pytest.MonkeyPatch, endpoint: str) -> None:
+    """Point boto3 at ``endpoint`` (the standard ``AWS_*`` variables, with credentials it
+    can sign with) for as long as ``env`` lasts."""
+    for name, value in CREDENTIALS.items():
+        env.setenv(name, value)
+    env.setenv("AWS_ENDPOINT_URL", endpoint)
