@@ -6,6 +6,12 @@ engine holds a slot, and the remaining slots hold the adapters whose requests en
 recently. This model follows the same rule from the requests the scheduler dispatched and saw
 end; it cannot see an eviction vLLM makes for another reason, which only costs a load the
 model did not predict.
+
+When every slot is busy, a request with another adapter cannot run: vLLM would hold it in its
+own queue, where it may wait for ever behind the running adapters' new requests. So the
+scheduler holds it instead, and when it has waited long enough, :meth:`AdapterAffinity.make_room`
+drains one slot for it: the running adapter with the fewest requests in the engine takes no
+more until they end.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Literal
 Fit = Literal[0, 1, 2]
 RESIDENT: Fit = 0  # the base model, or an adapter in a slot: no swap
 FITS: Fit = 1  # a slot is free or idle: one load, nobody running is displaced
-CROWDS: Fit = 2  # every slot is busy with running requests: vLLM must hold it back
+CROWDS: Fit = 2  # every slot is busy with running requests (or draining): it cannot run now
 
 
 class AdapterAffinity:
@@ -25,15 +31,30 @@ class AdapterAffinity:
         self._running: Counter[int] = Counter()
         # Adapters whose last request ended, most recent last.
         self._idle: OrderedDict[int, None] = OrderedDict()
+        # The running adapter that takes no new requests until its slot is free.
+        self.draining: int | None = None
+
+    def crowds(self, adapter: int | None) -> bool:
+        if adapter is None:
+            return False
+        if adapter == self.draining:
+            return True
+        return adapter not in self._running and len(self._running) >= self.max_loras
 
     def fit(self, adapter: int | None) -> Fit:
+        if self.crowds(adapter):
+            return CROWDS
         if adapter is None or adapter in self._running:
             return RESIDENT
         free = self.max_loras - len(self._running)
-        if free <= 0:
-            return CROWDS
         recent = list(self._idle)[-free:]
         return RESIDENT if adapter in recent else FITS
+
+    def make_room(self) -> None:
+        """Free a slot for an adapter that crowds: the running adapter with the fewest
+        requests in the engine drains (one at a time)."""
+        if self.draining is None and len(self._running) >= self.max_loras:
+            self.draining = min(self._running, key=self._running.__getitem__)
 
     def started(self, adapter: int | None) -> None:
         if adapter is None:
@@ -47,6 +68,8 @@ class AdapterAffinity:
         self._running[adapter] -= 1
         if not self._running[adapter]:
             del self._running[adapter]
+            if adapter == self.draining:
+                self.draining = None
             self._idle[adapter] = None
             while len(self._idle) > self.max_loras:
                 self._idle.popitem(last=False)

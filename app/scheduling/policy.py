@@ -13,13 +13,18 @@ loop; :mod:`app.scheduling.fair` drives it.
   ends, the difference between its worst case and what it used goes back to its tenant's
   credit. A tenant with nothing waiting keeps no credit (classic DRR); one that starts waiting
   joins the current pass.
-* **Adapter affinity.** The order of the visits within a pass is free: every tenant that can
-  dispatch in this pass will. So among them the one whose request's adapter is resident (or
-  the base model) is visited first, then one whose adapter fits beside the running ones
-  (``max_loras``), then the rest, each group in the order the tenants started waiting.
+* **Adapter affinity.** A request whose adapter cannot run now (every one of the engine's
+  ``max_loras`` slots busy with other adapters' running requests) waits here, not inside
+  vLLM, where it would be passed over for as long as the running adapters get new requests;
+  its tenant is not visited meanwhile. The order of the visits within a pass is free: every
+  tenant that can dispatch in this pass will. So among them the one whose request's adapter is
+  resident (or the base model) is visited first, then one whose adapter fits beside the
+  running ones, the adapter most requests wait for first (one load serves them all), then the
+  rest, each group in the order the tenants started waiting.
 * **Age bound.** Among the tenants that can dispatch in this pass, a request that waited
-  ``max_adapter_wait`` or longer goes first (the oldest), whatever its adapter: affinity may
-  delay a request within a pass, never by more than that.
+  ``max_adapter_wait`` or longer goes first (the oldest), whatever its adapter. One held back
+  that long for a slot makes one: the running adapter with the fewest requests in the engine
+  takes no more until they end (:meth:`AdapterAffinity.make_room`), and the slot is its.
 * **Pacing** (``per_step`` > 0, once :meth:`FairQueue.pace` is on: the engine reports its
   steps). At most ``per_step`` requests go in per engine step, except that a tenant with
   nothing in the engine may always send one: a burst (a flood's requests that ended together
@@ -35,11 +40,11 @@ loop; :mod:`app.scheduling.fair` drives it.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from app.scheduling.affinity import AdapterAffinity
+from app.scheduling.affinity import FITS, AdapterAffinity
 from app.scheduling.base import Ticket
 
 Reason = Literal["immediate", "fair_share", "adapter_affinity", "age"]
@@ -94,6 +99,7 @@ class FairQueue:
         self.affinity = AdapterAffinity(max_loras)
         self.in_flight = 0
         self._tenants: dict[str, TenantState] = {}
+        self._demand: Counter[int | None] = Counter()  # waiting requests per adapter
         self._weights = 0  # of the tenants above: queued or in flight
         # request id -> the tenant's epoch when it was charged, while a refund may apply
         self._charged: dict[str, int] = {}
@@ -154,6 +160,7 @@ class FairQueue:
         self._weights += ticket.weight - state.weight
         state.weight = ticket.weight  # the registry's latest
         waiting = Waiting(ticket, now)
+        self._demand[ticket.adapter] += 1
         if not state.queue:
             self._backlogged[ticket.tenant] = None
             self._pending.add(ticket.tenant)
@@ -170,6 +177,7 @@ class FairQueue:
         name = waiting.ticket.tenant
         state = self._tenants[name]
         state.queue.remove(waiting)
+        self._no_longer_waiting(waiting.ticket)
         if not state.queue:
             self._stop_waiting(name)
         self._forget_if_idle(name)
@@ -182,23 +190,20 @@ class FairQueue:
         if visiting is not None:
             state = self._tenants[visiting]
             head = state.queue[0].ticket
-            if state.deficit >= head.cost and self._admissible(state, head):
+            if state.deficit >= head.cost and self._eligible(state, head):
                 return Dispatch(self._take(visiting), "fair_share")
-        candidates = self._dispatchable()
+        candidates, held_ahead = self._dispatchable(now)
         if not candidates:
             self._next_pass()
-            candidates = self._dispatchable()
+            candidates, held_ahead = self._dispatchable(now)
             if not candidates:
                 self._blocked = True
                 return None
         in_order = preferred = winner = candidates[0]
         if len(candidates) > 1:
-            fit = self.affinity.fit
             tenants = self._tenants
             order = {name: index for index, name in enumerate(candidates)}
-            preferred = min(
-                candidates, key=lambda n: (fit(tenants[n].queue[0].ticket.adapter), order[n])
-            )
+            preferred = min(candidates, key=lambda n: (*self._claim(tenants[n]), order[n]))
             oldest = min(candidates, key=lambda n: (tenants[n].queue[0].since, order[n]))
             if now - tenants[oldest].queue[0].since >= self.max_adapter_wait:
                 winner = oldest
@@ -208,7 +213,7 @@ class FairQueue:
             "age"
             if winner != preferred
             else "fair_share"
-            if winner == in_order
+            if winner == in_order and not held_ahead
             else "adapter_affinity"
         )
         # The winner's visit in this pass.
@@ -235,21 +240,36 @@ class FairQueue:
 
     # -- passes -------------------------------------------------------------------
 
-    def _dispatchable(self) -> list[str]:
+    def _dispatchable(self, now: float) -> tuple[list[str], bool]:
         """The tenants still to be visited in this pass whose visit would dispatch, in the
-        order they started waiting."""
+        order they started waiting; and whether one due a visit before the first of them is
+        held back for its adapter. A slot is drained for a request held back past the age
+        bound."""
         quantum, tenants, pending = self.quantum, self._tenants, self._pending
-        found = []
+        affinity = self.affinity
+        found: list[str] = []
+        held_ahead = False
         for name in self._backlogged:
-            if name not in pending:
-                continue
             state = tenants[name]
-            head = state.queue[0].ticket
-            if state.deficit + quantum * state.weight >= head.cost and self._admissible(
-                state, head
+            head = state.queue[0]
+            if affinity.crowds(head.ticket.adapter):
+                held_ahead = held_ahead or (not found and name in pending)
+                if now - head.since >= self.max_adapter_wait:
+                    affinity.make_room()
+            elif (
+                name in pending
+                and state.deficit + quantum * state.weight >= head.ticket.cost
+                and self._admissible(state, head.ticket)
             ):
                 found.append(name)
-        return found
+        return found, held_ahead
+
+    def _claim(self, state: TenantState) -> tuple[int, int]:
+        """How its head request ranks among equal claims: resident adapters first, then those
+        that fit, the one most requests wait for first."""
+        adapter = state.queue[0].ticket.adapter
+        fit = self.affinity.fit(adapter)
+        return fit, -self._demand[adapter] if fit == FITS else 0
 
     def _next_pass(self) -> None:
         """End the pass (the tenants not visited yet are, without dispatching) and begin the
@@ -258,7 +278,7 @@ class FairQueue:
         admissible = [
             state
             for state in (tenants[name] for name in self._backlogged)
-            if self._admissible(state, state.queue[0].ticket)
+            if self._eligible(state, state.queue[0].ticket)
         ]
         if not admissible:
             return
@@ -276,6 +296,10 @@ class FairQueue:
         if passes > 1:
             for state in admissible:
                 state.deficit += (passes - 1) * quantum * state.weight
+
+    def _eligible(self, state: TenantState, ticket: Ticket) -> bool:
+        """Whether the request may go in now: the window lets it, and its adapter can run."""
+        return self._admissible(state, ticket) and not self.affinity.crowds(ticket.adapter)
 
     def _admissible(self, state: TenantState, ticket: Ticket) -> bool:
         """Whether the window lets the request in now (headroom and pacing included)."""
@@ -302,6 +326,7 @@ class FairQueue:
         waiting = state.queue.popleft()
         waiting.queued = False
         ticket = waiting.ticket
+        self._no_longer_waiting(ticket)
         state.deficit -= ticket.cost
         seqs = self._seqs(ticket)
         state.in_flight += seqs
@@ -314,6 +339,12 @@ class FairQueue:
         else:
             self._stop_waiting(name)
         return waiting
+
+    def _no_longer_waiting(self, ticket: Ticket) -> None:
+        demand = self._demand
+        demand[ticket.adapter] -= 1
+        if not demand[ticket.adapter]:
+            del demand[ticket.adapter]
 
     def _seqs(self, ticket: Ticket) -> int:
         # Not capped by the window, which may change while the request runs: what a request

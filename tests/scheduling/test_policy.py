@@ -104,14 +104,20 @@ def adapters_in_flight(fair: FairQueue, *adapters: int) -> list[Ticket]:
     return held
 
 
-def test_among_equal_claims_a_resident_adapter_goes_first() -> None:
+def test_a_request_whose_adapter_cannot_run_waits_here_while_others_go() -> None:
+    """Every slot is busy with running adapters: vLLM could not run the request, so it waits
+    in the gateway (where the fair order holds), not in vLLM's queue."""
     fair = queue(window=8, max_loras=2)
-    adapters_in_flight(fair, 1, 2)  # both slots busy
-    fair.push(ticket("x", 0, adapter=3), 0.0)  # would displace a running adapter
+    running = adapters_in_flight(fair, 1, 2)  # both slots busy
+    fair.push(ticket("x", 0, adapter=3), 0.0)  # would need a third slot
     fair.push(ticket("y", 0, adapter=2), 0.0)  # resident
     first = fair.pop(0.0)
     assert first is not None
     assert (first.waiting.ticket.tenant, first.reason) == ("y", "adapter_affinity")
+    assert fair.pop(0.0) is None  # the window has room; adapter 3 has none
+    fair.done(first.waiting.ticket, None)
+    assert fair.pop(0.0) is None  # adapter 2 still runs a request
+    fair.done(running[1], None)
     second = fair.pop(0.0)
     assert second is not None and second.waiting.ticket.tenant == "x"
 
@@ -126,9 +132,22 @@ def test_affinity_prefers_an_adapter_that_fits_to_one_that_crowds() -> None:
     assert [d.waiting.ticket.tenant for d in tenants if d] == ["x", "z", "y"]
 
 
+def test_the_free_slot_goes_to_the_adapter_most_requests_wait_for() -> None:
+    fair = queue(window=8, max_loras=2, quantum=3 * SMALL)
+    adapters_in_flight(fair, 1)  # one slot free
+    fair.push(ticket("few", 0, adapter=5), 0.0)
+    for number in range(3):
+        fair.push(ticket("many", number, adapter=6), 0.0)
+    dispatched = [fair.pop(0.0) for _ in range(4)]
+    assert [d.waiting.ticket.tenant if d else None for d in dispatched] == [
+        "many", "many", "many", None  # adapter 5 would need a third slot
+    ]  # fmt: skip
+    assert dispatched[0] is not None and dispatched[0].reason == "adapter_affinity"
+
+
 def test_affinity_never_overrides_a_fair_claim() -> None:
     """A tenant whose turn it is goes, even with a cold adapter: affinity only orders ties."""
-    fair = queue(window=8, max_loras=1, quantum=SMALL)
+    fair = queue(window=8, max_loras=2, quantum=SMALL)
     adapters_in_flight(fair, 1)
     fair.push(ticket("cold", 0, adapter=2), 0.0)
     # Costs four rounds of credit: not an equal claim with the cold request's one round.
@@ -138,18 +157,40 @@ def test_affinity_never_overrides_a_fair_claim() -> None:
     assert (first.waiting.ticket.tenant, first.reason) == ("cold", "fair_share")
 
 
-def test_a_request_passed_over_past_the_age_bound_goes_first() -> None:
+def test_a_request_held_past_the_age_bound_gets_a_slot_drained_for_it() -> None:
     fair = queue(window=8, max_loras=2, max_adapter_wait=2.0)
-    adapters_in_flight(fair, 1, 2)
+    running = adapters_in_flight(fair, 1, 2)
     fair.push(ticket("x", 0, adapter=3), 0.0)
     fair.push(ticket("y", 0, adapter=2), 0.5)
     early = fair.pop(1.0)
     assert early is not None and early.reason == "adapter_affinity"
     fair.done(early.waiting.ticket, None)
-    fair.push(ticket("y", 1, adapter=2), 1.5)
-    late = fair.pop(2.0)
+    # Past the bound, x's wait drains adapter 1 (the fewest requests in the engine): its
+    # new requests wait, adapter 2's still go in.
+    fair.push(ticket("z", 0, adapter=1), 2.0)
+    fair.push(ticket("y", 1, adapter=2), 2.0)
+    after = fair.pop(2.0)
+    assert after is not None and after.waiting.ticket.tenant == "y"
+    assert fair.pop(2.0) is None
+    fair.done(running[0], None)  # adapter 1's slot is free
+    late = fair.pop(2.5)
     assert late is not None
     assert (late.waiting.ticket.tenant, late.reason) == ("x", "age")
+    assert fair.pop(2.5) is None  # now adapter 1 waits for a slot
+
+
+def test_a_tenant_held_back_for_its_adapter_gains_no_credit_meanwhile() -> None:
+    """Once its adapter can run it shares from then on; it does not catch up on the time it
+    could not run."""
+    fair = queue(window=64, max_loras=1, quantum=SMALL, max_adapter_wait=1e9)
+    (running,) = adapters_in_flight(fair, 1)
+    for number in range(20):
+        fair.push(ticket("cold", number, adapter=2), 0.0)
+    for number in range(40):
+        fair.push(ticket("warm", number, adapter=1), 0.0)
+    assert Counter(d.waiting.ticket.tenant for d in drain(fair, 10)) == {"warm": 10}
+    fair.done(running, None)
+    assert Counter(d.waiting.ticket.tenant for d in drain(fair, 20)) == {"warm": 10, "cold": 10}
 
 
 def test_headroom_keeps_the_last_slots_for_a_newcomer() -> None:
@@ -261,12 +302,14 @@ def test_a_charge_forgotten_with_the_credit_is_not_refunded() -> None:
 
 
 def test_affinity_reorders_visits_within_a_pass_but_never_skips_one() -> None:
-    """Tenants whose adapters stay resident cannot keep a cold tenant out: each pass visits
-    every waiting tenant once, affinity only decides the order (no age bound needed)."""
-    fair = queue(window=64, max_loras=2, quantum=SMALL, max_adapter_wait=1e9)
+    """Tenants whose adapters stay resident cannot keep out a cold tenant whose adapter fits:
+    each pass visits every waiting tenant once, affinity only decides the order (no age bound
+    needed)."""
+    fair = queue(window=64, max_loras=3, quantum=SMALL, max_adapter_wait=1e9)
     adapters_in_flight(fair, 1, 2)  # held for the whole test: adapters 1 and 2 stay resident
     for number in range(40):
-        fair.push(ticket("cold", number, adapter=3), 0.0)
+        # The cold tenant's adapters take turns in the third slot, each a load.
+        fair.push(ticket("cold", number, adapter=3 + number % 2), 0.0)
         fair.push(ticket("warm1", number, adapter=1), 0.0)
         fair.push(ticket("warm2", number, adapter=2), 0.0)
     served = Counter(d.waiting.ticket.tenant for d in drain(fair, 30))
