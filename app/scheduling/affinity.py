@@ -11,7 +11,7 @@ When every slot is busy, a request with another adapter cannot run: vLLM would h
 own queue, where it may wait for ever behind the running adapters' new requests. So the
 scheduler holds it instead, and when it has waited long enough, :meth:`AdapterAffinity.make_room`
 drains one slot for it: the running adapter with the fewest requests in the engine takes no
-more until they end.
+more until they end, and the freed slot is kept for the held adapter until it starts.
 """
 
 from __future__ import annotations
@@ -33,13 +33,22 @@ class AdapterAffinity:
         self._idle: OrderedDict[int, None] = OrderedDict()
         # The running adapter that takes no new requests until its slot is free.
         self.draining: int | None = None
+        # The adapter that slot is kept for, until one of its requests starts.
+        self.reserved: int | None = None
 
     def crowds(self, adapter: int | None) -> bool:
+        """Whether a request for ``adapter`` cannot run now: it would need a slot that
+        running requests (or a reservation) hold."""
         if adapter is None:
             return False
         if adapter == self.draining:
             return True
-        return adapter not in self._running and len(self._running) >= self.max_loras
+        if adapter in self._running:
+            return False
+        taken = len(self._running)
+        if self.reserved is not None and adapter != self.reserved:
+            taken += 1
+        return taken >= self.max_loras
 
     def fit(self, adapter: int | None) -> Fit:
         if self.crowds(adapter):
@@ -50,17 +59,25 @@ class AdapterAffinity:
         recent = list(self._idle)[-free:]
         return RESIDENT if adapter in recent else FITS
 
-    def make_room(self) -> None:
-        """Free a slot for an adapter that crowds: the running adapter with the fewest
-        requests in the engine drains (one at a time)."""
-        if self.draining is None and len(self._running) >= self.max_loras:
-            self.draining = min(self._running, key=self._running.__getitem__)
+    def make_room(self, adapter: int) -> None:
+        """Free a slot for ``adapter``, which crowds: the running adapter with the fewest
+        requests in the engine drains, and its slot is ``adapter``'s (one at a time)."""
+        if self.reserved is None and self.crowds(adapter):
+            self.reserved = adapter
+            if len(self._running) >= self.max_loras:
+                self.draining = min(self._running, key=self._running.__getitem__)
+
+    def forgo(self, adapter: int | None) -> None:
+        """No request waits for ``adapter`` any more: a slot kept for it is free again."""
+        if adapter is not None and adapter == self.reserved:
+            self.reserved = None
 
     def started(self, adapter: int | None) -> None:
         if adapter is None:
             return
         self._running[adapter] += 1
         self._idle.pop(adapter, None)
+        self.forgo(adapter)
 
     def finished(self, adapter: int | None) -> None:
         if adapter is None or not self._running[adapter]:

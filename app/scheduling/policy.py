@@ -15,16 +15,19 @@ loop; :mod:`app.scheduling.fair` drives it.
   joins the current pass.
 * **Adapter affinity.** A request whose adapter cannot run now (every one of the engine's
   ``max_loras`` slots busy with other adapters' running requests) waits here, not inside
-  vLLM, where it would be passed over for as long as the running adapters get new requests;
-  its tenant is not visited meanwhile. The order of the visits within a pass is free: every
-  tenant that can dispatch in this pass will. So among them the one whose request's adapter is
-  resident (or the base model) is visited first, then one whose adapter fits beside the
-  running ones, the adapter most requests wait for first (one load serves them all), then the
-  rest, each group in the order the tenants started waiting.
+  vLLM, where it would be passed over for as long as the running adapters get new requests.
+  Its tenant's next request that can run goes in its place (within a tenant, requests go in
+  arrival order among those that can run); a tenant none of whose requests can run is not
+  visited. The order of the visits within a pass is free: every tenant that can dispatch in
+  this pass will. So among them the one whose request's adapter is resident (or the base
+  model) is visited first, then one whose adapter fits beside the running ones, the adapter
+  most requests wait for first (one load serves them all), then the rest, each group in the
+  order the tenants started waiting.
 * **Age bound.** Among the tenants that can dispatch in this pass, a request that waited
   ``max_adapter_wait`` or longer goes first (the oldest), whatever its adapter. One held back
   that long for a slot makes one: the running adapter with the fewest requests in the engine
-  takes no more until they end (:meth:`AdapterAffinity.make_room`), and the slot is its.
+  takes no more until they end, and the freed slot is kept for the held request's adapter
+  (:meth:`AdapterAffinity.make_room`).
 * **Pacing** (``per_step`` > 0, once :meth:`FairQueue.pace` is on: the engine reports its
   steps). At most ``per_step`` requests go in per engine step, except that a tenant with
   nothing in the engine may always send one: a burst (a flood's requests that ended together
@@ -189,9 +192,14 @@ class FairQueue:
         visiting = self._visiting
         if visiting is not None:
             state = self._tenants[visiting]
-            head = state.queue[0].ticket
-            if state.deficit >= head.cost and self._eligible(state, head):
-                return Dispatch(self._take(visiting), "fair_share")
+            next_up = self._runnable(state)
+            if (
+                next_up is not None
+                and state.deficit >= next_up.ticket.cost
+                and self._admissible(state, next_up.ticket)
+            ):
+                reason = self._reason(state, next_up)
+                return Dispatch(self._take(visiting, next_up), reason)
         candidates, held_ahead = self._dispatchable(now)
         if not candidates:
             self._next_pass()
@@ -199,28 +207,29 @@ class FairQueue:
             if not candidates:
                 self._blocked = True
                 return None
-        in_order = preferred = winner = candidates[0]
+        in_order = preferred = winner = next(iter(candidates))
         if len(candidates) > 1:
-            tenants = self._tenants
             order = {name: index for index, name in enumerate(candidates)}
-            preferred = min(candidates, key=lambda n: (*self._claim(tenants[n]), order[n]))
-            oldest = min(candidates, key=lambda n: (tenants[n].queue[0].since, order[n]))
-            if now - tenants[oldest].queue[0].since >= self.max_adapter_wait:
+            preferred = min(candidates, key=lambda n: (*self._claim(candidates[n]), order[n]))
+            oldest = min(candidates, key=lambda n: (candidates[n].since, order[n]))
+            if now - candidates[oldest].since >= self.max_adapter_wait:
                 winner = oldest
             else:
                 winner = preferred
-        reason: Reason = (
+        state, next_up = self._tenants[winner], candidates[winner]
+        reason = (
             "age"
             if winner != preferred
             else "fair_share"
             if winner == in_order and not held_ahead
             else "adapter_affinity"
         )
+        if reason != "age":
+            reason = self._reason(state, next_up, reason)
         # The winner's visit in this pass.
-        state = self._tenants[winner]
         state.deficit += self.quantum * state.weight
         self._pending.discard(winner)
-        return Dispatch(self._take(winner), reason)
+        return Dispatch(self._take(winner, next_up), reason)
 
     def done(self, ticket: Ticket, used: int | None) -> None:
         """A dispatched request left the engine, having used ``used`` tokens (None: unknown,
@@ -240,34 +249,55 @@ class FairQueue:
 
     # -- passes -------------------------------------------------------------------
 
-    def _dispatchable(self, now: float) -> tuple[list[str], bool]:
+    def _dispatchable(self, now: float) -> tuple[dict[str, Waiting], bool]:
         """The tenants still to be visited in this pass whose visit would dispatch, in the
-        order they started waiting; and whether one due a visit before the first of them is
-        held back for its adapter. A slot is drained for a request held back past the age
-        bound."""
+        order they started waiting, each with the request it would send; and whether one due
+        a visit before the first of them is held back for its adapter. A slot is drained for
+        a request held back past the age bound."""
         quantum, tenants, pending = self.quantum, self._tenants, self._pending
         affinity = self.affinity
-        found: list[str] = []
+        found: dict[str, Waiting] = {}
         held_ahead = False
         for name in self._backlogged:
             state = tenants[name]
             head = state.queue[0]
+            next_up: Waiting | None = head
             if affinity.crowds(head.ticket.adapter):
                 held_ahead = held_ahead or (not found and name in pending)
-                if now - head.since >= self.max_adapter_wait:
-                    affinity.make_room()
-            elif (
-                name in pending
-                and state.deficit + quantum * state.weight >= head.ticket.cost
-                and self._admissible(state, head.ticket)
+                if now - head.since >= self.max_adapter_wait and head.ticket.adapter is not None:
+                    affinity.make_room(head.ticket.adapter)
+                next_up = self._runnable(state)
+            if (
+                next_up is not None
+                and name in pending
+                and state.deficit + quantum * state.weight >= next_up.ticket.cost
+                and self._admissible(state, next_up.ticket)
             ):
-                found.append(name)
+                found[name] = next_up
         return found, held_ahead
 
-    def _claim(self, state: TenantState) -> tuple[int, int]:
-        """How its head request ranks among equal claims: resident adapters first, then those
-        that fit, the one most requests wait for first."""
-        adapter = state.queue[0].ticket.adapter
+    def _runnable(self, state: TenantState) -> Waiting | None:
+        """The tenant's oldest request whose adapter can run now."""
+        crowds = self.affinity.crowds
+        for waiting in state.queue:
+            if not crowds(waiting.ticket.adapter):
+                return waiting
+        return None
+
+    def _reason(
+        self, state: TenantState, next_up: Waiting, reason: Reason = "fair_share"
+    ) -> Reason:
+        """Why ``next_up`` goes now: into a slot kept for it past the age bound, in place of
+        an older request of its tenant that cannot run, or ``reason``."""
+        adapter = next_up.ticket.adapter
+        if adapter is not None and adapter == self.affinity.reserved:
+            return "age"
+        return "adapter_affinity" if next_up is not state.queue[0] else reason
+
+    def _claim(self, waiting: Waiting) -> tuple[int, int]:
+        """How a request ranks among equal claims: resident adapters first, then those that
+        fit, the one most requests wait for first."""
+        adapter = waiting.ticket.adapter
         fit = self.affinity.fit(adapter)
         return fit, -self._demand[adapter] if fit == FITS else 0
 
@@ -275,31 +305,26 @@ class FairQueue:
         """End the pass (the tenants not visited yet are, without dispatching) and begin the
         next, skipping ahead over the passes in which nobody could dispatch either."""
         quantum, tenants = self.quantum, self._tenants
-        admissible = [
-            state
-            for state in (tenants[name] for name in self._backlogged)
-            if self._eligible(state, state.queue[0].ticket)
-        ]
+        admissible: dict[int, tuple[TenantState, Ticket]] = {}
+        for state in (tenants[name] for name in self._backlogged):
+            next_up = self._runnable(state)
+            if next_up is not None and self._admissible(state, next_up.ticket):
+                admissible[id(state)] = state, next_up.ticket
         if not admissible:
             return
-        may = {id(state) for state in admissible}
         for name in self._pending:
             state = tenants[name]
-            if id(state) in may:
+            if id(state) in admissible:
                 state.deficit += quantum * state.weight
         self._pending = set(self._backlogged)
         self._visiting = None
         passes = min(
-            math.ceil((state.queue[0].ticket.cost - state.deficit) / (quantum * state.weight))
-            for state in admissible
+            math.ceil((ticket.cost - state.deficit) / (quantum * state.weight))
+            for state, ticket in admissible.values()
         )
         if passes > 1:
-            for state in admissible:
+            for state, _ in admissible.values():
                 state.deficit += (passes - 1) * quantum * state.weight
-
-    def _eligible(self, state: TenantState, ticket: Ticket) -> bool:
-        """Whether the request may go in now: the window lets it, and its adapter can run."""
-        return self._admissible(state, ticket) and not self.affinity.crowds(ticket.adapter)
 
     def _admissible(self, state: TenantState, ticket: Ticket) -> bool:
         """Whether the window lets the request in now (headroom and pacing included)."""
@@ -321,9 +346,12 @@ class FairQueue:
             )
         )
 
-    def _take(self, name: str) -> Waiting:
+    def _take(self, name: str, waiting: Waiting) -> Waiting:
         state = self._tenants[name]
-        waiting = state.queue.popleft()
+        if waiting is state.queue[0]:
+            state.queue.popleft()
+        else:
+            state.queue.remove(waiting)
         waiting.queued = False
         ticket = waiting.ticket
         self._no_longer_waiting(ticket)
@@ -345,6 +373,7 @@ class FairQueue:
         demand[ticket.adapter] -= 1
         if not demand[ticket.adapter]:
             del demand[ticket.adapter]
+            self.affinity.forgo(ticket.adapter)
 
     def _seqs(self, ticket: Ticket) -> int:
         # Not capped by the window, which may change while the request runs: what a request

@@ -143,6 +143,10 @@ def isolation_gateway(setup: Setup, *, isolation_fix: bool) -> Iterator[LiveGate
         max_cpu_loras=3,
         max_num_seqs=32,
         isolation_fix=isolation_fix,
+        # Five adapters take turns in two slots, so requests wait in the gateway for a slot
+        # for most of a round, which on vLLM's own CPU ops (no fix) takes tens of seconds,
+        # more on a loaded machine: a round must not meet the queue's time limit.
+        scheduler_max_queue_seconds=600,
     )
     assert settings.max_cpu_loras < len(ADAPTERS)
     keys = prepare_store(settings, [*ADAPTERS, "versioned"], [TENANT])

@@ -179,6 +179,54 @@ def test_a_request_held_past_the_age_bound_gets_a_slot_drained_for_it() -> None:
     assert fair.pop(2.5) is None  # now adapter 1 waits for a slot
 
 
+def test_a_tenants_request_that_cannot_run_is_passed_by_its_next_ones_that_can() -> None:
+    """One tenant, more adapters than slots: its requests for the running adapters go on
+    while the one that needs a third slot waits (not the whole queue behind it)."""
+    fair = queue(window=8, max_loras=2, quantum=10 * SMALL)
+    for number, adapter in enumerate([1, 2, 3, 1, 2]):
+        fair.push(ticket("a", number, adapter=adapter), float(number))
+    dispatched = [fair.pop(5.0) for _ in range(5)]
+    assert [d.waiting.ticket.request_id if d else None for d in dispatched] == [
+        "a-0", "a-1", "a-3", "a-4", None
+    ]  # fmt: skip
+    assert [d.reason for d in dispatched[2:4] if d] == ["adapter_affinity"] * 2
+    for d in dispatched[:2]:
+        assert d is not None
+        fair.done(d.waiting.ticket, None)
+    assert fair.pop(5.0) is None  # adapters 1 and 2 still run a-3 and a-4
+    assert dispatched[2] is not None
+    fair.done(dispatched[2].waiting.ticket, None)
+    last = fair.pop(5.0)
+    assert last is not None and last.waiting.ticket.request_id == "a-2"
+
+
+def test_the_slot_drained_past_the_age_bound_is_kept_for_the_old_request() -> None:
+    """Even against a tenant whose claim comes first (a cheaper request): the freed slot is
+    the old request's."""
+    fair = queue(window=8, max_loras=2, max_adapter_wait=2.0)
+    running = adapters_in_flight(fair, 1, 2)
+    fair.push(ticket("old", 0, adapter=3, cost=4 * SMALL), 0.0)
+    assert fair.pop(2.0) is None  # adapter 1 drains for adapter 3
+    fair.done(running[0], None)
+    fair.push(ticket("rich", 0, adapter=5), 2.0)
+    first = fair.pop(2.5)
+    assert first is not None
+    assert (first.waiting.ticket.tenant, first.reason) == ("old", "age")
+    assert fair.pop(2.5) is None  # adapters 2 and 3 hold both slots
+
+
+def test_a_slot_kept_for_a_request_that_left_is_free_again() -> None:
+    fair = queue(window=8, max_loras=2, max_adapter_wait=2.0)
+    running = adapters_in_flight(fair, 1, 2)
+    gone = fair.push(ticket("old", 0, adapter=3), 0.0)
+    assert fair.pop(2.0) is None
+    fair.remove(gone)
+    fair.done(running[0], None)
+    fair.push(ticket("new", 0, adapter=4), 3.0)
+    after = fair.pop(3.0)
+    assert after is not None and after.waiting.ticket.tenant == "new"
+
+
 def test_a_tenant_held_back_for_its_adapter_gains_no_credit_meanwhile() -> None:
     """Once its adapter can run it shares from then on; it does not catch up on the time it
     could not run."""
