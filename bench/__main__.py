@@ -48,6 +48,7 @@ OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "registered": (int, "c: adapters registered on the gateway (0 skips c)"),
     "registered_concurrency": (int, "c: closed-loop concurrency"),
     "registered_requests": (int, "c: requests per point"),
+    "registered_max_loras": (int, "c: adapters in device slots at once (0: the concurrency)"),
     "seed": (int, "workload and bootstrap seed"),
     "draws": (int, "bootstrap draws per interval"),
     "out": (Path, "results parent directory (default bench/results)"),

@@ -62,6 +62,11 @@ class BenchConfig:
     registered_tenants: int = 16
     registered_concurrency: int = 16
     registered_requests: int = 64
+    # Device slots for (c), both points (0: the concurrency). An operator serving 1,000
+    # adapters sizes max_loras to the batch, as S-LoRA's batches hold an adapter per request;
+    # with (a)'s 4 slots, a batch over Zipf traffic runs about 4 of its 16 requests at once,
+    # and (c) would measure vLLM's slot count, not what 1,000 registered adapters cost.
+    registered_max_loras: int = 0
     timeout_seconds: float = 1800.0  # longest a point may run
     out: Path = Path("bench/results")
     adapter_cache: Path = Path("var/bench/adapters")
@@ -103,6 +108,10 @@ class BenchConfig:
             self.adapters, self.zipf, self.base_share, self.output_tokens, self.seed,
             rate=rate, duration=self.curve_requests / rate,
         )  # fmt: skip
+
+    @property
+    def registered_slots(self) -> int:
+        return self.registered_max_loras or self.registered_concurrency
 
     def registered_mix(self, adapters: int) -> Mix:
         return Mix(adapters, self.zipf, 0.0, self.output_tokens, self.seed)

@@ -167,7 +167,12 @@ def render_markdown(
         f"- engine (every system): {context['engine']}",
         f"- systems: {', '.join(context['systems'])}; {context['rounds']} round(s), "
         f"interleaved (run order {' -> '.join(context['order'])})"
-        + ("; scenario c on the gateway alone, after them" if registered_point else ""),
+        + (
+            f"; scenario c on the gateway alone, after them, max_loras "
+            f"{context['registered_max_loras']}"
+            if registered_point
+            else ""
+        ),
         f"- workload (a): {context['workload']}",
         f"- {BOOTSTRAP.format(draws=draws, seed=seed)}",
         "- TTFT is the time to the first chunk with generated text (not the role chunk); "

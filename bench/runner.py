@@ -166,6 +166,13 @@ async def _registered_phase(
     adapters = await asyncio.to_thread(
         ensure_bench_adapters, model, config.registered_cache, config.registered, RANK_OF_MANY
     )
+    slots = config.registered_slots
+    settings = engine.settings
+    engine = EngineConfig(
+        settings.model_copy(
+            update={"max_loras": slots, "max_cpu_loras": max(settings.max_cpu_loras, 2 * slots)}
+        )
+    )
     system = GatewaySystem(
         engine, config.registered_cache, work_dir, tenants=config.registered_tenants
     )
@@ -211,6 +218,7 @@ def _context(
         "seed": config.seed,
         "draws": config.draws,
         "flood_streams": config.flood_streams,
+        "registered_max_loras": config.registered_slots,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
     }
 

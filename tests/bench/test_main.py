@@ -42,6 +42,7 @@ def test_every_option_reaches_its_config_field() -> None:
         *("--curve-requests", "5", "--flood-streams", "101", "--flood-tokens", "3"),
         *("--victim-requests", "6", "--victim-tokens", "2", "--registered", "10"),
         *("--registered-concurrency", "3", "--registered-requests", "12", "--seed", "11"),
+        *("--registered-max-loras", "5"),
         *("--draws", "99", "--out", "elsewhere"),
     ]
     got = config(*argv)
@@ -50,7 +51,8 @@ def test_every_option_reaches_its_config_field() -> None:
         "zipf": 0.5, "base_share": 0.1, "output_tokens": 9, "concurrencies": (2, 8),
         "waves": 2, "curve_fractions": (0.5, 1.0), "curve_requests": 5, "flood_streams": 101,
         "flood_tokens": 3, "victim_requests": 6, "victim_tokens": 2, "registered": 10,
-        "registered_concurrency": 3, "registered_requests": 12, "seed": 11, "draws": 99,
+        "registered_concurrency": 3, "registered_requests": 12, "registered_max_loras": 5,
+        "seed": 11, "draws": 99,
         "out": Path("elsewhere"),
     }  # fmt: skip
     assert set(expected) == set(CONFIG_OPTIONS)

@@ -32,7 +32,7 @@ CONTEXT = {
     "command": "python -m bench", "started": "now", "wall_seconds": 1.0, "machine": "test",
     "engine": "e", "workload": "w", "rounds": 2,
     "systems": ["gateway", "vllm", "vllm-shipped"], "order": ["gateway", "vllm"], "seed": 0,
-    "draws": 200, "flood_streams": 100, "curve_rates": {0.5: 0.2},
+    "draws": 200, "flood_streams": 100, "registered_max_loras": 16, "curve_rates": {0.5: 0.2},
 }  # fmt: skip
 
 
