@@ -21,6 +21,13 @@ def _list(kind: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
     return lambda text: tuple(kind(item) for item in text.split(",") if item)
 
 
+def _settings(text: str) -> tuple[tuple[str, str], ...]:
+    pairs = _list(str)(text)
+    if bad := [pair for pair in pairs if "=" not in pair]:
+        raise argparse.ArgumentTypeError(f"not NAME=VALUE: {', '.join(bad)}")
+    return tuple((name, value) for name, _, value in (pair.partition("=") for pair in pairs))
+
+
 def _systems(text: str) -> tuple[str, ...]:
     names = _list(str)(text)
     if unknown := set(names) - set(SYSTEMS):
@@ -49,6 +56,10 @@ OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "registered_concurrency": (int, "c: closed-loop concurrency"),
     "registered_requests": (int, "c: requests per point"),
     "registered_max_loras": (int, "c: adapters in device slots at once (0: the concurrency)"),
+    "gateway_settings": (
+        _settings,
+        "more LORA_GATEWAY_* settings for the gateways, e.g. SCHEDULER_HEADROOM_SLOTS=0",
+    ),
     "seed": (int, "workload and bootstrap seed"),
     "draws": (int, "bootstrap draws per interval"),
     "out": (Path, "results parent directory (default bench/results)"),

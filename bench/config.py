@@ -67,6 +67,8 @@ class BenchConfig:
     # with (a)'s 4 slots, a batch over Zipf traffic runs about 4 of its 16 requests at once,
     # and (c) would measure vLLM's slot count, not what 1,000 registered adapters cost.
     registered_max_loras: int = 0
+    # More LORA_GATEWAY_* settings for every gateway of the run (name without the prefix).
+    gateway_settings: tuple[tuple[str, str], ...] = ()
     timeout_seconds: float = 1800.0  # longest a point may run
     out: Path = Path("bench/results")
     adapter_cache: Path = Path("var/bench/adapters")

@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -38,19 +37,6 @@ WAITS = {
     "engine_queue_wait": "lora_gateway_queue_wait_seconds",
     "gateway_ttft": "lora_gateway_time_to_first_token_seconds",
 }
-
-
-class TracedGateway(GatewaySystem):
-    """The benchmark's gateway with extra ``LORA_GATEWAY_*`` settings."""
-
-    def __init__(self, *args: Any, extra: dict[str, str], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.extra = extra
-
-    def environment(self) -> dict[str, str]:
-        env = super().environment()
-        env.update({f"LORA_GATEWAY_{k}": v for k, v in self.extra.items()})
-        return env
 
 
 def read(text: str, victim: str, flooder: str) -> dict[str, float]:
@@ -116,7 +102,7 @@ async def main(config: BenchConfig, extra: dict[str, str], poll: float) -> Path:
     adapters = await asyncio.to_thread(
         ensure_bench_adapters, Path(settings.model), config.adapter_cache, config.adapters
     )
-    system = TracedGateway(engine, config.adapter_cache, work, extra=extra)
+    system = GatewaySystem(engine, config.adapter_cache, work, extra=extra)
     await system.start(adapters, work / "gateway.log")
     try:
         await warm_up(system, adapters)

@@ -174,6 +174,11 @@ def render_markdown(
             else ""
         ),
         f"- workload (a): {context['workload']}",
+        *(
+            [f"- gateway settings: {', '.join(f'LORA_GATEWAY_{s}' for s in settings)}"]
+            if (settings := context.get("gateway_settings"))
+            else []
+        ),
         f"- {BOOTSTRAP.format(draws=draws, seed=seed)}",
         "- TTFT is the time to the first chunk with generated text (not the role chunk); "
         "TPOT the mean gap between a request's later tokens",

@@ -46,10 +46,15 @@ WARMUP_TOKENS = 2
 RANK_OF_MANY = (8,)
 
 
-def build_system(name: str, engine: EngineConfig, adapter_root: Path, work_dir: Path) -> System:
+def build_system(
+    name: str, engine: EngineConfig, adapter_root: Path, work_dir: Path, config: BenchConfig
+) -> System:
     if name in (GATEWAY, GATEWAY_FCFS):
         scheduler = "fcfs" if name == GATEWAY_FCFS else "fair"
-        return GatewaySystem(engine, adapter_root, work_dir, name=name, scheduler=scheduler)
+        return GatewaySystem(
+            engine, adapter_root, work_dir, name=name, scheduler=scheduler,
+            extra=dict(config.gateway_settings),
+        )  # fmt: skip
     if name in (VLLM, VLLM_SHIPPED):
         return VLLMServer(engine, name=name, isolation_fix=name == VLLM)
     raise ValueError(f"unknown system {name}")
@@ -174,7 +179,11 @@ async def _registered_phase(
         )
     )
     system = GatewaySystem(
-        engine, config.registered_cache, work_dir, tenants=config.registered_tenants
+        engine,
+        config.registered_cache,
+        work_dir,
+        tenants=config.registered_tenants,
+        extra=dict(config.gateway_settings),
     )
     status.set(GATEWAY, f"c: starting, registering {config.registered} adapters")
     try:
@@ -219,6 +228,7 @@ def _context(
         "draws": config.draws,
         "flood_streams": config.flood_streams,
         "registered_max_loras": config.registered_slots,
+        "gateway_settings": [f"{name}={value}" for name, value in config.gateway_settings],
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
     }
 
@@ -248,7 +258,7 @@ async def run_bench(config: BenchConfig, settings: Settings, command: str) -> Pa
     order: list[str] = []
     try:
         for round_, name in interleaved(config.systems, config.rounds):
-            system = build_system(name, engine, config.adapter_cache, work_dir)
+            system = build_system(name, engine, config.adapter_cache, work_dir, config)
             startups[name].append(
                 await _visit(system, round_, adapters, config, samples, out_dir, status)
             )

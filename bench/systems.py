@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -168,11 +168,14 @@ class GatewaySystem:
         name: str = "gateway",
         scheduler: str = "fair",
         tenants: int | None = None,
+        extra: Mapping[str, str] | None = None,
     ) -> None:
+        """``extra``: more ``LORA_GATEWAY_*`` settings (name without the prefix -> value)."""
         self.name = name
         self.engine = engine
         self.scheduler = scheduler
         self.tenants = tenants
+        self.extra = dict(extra or {})
         self._adapter_root = adapter_root
         self._work_dir = work_dir
         self.port = free_port()
@@ -208,6 +211,7 @@ class GatewaySystem:
         }
         env = base_environment()
         env.update({f"LORA_GATEWAY_{k}": str(v) for k, v in values.items() if v is not None})
+        env.update({f"LORA_GATEWAY_{k}": v for k, v in self.extra.items()})
         return env
 
     async def start(self, adapters: Sequence[BenchAdapter], log_path: Path) -> float:

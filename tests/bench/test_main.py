@@ -42,7 +42,7 @@ def test_every_option_reaches_its_config_field() -> None:
         *("--curve-requests", "5", "--flood-streams", "101", "--flood-tokens", "3"),
         *("--victim-requests", "6", "--victim-tokens", "2", "--registered", "10"),
         *("--registered-concurrency", "3", "--registered-requests", "12", "--seed", "11"),
-        *("--registered-max-loras", "5"),
+        *("--registered-max-loras", "5", "--gateway-settings", "A=1,B_C=x=y"),
         *("--draws", "99", "--out", "elsewhere"),
     ]
     got = config(*argv)
@@ -52,6 +52,7 @@ def test_every_option_reaches_its_config_field() -> None:
         "waves": 2, "curve_fractions": (0.5, 1.0), "curve_requests": 5, "flood_streams": 101,
         "flood_tokens": 3, "victim_requests": 6, "victim_tokens": 2, "registered": 10,
         "registered_concurrency": 3, "registered_requests": 12, "registered_max_loras": 5,
+        "gateway_settings": (("A", "1"), ("B_C", "x=y")),
         "seed": 11, "draws": 99,
         "out": Path("elsewhere"),
     }  # fmt: skip
