@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Coroutine, Iterable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from datetime import datetime, timezone
 from typing import Any
 
@@ -97,13 +97,21 @@ class Gateway:
         they stop, background work finishes (or is cancelled after a grace period) and the
         last usage records are written: nothing still uses the store or the quota backend
         when they close, so no connection is left open to keep the process alive."""
-        loops = [asyncio.create_task(self.watch_store()), asyncio.create_task(self.ledger.run())]
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(self.watch_store(stop))
+        writer = asyncio.create_task(self.ledger.run())
         try:
             yield
         finally:
-            for loop in loops:
-                loop.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
+            # The watcher stops between polls, not inside a query: cancelled inside one, the
+            # store's connection can keep its transaction open (a SQLite read lock that the
+            # ledger's last write below would wait on) until it is garbage collected.
+            stop.set()
+            writer.cancel()
+            _, late = await asyncio.wait([watcher], timeout=BACKGROUND_GRACE_SECONDS)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(watcher, writer, return_exceptions=True)
             if self._tasks:
                 _, late = await asyncio.wait(self._tasks, timeout=BACKGROUND_GRACE_SECONDS)
                 for task in late:
@@ -112,10 +120,14 @@ class Gateway:
             await self.ledger.close()
             self.tracker.close()
 
-    async def watch_store(self) -> None:
-        """Follow changes made by other replicas; record key use off the hot path."""
+    async def watch_store(self, stop: asyncio.Event) -> None:
+        """Follow changes made by other replicas; record key use off the hot path; until
+        ``stop`` is set."""
         while True:
-            await asyncio.sleep(self.settings.registry_poll_seconds)
+            with suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.registry_poll_seconds)
+            if stop.is_set():
+                return
             try:
                 if await revision(self.sessions) != self._revision:
                     await self.reload()
