@@ -108,9 +108,8 @@ class Gateway:
             # ledger's last write below would wait on) until it is garbage collected.
             stop.set()
             writer.cancel()
-            _, late = await asyncio.wait([watcher], timeout=BACKGROUND_GRACE_SECONDS)
-            for task in late:
-                task.cancel()
+            await asyncio.wait([watcher], timeout=BACKGROUND_GRACE_SECONDS)
+            watcher.cancel()  # a no-op once it has stopped
             await asyncio.gather(watcher, writer, return_exceptions=True)
             if self._tasks:
                 _, late = await asyncio.wait(self._tasks, timeout=BACKGROUND_GRACE_SECONDS)
