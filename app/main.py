@@ -19,6 +19,7 @@ from app.engine.base import Engine
 from app.gateway import Gateway
 from app.metrics import multiprocess_dir
 from app.serving.front import open_front
+from app.serving.generation import longest_token_bytes
 from app.settings import Settings
 from app.store.db import open_database
 from app.tenancy.base_model import BaseModelInfo
@@ -36,7 +37,10 @@ def default_engine_factory(settings: Settings) -> AbstractAsyncContextManager[En
 
 async def _start_engine(stack: AsyncExitStack, factory: EngineFactory, gateway: Gateway) -> None:
     try:
-        gateway.attach_engine(await stack.enter_async_context(factory(gateway.settings)))
+        engine = await stack.enter_async_context(factory(gateway.settings))
+        # Read once before the first request, which would otherwise wait for it.
+        await asyncio.to_thread(longest_token_bytes, engine.tokenizer)
+        gateway.attach_engine(engine)
         logger.info("engine ready: serving %s", gateway.settings.model)
     except Exception as exc:
         gateway.startup_error = f"{type(exc).__name__}: {exc}"

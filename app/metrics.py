@@ -189,7 +189,8 @@ QUOTA_UNCHECKED = Counter(
 )
 QUOTA_BACKEND_ERRORS = Counter(
     "lora_gateway_quota_backend_errors",
-    "Quota store operations (reserve, precheck, reconcile, renew, usage) that failed, by "
+    "Quota store operations (reserve, precheck, reconcile, renew, usage, void, "
+    "charge_refused) that failed, by "
     "reason (unreachable, timeout, read_only, out_of_memory, error_reply, unexpected_reply); "
     "each was handled by quota_fail_open.",
     ["operation", "reason"],

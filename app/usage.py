@@ -48,6 +48,8 @@ CLOSE_TIMEOUT_SECONDS = 10.0
 class UsageRecord:
     request_id: str
     tenant_id: str
+    # Which of the tenants that had ``tenant_id`` made the request (``Tenant.uid``).
+    tenant_uid: str
     key_id: str
     endpoint: str
     model: str
@@ -313,14 +315,14 @@ class UsageLedger:
 
 async def usage_totals(
     sessions: async_sessionmaker[AsyncSession],
-    tenant_id: str,
+    tenant_uid: str,
     *,
     start: datetime | None,
     end: datetime | None,
     group_by: GroupBy | None,
 ) -> list[UsageTotal]:
-    """Totals of the tenant's requests started in ``[start, end)``, optionally grouped
-    by adapter (the alias the tenant called), key or UTC day."""
+    """Totals of the requests of the tenant ``tenant_uid`` started in ``[start, end)``,
+    optionally grouped by adapter (the alias the tenant called), key or UTC day."""
     column = {
         "adapter": UsageRow.model,
         "key": UsageRow.key_id,
@@ -333,7 +335,7 @@ async def usage_totals(
         func.coalesce(func.sum(UsageRow.completion_tokens), 0),
     ]
     query = select(*selected, *([column] if column is not None else [])).where(
-        UsageRow.tenant_id == tenant_id
+        UsageRow.tenant_uid == tenant_uid
     )
     if start is not None:
         query = query.where(UsageRow.started_at >= start)

@@ -25,6 +25,9 @@ logger = logging.getLogger(__name__)
 # Set in a request's state once the request-size limit has cut its body off: the
 # middleware that did so answers (413) and audits it.
 BODY_CUT_OFF = "body_cut_off"
+# Set in a completion request's state, to its principal, once its rate limits were checked
+# before its body was read.
+PRECHECKED = "prechecked"
 
 
 def render(exc: GatewayError) -> JSONResponse:
@@ -64,6 +67,10 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     elif param:
         message = f"Invalid value for '{param}': {message}"
     await _audit_admin(request, 400, message)
+    principal = request.scope.get("state", {}).get(PRECHECKED)
+    if principal is not None:
+        # Parsing the body was work done for the tenant: it counts as a request.
+        await request.app.state.gateway.tracker.charge_refused(principal)
     return render(BadRequestError(message, param=param))
 
 

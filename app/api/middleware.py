@@ -17,7 +17,7 @@ from app.api.admin.auditing import (
 )
 from app.api.admin.deps import INVALID_ADMIN_TOKEN
 from app.api.deps import matches_any, parse_bearer
-from app.api.errors import BODY_CUT_OFF, render
+from app.api.errors import BODY_CUT_OFF, PRECHECKED, render
 from app.errors import AuthenticationError, GatewayError, RequestTooLargeError
 from app.gateway import Gateway
 
@@ -26,6 +26,11 @@ ADAPTER_UPLOAD_PATH = "/admin/v1/adapters"
 # Room for the multipart envelope around an uploaded archive: boundaries, part
 # headers and the `name` field (whose own size Starlette caps at 1 MiB).
 MULTIPART_OVERHEAD_BYTES = 2 << 20
+# The paths whose requests run on the engine, by the endpoint their metrics name.
+GENERATION_ENDPOINTS = {
+    "/v1/chat/completions": "chat.completions",
+    "/v1/completions": "completions",
+}
 
 
 class RequestIdMiddleware:
@@ -63,6 +68,8 @@ class EarlyRefusalMiddleware:
       same 401 (or 403) the route's dependency would give. A refused admin token
       is audited (throttled) and counted. The dependencies still authenticate:
       this only answers early.
+    * A completion request whose tenant (or key) is at its request-rate or
+      concurrency limit: the 429 admission would give, before its body is parsed.
     * A body over its limit: 413, at once from ``Content-Length``, or as soon as
       a chunked body passes it. Adapter uploads (multipart ``POST
       /admin/v1/adapters``) have their own limit, ``max_adapter_bytes``.
@@ -132,7 +139,11 @@ class EarlyRefusalMiddleware:
             return None
         if path.startswith("/v1/"):
             try:
-                gateway.registry.authenticate(token)
+                principal = gateway.registry.authenticate(token)
+                endpoint = GENERATION_ENDPOINTS.get(path) if scope["method"] == "POST" else None
+                if endpoint is not None:
+                    await gateway.tracker.precheck(principal, endpoint)
+                    scope.setdefault("state", {})[PRECHECKED] = principal
             except GatewayError as exc:
                 return exc
         elif is_admin_path(path) and not matches_any(token, gateway.admin_tokens):

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from app.api.errors import render
+from app.api.errors import PRECHECKED, render
 from app.errors import GatewayError
 from app.serving.tracking import ClientDisconnected, Request, RequestTracker, Service
 from app.tenancy.tenants import Principal
@@ -74,7 +74,12 @@ class CompletionResponse(Response, Generic[Request]):
         streamed: EventStreamResponse | None = None
         try:
             tracked = self._tracker.track(
-                service, request, self._principal, self._request_id, body_bytes=_body_bytes(scope)
+                service,
+                request,
+                self._principal,
+                self._request_id,
+                body_bytes=_body_bytes(scope),
+                prechecked=PRECHECKED in scope.get("state", {}),
             )
             async with entered_unless_disconnected(receive, tracked) as run:
                 if request.stream:

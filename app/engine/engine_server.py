@@ -21,11 +21,16 @@ router's EPP and llm-d's manifests expect: ``/v1/*``, ``/health``, ``/metrics`` 
 As the in-process gateway does, it refuses to start when the isolation fix would not be
 active in vLLM's processes (:func:`app.engine.vllm_plugin.require_isolation_fix`).
 SIGTERM and SIGINT are passed on to vLLM's server, which drains and exits; its exit status
-is the role's.
+is the role's. vLLM's processes never outlive the role: vLLM's server is sent SIGTERM when
+the role's process dies however it dies (SIGKILL, the OOM killer; see
+:mod:`app.engine.parent_death`), and stops its engine core and workers as on any SIGTERM;
+when vLLM's server itself dies (killed outright, it leaves them running), what remains of its
+process group is killed before the role exits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -38,6 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 from importlib import metadata
 from types import FrameType
 
+from app.engine.parent_death import dying_with_this_process
 from app.engine.vllm_plugin import ENV_VAR as ISOLATION_FIX_ENV
 from app.engine.vllm_plugin import (
     PLUGIN_GROUP,
@@ -188,14 +194,36 @@ def serve_engine(settings: Settings) -> int:
         except (IsolationFixUnavailable, ResolverUnavailable) as exc:
             logger.error("not starting vLLM's server: %s", exc)
             return 1
-        # A session of its own: a terminal's Ctrl-C reaches it once, through forward().
-        server = subprocess.Popen(vllm_server_argv(settings), env=env, start_new_session=True)
+        server = start_server(vllm_server_argv(settings), env)
 
         def forward(signum: int, _: FrameType | None) -> None:
-            server.send_signal(signum)
+            # Not send_signal(): it would reap an exited server, and wait_for_server kills
+            # the server's group by its pid, which must stay unreaped until then.
+            if server.returncode is None:
+                os.kill(server.pid, signum)
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, forward)
-        return server.wait()
+        return wait_for_server(server)
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def start_server(argv: list[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    """Start ``argv`` (vLLM's server) as a process that is sent SIGTERM when this one dies,
+    leading a session and process group of its own: a terminal's Ctrl-C reaches it once,
+    through ``serve_engine``'s forwarding, and its children are found by its group. Call it
+    from the main thread: the signal comes when the thread that started it ends."""
+    return subprocess.Popen(dying_with_this_process(argv), env=env, start_new_session=True)
+
+
+def wait_for_server(server: subprocess.Popen[bytes]) -> int:
+    """Wait for ``server`` (started by :func:`start_server`) to exit, kill what it left in its
+    process group (an engine core and workers outlive a server that was killed outright), and
+    return its exit status."""
+    # Waited for but not reaped: until it is, the server's pid, which is its group's id,
+    # cannot be given to another process, so the group killed is the server's own.
+    os.waitid(os.P_PID, server.pid, os.WEXITED | os.WNOWAIT)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGKILL)
+    return server.wait()

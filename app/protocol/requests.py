@@ -91,6 +91,23 @@ def _shape_error(message: str) -> PydanticCustomError:
     return PydanticCustomError("invalid_type", message)
 
 
+MAX_MESSAGES = 4096
+MAX_CONTENT_PARTS = 4096  # over all the messages
+MAX_TOOLS = 128  # OpenAI's own limit
+
+
+def _at_most(items: Any, limit: int, what: str) -> Any:
+    """Refuse a list over ``limit`` items before any of them is validated: validating each
+    item costs the event loop, and a body of a hundred thousand tiny ones costs seconds."""
+    if isinstance(items, list) and len(items) > limit:
+        raise PydanticCustomError(
+            "too_long",
+            "at most {limit} {what} are accepted; got {count}",
+            {"limit": limit, "what": what, "count": len(items)},
+        )
+    return items
+
+
 def _active(data: Mapping[str, Any], fields: Mapping[str, tuple[object, ...]]) -> list[str]:
     return [
         name
@@ -374,6 +391,25 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: Flag = True
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _bounded_messages(cls, messages: Any) -> Any:
+        _at_most(messages, MAX_MESSAGES, "messages")
+        if isinstance(messages, list):
+            parts = [
+                part
+                for message in messages
+                if isinstance(message, Mapping) and isinstance(message.get("content"), list)
+                for part in message["content"]
+            ]
+            _at_most(parts, MAX_CONTENT_PARTS, "content parts (over all messages)")
+        return messages
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _bounded_tools(cls, tools: Any) -> Any:
+        return _at_most(tools, MAX_TOOLS, "tools")
 
     @model_validator(mode="after")
     def _tool_choice_fits_tools(self) -> ChatCompletionRequest:

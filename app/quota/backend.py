@@ -2,16 +2,19 @@
 (:mod:`app.quota.memory`, :mod:`app.quota.redis`); the factory that picks one is above, in
 :mod:`app.quota`.
 
-A backend implements five storage primitives (``_reserve``, ``_precheck``, ``_reconcile``,
-``_renew``, ``_usage``); this module adds what every backend shares: argument checks, the errors
-and their messages, the rate-limit headers, and one policy for every store failure: a storage
+A backend implements the storage primitives (``_reserve``, ``_void``, ``_precheck``,
+``_reconcile``, ``_renew``, ``_charge_refused``, ``_usage``, ``_close``); this module adds what
+every backend shares: argument checks, the errors and their messages, the rate-limit headers,
+voiding a reservation whose reply was lost, and one policy for every store failure: a storage
 primitive raises :class:`QuotaBackendUnavailable` for any failure of its store (not only an
 unreachable one), which is counted and logged (:mod:`app.quota.outage`) and then fails open or
-closed as ``fail_open`` says; settling and renewing never raise it into a request.
+closed as ``fail_open`` says; settling, renewing, voiding and charging a refusal never raise it
+into a request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import uuid
@@ -45,6 +48,15 @@ CONCURRENCY_RETRY_S = 1.0
 PRECHECK_TOKENS = 1
 """What :meth:`QuotaBackend.precheck` assumes a request costs: every request has a prompt."""
 
+VOID_TIMEOUT_S = 10.0
+"""How long voiding a reservation whose reply was lost may take. Longer than a store's socket
+timeout on purpose: the store that was too slow for the reservation must not also be too slow
+for its undoing. Past it, the leases expire and the tokens stay charged."""
+
+VOID_MEMORY_S = 600
+"""How long a voided reservation id is remembered, so that a reserve still in transit when it
+was voided cannot charge when it lands: far longer than a command stays in transit."""
+
 
 class QuotaBackend(ABC):
     """Atomic admission against per-subject limits, interchangeable over storages.
@@ -65,6 +77,8 @@ class QuotaBackend(ABC):
         self.fail_open = fail_open
         self.lease_seconds = lease_seconds
         self._outage = OutageLog(fail_open=fail_open)
+        # Voids in flight; held here because the event loop keeps only weak references to tasks.
+        self._voiding: set[asyncio.Task[None]] = set()
 
     async def precheck(self, subjects: Subjects) -> None:
         """Refuse early, before the request's size is known, what :meth:`reserve` would
@@ -96,18 +110,27 @@ class QuotaBackend(ABC):
         Raises :class:`QuotaExceeded` (429) when a limit is reached, :class:`QuotaTooLarge` (400)
         when ``tokens`` alone exceed a subject's tokens per minute or budget,
         :class:`QuotaBackendUnavailable` (503) when the store fails and the backend fails
-        closed, and ``ValueError`` for a duplicate subject or reservation id. On any error
-        nothing was charged (a store that failed may have applied it all, or nothing; the
-        leases then expire).
+        closed, and ``ValueError`` for a duplicate subject or reservation id. On any error, and
+        when the call is cancelled, nothing stays charged: a reservation the store may have
+        applied with its reply lost is voided in the background (:meth:`_void_later`; should
+        the store stay out of reach for ``VOID_TIMEOUT_S``, its leases expire and its tokens
+        stay charged).
         """
         pairs = tuple(subjects)
         rid = reservation_id if reservation_id is not None else uuid.uuid4().hex
         _check_request(pairs, tokens)
         if not pairs:
             return Reservation(rid, (), tokens, 0)
+        # Tells this call's reservation from any other under the same id, so that voiding it
+        # can never undo another's.
+        attempt = uuid.uuid4().hex
         try:
-            outcome = await self._guard("reserve", self._reserve(rid, tokens, pairs))
+            outcome = await self._guard("reserve", self._reserve(rid, attempt, tokens, pairs))
+        except asyncio.CancelledError:
+            self._void_later(rid, attempt, tokens, pairs)
+            raise
         except QuotaBackendUnavailable:
+            self._void_later(rid, attempt, tokens, pairs)
             if not self.fail_open:
                 raise
             logger.debug("quota store failed: admitting %s unchecked", rid)
@@ -153,20 +176,88 @@ class QuotaBackend(ABC):
         except QuotaBackendUnavailable:
             return False
 
+    async def charge_refused(self, subjects: Subjects) -> None:
+        """Count a request refused after it was read (a 400: it did not parse, or did not
+        tokenise, or does not fit) as one request against each subject's requests per minute:
+        reading it cost the gateway as much as an admission does. No tokens, no concurrency
+        slot, no budget. A limit already reached stays reached but is not pushed past: the
+        refusal never makes a later request wait longer than a full bucket does.
+
+        ``ValueError`` for a duplicate subject, as :meth:`precheck`. Never raises for a failed
+        store (it is counted and logged; the request then costs nothing).
+        """
+        pairs = tuple(subjects)
+        _check_request(pairs, 0)
+        counted = tuple(pair for pair in pairs if pair[1].requests_per_minute is not None)
+        if not counted:
+            return
+        try:
+            await self._guard("charge_refused", self._charge_refused(counted))
+        except QuotaBackendUnavailable:
+            return
+
     async def usage(self, subject: str, limits: Limits) -> QuotaUsage:
         """``subject``'s current consumption measured against ``limits`` (read-only)."""
         return await self._guard("usage", self._usage(subject, limits))
 
-    @abstractmethod
+    async def drain(self) -> None:
+        """Wait until the voids in flight have finished (each within ``VOID_TIMEOUT_S``)."""
+        while self._voiding:
+            await asyncio.gather(*self._voiding, return_exceptions=True)
+
     async def close(self) -> None:
-        """Release the backend's connections."""
+        """Finish the voids in flight, then release the backend's connections."""
+        await self.drain()
+        await self._close()
+
+    # -- voiding a reservation whose reply was lost ----------------------------------------------
+
+    def _void_later(self, rid: str, attempt: str, tokens: int, subjects: Subjects) -> None:
+        """Undo, in the background, what reserve attempt ``attempt`` charged, if it did.
+
+        A reservation's reply can be lost after the store applied it: the caller was cancelled
+        (its client left) while the reply was in flight, or the reply came after the socket
+        timeout (a 503). Nobody holds that reservation, so nobody would settle it, and the
+        worst case would stay charged for the whole period. The undo runs on its own task: a
+        cancelled caller cannot cancel it, and a 503 is not delayed by it.
+        """
+        task = asyncio.get_running_loop().create_task(
+            self._void_bounded(rid, attempt, tokens, subjects)
+        )
+        self._voiding.add(task)
+        task.add_done_callback(self._voiding.discard)
+
+    async def _void_bounded(self, rid: str, attempt: str, tokens: int, subjects: Subjects) -> None:
+        """``_void`` within ``VOID_TIMEOUT_S``; a failure is counted and logged (the leases
+        then expire and the tokens stay charged). Not through :meth:`_guard`: a void that
+        succeeds, waiting longer than a request does, does not mean the store is back."""
+        try:
+            async with asyncio.timeout(VOID_TIMEOUT_S):
+                undone = await self._void(rid, attempt, tokens, subjects)
+        except QuotaBackendUnavailable as exc:
+            self._outage.failed("void", exc.reason, exc.__cause__)
+        except TimeoutError as exc:
+            self._outage.failed("void", "timeout", exc)
+        else:
+            if undone:
+                logger.debug("reservation %s voided: its reply was lost", rid)
 
     # -- storage primitives ----------------------------------------------------------------------
 
     @abstractmethod
-    async def _reserve(self, rid: str, tokens: int, subjects: Subjects) -> Admitted | Refused:
+    async def _reserve(
+        self, rid: str, attempt: str, tokens: int, subjects: Subjects
+    ) -> Admitted | Refused:
         """Check every limit of every subject and, only if all pass, charge them all, as one
-        atomic step. ``ValueError`` if ``rid`` is already in use."""
+        atomic step, recording the reservation under ``rid`` and ``attempt`` (for
+        :meth:`_void`). ``ValueError`` if ``rid`` is in use or was voided."""
+
+    @abstractmethod
+    async def _void(self, rid: str, attempt: str, tokens: int, subjects: Subjects) -> bool:
+        """Undo reserve attempt ``attempt`` of ``rid`` if it charged (all of it: the request
+        counted, the tokens, the leases, the budget), and keep ``rid`` from being reserved for
+        ``VOID_MEMORY_S``, so that an attempt still in transit charges nothing when it lands.
+        Idempotent; leaves another attempt's reservation alone. Whether it undid a charge."""
 
     @abstractmethod
     async def _precheck(self, subjects: Subjects) -> Refused | None:
@@ -182,8 +273,17 @@ class QuotaBackend(ABC):
         """Extend the reservation's live leases; whether all were live."""
 
     @abstractmethod
+    async def _charge_refused(self, subjects: Subjects) -> None:
+        """Add one request to each subject's requests bucket (every subject has a limit),
+        up to the limit."""
+
+    @abstractmethod
     async def _usage(self, subject: str, limits: Limits) -> QuotaUsage:
         """Read a subject's consumption."""
+
+    @abstractmethod
+    async def _close(self) -> None:
+        """Release the backend's connections."""
 
     async def _guard(self, operation: str, call: Awaitable[T]) -> T:
         try:

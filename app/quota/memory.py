@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.quota.backend import PRECHECK_TOKENS, RECONCILE_WINDOW_S, QuotaBackend
+from app.quota.backend import PRECHECK_TOKENS, RECONCILE_WINDOW_S, VOID_MEMORY_S, QuotaBackend
 from app.quota.bucket import Bucket, current, wait_seconds
 from app.quota.limits import Limits, QuotaUsage, period_id
 from app.quota.outcomes import Admitted, Levels, Refused, Reservation, Subjects, Violation
@@ -25,6 +25,16 @@ class _Plan:
     tokens: tuple[float, int] | None = None
     period: str | None = None
     budget_used: int = 0
+
+
+@dataclass(frozen=True)
+class _Open:
+    """An open reservation: what voiding it needs to find what it charged."""
+
+    until_us: int
+    attempt: str
+    at_us: int
+    periods: tuple[str | None, ...]
 
 
 class MemoryBackend(QuotaBackend):
@@ -44,18 +54,22 @@ class MemoryBackend(QuotaBackend):
         self._buckets: dict[tuple[str, str], Bucket] = {}
         self._leases: dict[str, dict[str, int]] = {}
         self._budgets: dict[str, tuple[str, int]] = {}
-        # Open reservations by id, with when they stop being reconcilable. Entries share one
+        # Open reservations by id, until they stop being reconcilable; voided ids, until they
+        # may be used again. Each dict's entries share one
         # lifetime, so insertion order is expiry order.
-        self._open: dict[str, int] = {}
+        self._open: dict[str, _Open] = {}
+        self._voided: dict[str, int] = {}
 
     def _now_us(self) -> int:
         return round(self._clock() * 1_000_000)
 
-    async def _reserve(self, rid: str, tokens: int, subjects: Subjects) -> Admitted | Refused:
+    async def _reserve(
+        self, rid: str, attempt: str, tokens: int, subjects: Subjects
+    ) -> Admitted | Refused:
         with self._lock:
             now = self._now_us()
             self._forget_stale(now)
-            if rid in self._open:
+            if rid in self._open or rid in self._voided:
                 raise ValueError(f"reservation id {rid!r} is in use")
             plans, refused = self._check(subjects, tokens, now)
             if refused is not None:
@@ -80,8 +94,31 @@ class MemoryBackend(QuotaBackend):
                         None if plan.tokens is None else plan.tokens[0] + tokens,
                     )
                 )
-            self._open[rid] = now + RECONCILE_WINDOW_S * 1_000_000
-            return Admitted(now, tuple(plan.period for plan in plans), tuple(after))
+            periods = tuple(plan.period for plan in plans)
+            self._open[rid] = _Open(now + RECONCILE_WINDOW_S * 1_000_000, attempt, now, periods)
+            return Admitted(now, periods, tuple(after))
+
+    async def _void(self, rid: str, attempt: str, tokens: int, subjects: Subjects) -> bool:
+        with self._lock:
+            now = self._now_us()
+            self._forget_stale(now)
+            record = self._open.get(rid)
+            if record is None:
+                # Never reserved (or voided already): keep a late attempt from charging.
+                self._voided.setdefault(rid, now + VOID_MEMORY_S * 1_000_000)
+                return False
+            if record.attempt != attempt:
+                return False
+            del self._open[rid]
+            self._voided[rid] = now + VOID_MEMORY_S * 1_000_000
+            for (subject, limits), period in zip(subjects, record.periods, strict=True):
+                if (rpm := limits.requests_per_minute) is not None:
+                    self._refund("requests", subject, rpm, 1, record.at_us, now)
+                if (tpm := limits.tokens_per_minute) is not None:
+                    self._refund("tokens", subject, tpm, tokens, record.at_us, now)
+                self._leases.get(subject, {}).pop(rid, None)
+                self._charge_budget(subject, period, -tokens)
+            return True
 
     async def _precheck(self, subjects: Subjects) -> Refused | None:
         with self._lock:
@@ -134,20 +171,16 @@ class MemoryBackend(QuotaBackend):
             for charge in reservation.charges:
                 tpm = charge.limits.tokens_per_minute
                 if tpm is not None:
-                    level, drained = self._current("tokens", charge.subject, tpm, now)
                     if delta > 0:
+                        level, drained = self._current("tokens", charge.subject, tpm, now)
                         self._buckets["tokens", charge.subject] = Bucket(
                             level + delta, now, drained
                         )
-                    elif drained <= reservation.reserved_at_us:
-                        level = max(0.0, level + delta)
-                        self._buckets["tokens", charge.subject] = Bucket(
-                            level, now, now if level == 0 else drained
+                    else:
+                        self._refund(
+                            "tokens", charge.subject, tpm, -delta, reservation.reserved_at_us, now
                         )
-                stored = self._budgets.get(charge.subject)
-                # A previous period's count no longer limits anything; it is left as it was.
-                if charge.period is not None and stored is not None and stored[0] == charge.period:
-                    self._budgets[charge.subject] = (charge.period, max(0, stored[1] + delta))
+                self._charge_budget(charge.subject, charge.period, delta)
 
     async def _renew(self, reservation: Reservation) -> bool:
         with self._lock:
@@ -162,6 +195,16 @@ class MemoryBackend(QuotaBackend):
                 else:
                     held = False
             return held
+
+    async def _charge_refused(self, subjects: Subjects) -> None:
+        with self._lock:
+            now = self._now_us()
+            for subject, limits in subjects:
+                if (rpm := limits.requests_per_minute) is not None:
+                    level, drained = self._current("requests", subject, rpm, now)
+                    self._buckets["requests", subject] = Bucket(
+                        min(level + 1, max(level, rpm)), now, drained
+                    )
 
     async def _usage(self, subject: str, limits: Limits) -> QuotaUsage:
         with self._lock:
@@ -178,13 +221,30 @@ class MemoryBackend(QuotaBackend):
                 used = self._budget_used(subject, period)
             return QuotaUsage(requests, tokens, concurrent, used, period)
 
-    async def close(self) -> None:
+    async def _close(self) -> None:
         """Nothing to release."""
 
     # -- state -----------------------------------------------------------------------------------
 
     def _current(self, kind: str, subject: str, limit: int, now: int) -> tuple[float, int]:
         return current(self._buckets.get((kind, subject)), limit, now)
+
+    def _refund(
+        self, kind: str, subject: str, limit: int, amount: int, since_us: int, now: int
+    ) -> None:
+        """Take ``amount`` charged at ``since_us`` back out of a bucket, unless the bucket has
+        emptied since: the charge has then drained away already."""
+        level, drained = self._current(kind, subject, limit, now)
+        if drained <= since_us:
+            level = max(0.0, level - amount)
+            self._buckets[kind, subject] = Bucket(level, now, now if level == 0 else drained)
+
+    def _charge_budget(self, subject: str, period: str | None, delta: int) -> None:
+        """Add ``delta`` (negative: a refund) to ``period``'s budget count, never below 0. A
+        previous period's count no longer limits anything; it is left as it was."""
+        stored = self._budgets.get(subject)
+        if period is not None and stored is not None and stored[0] == period:
+            self._budgets[subject] = (period, max(0, stored[1] + delta))
 
     def _live_leases(self, subject: str, now: int) -> dict[str, int]:
         leases = self._leases.setdefault(subject, {})
@@ -198,10 +258,15 @@ class MemoryBackend(QuotaBackend):
 
     def _forget_stale(self, now: int) -> None:
         while self._open:
-            rid, until = next(iter(self._open.items()))
-            if until > now:
+            rid, record = next(iter(self._open.items()))
+            if record.until_us > now:
                 break
             del self._open[rid]
+        while self._voided:
+            rid, until = next(iter(self._voided.items()))
+            if until > now:
+                break
+            del self._voided[rid]
 
 
 def _levels(plan: _Plan) -> Levels:

@@ -6,7 +6,9 @@ atomic, and its clock is Redis ``TIME``, so replicas agree whatever their own cl
 Keys, under ``key_prefix``: ``rq:<subject>`` / ``tk:<subject>`` (requests / tokens buckets,
 hashes), ``cc:<subject>`` (concurrency leases: a sorted set of reservation ids scored by expiry),
 ``bg:<subject>:<period>`` (tokens charged in a budget period), ``rs:<id>`` (an open reservation,
-which makes reconcile idempotent). Every key expires on its own.
+which makes reconcile idempotent and lets a reservation whose reply was lost be voided),
+``vd:<id>`` (a voided id, which no reservation may take for a while). Every key expires on its
+own.
 
 Every failure of Redis becomes :class:`QuotaBackendUnavailable` with a ``reason``: not only an
 unreachable server or a timeout, but a replica that became read-only in a failover, a server
@@ -34,12 +36,18 @@ from redis.exceptions import (
 )
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from app.quota.backend import PRECHECK_TOKENS, RECONCILE_WINDOW_S, QuotaBackend
+from app.quota.backend import (
+    PRECHECK_TOKENS,
+    RECONCILE_WINDOW_S,
+    VOID_MEMORY_S,
+    VOID_TIMEOUT_S,
+    QuotaBackend,
+)
 from app.quota.errors import QuotaBackendUnavailable
 from app.quota.limits import Limits, QuotaUsage
 from app.quota.outcomes import Admitted, Levels, Refused, Reservation, Subjects, Violation
 
-SCRIPTS = ("reserve", "precheck", "reconcile", "renew", "usage")
+SCRIPTS = ("reserve", "void", "precheck", "reconcile", "renew", "charge_refused", "usage")
 
 
 def lua_source(name: str) -> str:
@@ -82,7 +90,9 @@ class RedisBackend(QuotaBackend):
     """Quota state in Redis (a single server or a primary; not Redis Cluster).
 
     The client does not retry, so a request waits at most ``socket_timeout`` before the
-    fail-open or fail-closed policy applies.
+    fail-open or fail-closed policy applies. Voids run on ``void_client`` (by default
+    ``client``), which should wait longer for a reply: :meth:`from_url` gives it a socket
+    timeout of ``VOID_TIMEOUT_S``.
     """
 
     def __init__(
@@ -92,13 +102,17 @@ class RedisBackend(QuotaBackend):
         fail_open: bool = False,
         lease_seconds: float = 60.0,
         key_prefix: str = "quota:",
+        void_client: Redis | None = None,
     ) -> None:
         super().__init__(fail_open=fail_open, lease_seconds=lease_seconds)
         self._client = client
+        self._void_client = void_client
         self._prefix = key_prefix
         self._scripts: dict[str, AsyncScript] = {
             name: client.register_script(lua_source(name)) for name in SCRIPTS
         }
+        if void_client is not None:
+            self._scripts["void"] = void_client.register_script(lua_source("void"))
 
     @classmethod
     def from_url(
@@ -110,19 +124,24 @@ class RedisBackend(QuotaBackend):
         key_prefix: str = "quota:",
         socket_timeout: float = 1.0,
     ) -> RedisBackend:
-        """A backend on a new client for ``url``; the URL's own query options take precedence
-        (for example ``?socket_timeout=0.2``)."""
-        client = Redis.from_url(
-            url,
-            decode_responses=True,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_timeout,
-            retry=Retry(NoBackoff(), 0),
+        """A backend on new clients for ``url``; the URL's own query options take precedence
+        (for example ``?socket_timeout=0.2``), except the voids' longer socket timeout."""
+        client = _client(url, socket_timeout)
+        void_client = _client(url, socket_timeout)
+        # A reply too slow for a request must not be too slow for the void that undoes it.
+        void_client.connection_pool.connection_kwargs["socket_timeout"] = VOID_TIMEOUT_S
+        return cls(
+            client,
+            fail_open=fail_open,
+            lease_seconds=lease_seconds,
+            key_prefix=key_prefix,
+            void_client=void_client,
         )
-        return cls(client, fail_open=fail_open, lease_seconds=lease_seconds, key_prefix=key_prefix)
 
-    async def close(self) -> None:
+    async def _close(self) -> None:
         await self._client.aclose()
+        if self._void_client is not None:
+            await self._void_client.aclose()
 
     def _key(self, kind: str, name: str) -> str:
         return f"{self._prefix}{kind}:{name}"
@@ -151,10 +170,12 @@ class RedisBackend(QuotaBackend):
             ]
         return keys, args
 
-    async def _reserve(self, rid: str, tokens: int, subjects: Subjects) -> Admitted | Refused:
+    async def _reserve(
+        self, rid: str, attempt: str, tokens: int, subjects: Subjects
+    ) -> Admitted | Refused:
         subject_keys, subject_args = self._subject_keys(subjects)
-        keys = [self._key("rs", rid), *subject_keys]
-        args: list[Any] = [rid, tokens, round(self.lease_seconds * 1_000_000)]
+        keys = [self._key("rs", rid), self._key("vd", rid), *subject_keys]
+        args: list[Any] = [rid, attempt, tokens, round(self.lease_seconds * 1_000_000)]
         args += [RECONCILE_WINDOW_S * 1000, *subject_args]
         result = _decode(await self._run("reserve", keys, args))
         if result.get("duplicate"):
@@ -167,6 +188,14 @@ class RedisBackend(QuotaBackend):
             if len(periods) != len(subjects):
                 raise ValueError(f"{len(periods)} periods for {len(subjects)} subjects")
             return Admitted(int(result["now"]), periods, _levels(result, subjects))
+
+    async def _void(self, rid: str, attempt: str, tokens: int, subjects: Subjects) -> bool:
+        subject_keys, subject_args = self._subject_keys(subjects)
+        keys = [self._key("rs", rid), self._key("vd", rid), *subject_keys]
+        args: list[Any] = [rid, attempt, tokens, VOID_MEMORY_S * 1000, *subject_args]
+        undone = await self._run("void", keys, args)
+        with _store_failures():
+            return int(undone) == 1
 
     async def _precheck(self, subjects: Subjects) -> Refused | None:
         keys, args = self._subject_keys(subjects)
@@ -205,6 +234,11 @@ class RedisBackend(QuotaBackend):
         with _store_failures():
             return int(held) == len(keys)
 
+    async def _charge_refused(self, subjects: Subjects) -> None:
+        keys = [self._key("rq", subject) for subject, _ in subjects]
+        args = [limits.requests_per_minute for _, limits in subjects]
+        await self._run("charge_refused", keys, args)
+
     async def _usage(self, subject: str, limits: Limits) -> QuotaUsage:
         keys = [
             self._key("rq", subject),
@@ -223,6 +257,16 @@ class RedisBackend(QuotaBackend):
                 budget_used=result.get("budget_used"),
                 budget_period=result.get("period"),
             )
+
+
+def _client(url: str, socket_timeout: float) -> Redis:
+    return Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=socket_timeout,
+        retry=Retry(NoBackoff(), 0),
+    )
 
 
 def _decode(reply: Any) -> dict[str, Any]:

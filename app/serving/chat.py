@@ -81,6 +81,7 @@ class ChatPreparation(gen.PromptEndpoint):
         auto = self._auto_calls(request)
         tokenizer = self.model.tokenizer
         text = tools.render_prompt(tokenizer, request)
+        self._refuse_if_never_fits(text, "messages")
         prompt = tokenizer.encode(text, add_special_tokens=False)
         generation = self._generation(request, prompt, principal, target, request_id)
         if auto is not None and not auto.skip_special_tokens:

@@ -40,6 +40,7 @@ class CompletionPreparation(gen.PromptEndpoint):
         request_id: str,
     ) -> gen.Generation:
         if isinstance(request.prompt, str):
+            self._refuse_if_never_fits(request.prompt, "prompt")
             prompt = self.model.tokenizer.encode(request.prompt)
         else:
             prompt = list(request.prompt)

@@ -60,9 +60,9 @@ class EngineRun:
             generation.params,
             generation.request_id,
             generation.target.adapter,
-            # A tenant's cached prefixes never serve another tenant: no timing
-            # side channel reveals what others have asked.
-            cache_salt=generation.principal.tenant.id,
+            # A tenant's cached prefixes never serve another tenant (nor a later tenant of
+            # the same id): no timing side channel reveals what others have asked.
+            cache_salt=generation.principal.tenant.cache_salt,
         )
         try:
             async for output in self._stream:

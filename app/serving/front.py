@@ -37,7 +37,7 @@ from app.protocol import (
 from app.quota import Reservation
 from app.serving.chat import ChatPreparation
 from app.serving.completions import CompletionPreparation
-from app.serving.generation import Generation
+from app.serving.generation import Generation, longest_token_bytes
 from app.serving.sse import DONE, event
 from app.serving.structured import OutputConstraints
 from app.serving.upstream import Upstream, open_upstream, request_headers
@@ -112,7 +112,8 @@ def upstream_body(
 ) -> dict[str, Any]:
     """The body forwarded for ``request``: ``fields`` of the parsed request, the sampling the
     front prepared, the global model name, the completion budget the front reserved for, and
-    the tenant as the prefix-cache salt (a tenant's cached prefixes never serve another)."""
+    the tenant's random prefix-cache salt (a tenant's cached prefixes never serve another, nor
+    a later tenant of the same id)."""
     body = request.model_dump(mode="json", by_alias=True, exclude_none=True, include=set(fields))
     params = generation.params
     for name in _SAMPLING:
@@ -122,7 +123,7 @@ def upstream_body(
     limit = "max_completion_tokens" if isinstance(request, ChatCompletionRequest) else "max_tokens"
     body[limit] = params.max_tokens
     body["model"] = global_name(generation.target)
-    body["cache_salt"] = generation.principal.tenant.id
+    body["cache_salt"] = generation.principal.tenant.cache_salt
     if request.stream:
         # Counts on every chunk: a stream cut short is charged what it had produced.
         body["stream"] = True
@@ -268,5 +269,7 @@ async def open_front(
 ) -> AsyncIterator[Front]:
     """The front's tokenizer and its upstream connection, closed on exit."""
     model = await asyncio.to_thread(TokenizerModel.load, settings)
+    # Read once before the first request, which would otherwise wait for it.
+    await asyncio.to_thread(longest_token_bytes, model.tokenizer)
     async with open_upstream(settings) as upstream:
         yield Front(model, upstream, constraints, tool_parser)

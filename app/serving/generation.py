@@ -69,6 +69,21 @@ class PromptEndpoint:
         self.model = model
         self.constraints = constraints or OutputConstraints()
 
+    def _refuse_if_never_fits(self, text: str, param: str) -> None:
+        """Refuse, before it is tokenised, a prompt that cannot fit the context whatever its
+        tokens: none spells more than the vocabulary's longest token, and every character is
+        at least a byte. Tokenising it would take the tokenizer's thread from every other
+        request for as long as its length, only to refuse it."""
+        max_model_len = self.model.max_model_len
+        longest = longest_token_bytes(self.model.tokenizer)
+        if len(text) > longest * (max_model_len - 1):
+            raise ContextLengthExceededError(
+                f"This model's maximum context length is {max_model_len} tokens. However, "
+                f"your prompt is {len(text)} characters long, more than that many tokens can "
+                "hold. Please reduce the length of the prompt.",
+                param=param,
+            )
+
     def _generation(
         self,
         request: CompletionLike,
@@ -85,6 +100,21 @@ class PromptEndpoint:
             constraints=self.constraints,
         )
         return Generation(request_id, self.endpoint, principal, target, prompt, params)
+
+
+_LONGEST_TOKEN_BYTES: dict[int, tuple[Any, int]] = {}
+
+
+def longest_token_bytes(tokenizer: Any) -> int:
+    """The most UTF-8 bytes one of the tokenizer's tokens decodes to (read once per
+    tokenizer: a few tenths of a second for a large vocabulary). A token that is part of a
+    character decodes to a replacement character, which only makes the bound looser."""
+    known = _LONGEST_TOKEN_BYTES.get(id(tokenizer))
+    if known is None or known[0] is not tokenizer:
+        decoded = (tokenizer.decode([token]) for token in range(len(tokenizer)))
+        known = (tokenizer, max(len(text.encode()) for text in decoded))
+        _LONGEST_TOKEN_BYTES[id(tokenizer)] = known
+    return known[1]
 
 
 def completion_budget(prompt_tokens: int, requested: int | None, max_model_len: int) -> int:

@@ -5,11 +5,17 @@ engine to compile.
 The engine builds the grammar (xgrammar, falling back to guidance or outlines); a schema that
 is not JSON Schema at all, or too large or too deep, is refused here first, with a 400 that
 names the field: this runs in the tokenizer thread, so the event loop never walks a schema.
+Regular expressions (``structured_outputs.regex``, a schema's ``pattern`` and
+``patternProperties``) are bounded in how deep their groups nest, and whatever checking a
+schema raises for a pathological one (Python's ``re`` recurses per group) is a 400 too, never
+a 500.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +35,9 @@ class OutputConstraints:
 
     max_bytes: int = 32_768
     max_depth: int = 32
+    # Python's ``re`` (which checks a schema's patterns) recurses per group and gives out
+    # near 500; no real pattern nests a tenth of that.
+    max_regex_depth: int = 32
 
     @classmethod
     def from_settings(cls, settings: Settings) -> OutputConstraints:
@@ -42,7 +51,7 @@ class OutputConstraints:
         if isinstance(request, ChatCompletionRequest):
             call = forced_call_schema(request)
             if call is not None:
-                self._check_schema(call, "tools")
+                self._check_tools(request, call)
                 return StructuredOutputsParams(json=call)
         response_format = request.response_format
         if response_format is not None and response_format.type == "json_object":
@@ -61,6 +70,7 @@ class OutputConstraints:
             return StructuredOutputsParams(json=wanted.json_schema)
         if wanted.regex is not None:
             self._check_size(wanted.regex, "structured_outputs.regex")
+            self._check_regex(wanted.regex, "structured_outputs.regex", "it")
             return StructuredOutputsParams(regex=wanted.regex)
         if wanted.grammar is not None:
             self._check_size(wanted.grammar, "structured_outputs.grammar")
@@ -78,8 +88,18 @@ class OutputConstraints:
                 param=param,
             )
 
-    def _check_schema(self, schema: dict[str, Any], param: str) -> None:
-        self._check_size(json.dumps(schema, separators=(",", ":")), param)
+    def _check_tools(self, request: ChatCompletionRequest, call: dict[str, Any]) -> None:
+        """Each function a forced call may decode under, named by its place in ``tools``;
+        then ``call``, the whole constraint (``required`` joins every function's)."""
+        forced = request.forced_tool
+        for index, tool in enumerate(request.tools or []):
+            parameters = tool.function.parameters
+            if parameters is not None and forced in ("required", tool.function.name):
+                self._check_schema(parameters, f"tools[{index}].function.parameters")
+        self._check_size(json.dumps(call, separators=(",", ":")), "tools")
+        self._check_depth(call, "tools")
+
+    def _check_depth(self, schema: dict[str, Any], param: str) -> None:
         depth = _depth(schema)
         if depth > self.max_depth:
             raise BadRequestError(
@@ -87,6 +107,22 @@ class OutputConstraints:
                 f"allows at most {self.max_depth}.",
                 param=param,
             )
+
+    def _check_regex(self, regex: str, param: str, what: str) -> None:
+        depth = _group_depth(regex)
+        if depth > self.max_regex_depth:
+            raise BadRequestError(
+                f"`{param}`: {what} nests regular-expression groups {depth} levels deep; "
+                f"this server allows at most {self.max_regex_depth}.",
+                param=param,
+            )
+
+    def _check_schema(self, schema: dict[str, Any], param: str) -> None:
+        # Depth first: it is measured without recursion, and bounds what recurses after it.
+        self._check_depth(schema, param)
+        self._check_size(json.dumps(schema, separators=(",", ":")), param)
+        for keyword, pattern in _patterns(schema):
+            self._check_regex(pattern, param, f"a `{keyword}`")
         dialect = schema.get("$schema")
         if dialect is not None and not isinstance(dialect, str):
             raise BadRequestError(
@@ -101,11 +137,22 @@ class OutputConstraints:
             raise BadRequestError(
                 f"`{param}` is not a valid JSON Schema{at}: {exc.message}", param=param
             ) from exc
+        except RecursionError as exc:
+            # The bounds above should leave nothing this deep; a 500 would be worse.
+            raise BadRequestError(
+                f"`{param}` nests too deeply to be checked.", param=param
+            ) from exc
+        except (OverflowError, ValueError, re.error) as exc:
+            # What a format check raises past jsonschema for a value it cannot even read
+            # (``re`` refuses a repeat count over 2**32 with ``OverflowError``).
+            raise BadRequestError(
+                f"`{param}` is not a valid JSON Schema: {exc}", param=param
+            ) from exc
 
 
 def _depth(value: Any) -> int:
     """How deep objects and arrays nest in ``value`` (a scalar is 0), without recursion: the
-    size limit bounds the walk, not Python's stack."""
+    request's size bounds the walk, not Python's stack."""
     deepest = 0
     pending: list[tuple[Any, int]] = [(value, 0)]
     while pending:
@@ -114,4 +161,50 @@ def _depth(value: Any) -> int:
         if isinstance(item, (dict, list)):
             deepest = max(deepest, depth + 1)
             pending.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _patterns(schema: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """The regular expressions in ``schema`` (``pattern`` values, ``patternProperties``
+    keys) with their keyword, found without recursion."""
+    pending: list[Any] = [schema]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, list):
+            pending.extend(item)
+        if not isinstance(item, dict):
+            continue
+        pattern = item.get("pattern")
+        if isinstance(pattern, str):
+            yield "pattern", pattern
+        properties = item.get("patternProperties")
+        if isinstance(properties, dict):
+            yield from (("patternProperties", key) for key in properties)
+        pending.extend(item.values())
+
+
+def _group_depth(regex: str) -> int:
+    """How deep groups nest in ``regex``, read without compiling it: an escaped parenthesis
+    or one in a character class opens nothing (as ``re`` reads them: ``]`` first in a class
+    is a literal)."""
+    deepest = depth = 0
+    escaped = False
+    class_from: int | None = None  # where the open character class's members start
+    for index, char in enumerate(regex):
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif class_from is not None:
+            if char == "^" and index == class_from:
+                class_from += 1
+            elif char == "]" and index > class_from:
+                class_from = None
+        elif char == "[":
+            class_from = index + 1
+        elif char == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char == ")":
+            depth = max(depth - 1, 0)
     return deepest

@@ -21,7 +21,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -37,11 +36,12 @@ from app.errors import GatewayError
 from app.protocol import SamplingFields
 from app.quota import Limits, QuotaBackend, QuotaExceeded, QuotaTooLarge, Reservation
 from app.scheduling import Admission, AdmissionRefused, FcfsAdmission, Slot, Ticket
+from app.serving.fair_worker import FairWorker
 from app.serving.generation import Generation
 from app.serving.inflight import InFlight
 from app.tenancy.adapters import Adapter
 from app.tenancy.registry import TenantRegistry
-from app.tenancy.tenants import ApiKey, ModelTarget, Principal
+from app.tenancy.tenants import ApiKey, ModelTarget, Principal, Tenant
 from app.usage import UsageLedger, UsageRecord
 
 logger = logging.getLogger(__name__)
@@ -202,7 +202,7 @@ def ticket_of(generation: Generation) -> Ticket:
 
 
 def key_subject(key: ApiKey) -> str:
-    """The quota subject of a key's own limits; a tenant's is its id."""
+    """The quota subject of a key's own limits; a tenant's is :attr:`Tenant.quota_subject`."""
     return f"{key.tenant_id}/{key.id}"
 
 
@@ -211,7 +211,10 @@ def quota_subjects(principal: Principal) -> list[tuple[str, Limits]]:
     tenant, key = principal.tenant, principal.key
     return [
         (subject, limits)
-        for subject, limits in ((tenant.id, tenant.limits), (key_subject(key), key.limits))
+        for subject, limits in (
+            (tenant.quota_subject, tenant.limits),
+            (key_subject(key), key.limits),
+        )
         if not limits.unlimited
     ]
 
@@ -249,14 +252,12 @@ class RequestTracker:
         self._spawn = spawn
         self._renew_every = lease_seconds / 3
         # One thread: Hugging Face tokenizers are not safe to share between threads.
-        self._tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
-        # The last work handed to that thread: once it is done, so is all before it.
-        self._last_prepared: Future[Any] | None = None
+        self._tokenizer = FairWorker("tokenizer")
         # lora_id -> when a request last started with that adapter version
         self.last_used: dict[int, datetime] = {}
 
     def close(self) -> None:
-        self._tokenizer.shutdown(wait=True, cancel_futures=True)
+        self._tokenizer.close()
 
     @asynccontextmanager
     async def track(
@@ -267,14 +268,15 @@ class RequestTracker:
         request_id: str,
         *,
         body_bytes: int | None = None,
+        prechecked: bool = False,
     ) -> AsyncIterator[RunT]:
         """Admit the request and yield its :class:`Run`; settle and record it on exit.
         ``body_bytes``, the size of the request's body where it is known, bounds the work of
-        tokenising it."""
+        tokenising it; ``prechecked`` says :meth:`precheck` passed before it was read."""
         # This host's copy of the request's adapter stays in place until the request ended.
         with ExitStack() as holds:
             generation, reservation = await self._admit(
-                service, request, principal, request_id, holds, body_bytes
+                service, request, principal, request_id, holds, body_bytes, prechecked
             )
             run = service.start(request, generation, reservation)
             began = time.monotonic()
@@ -321,6 +323,7 @@ class RequestTracker:
         request_id: str,
         holds: ExitStack,
         body_bytes: int | None,
+        prechecked: bool,
     ) -> tuple[Generation, Reservation | None]:
         """Resolve, pre-check, tokenise and reserve, or raise; a refusal holds nothing (what
         ``holds`` holds is the caller's to let go)."""
@@ -333,9 +336,9 @@ class RequestTracker:
                 copy = self._held_copy(target.adapter.sha256)
                 target = await self._on_this_host(target, target.adapter, holds, copy)
             subjects = quota_subjects(principal)
-            if subjects:
+            if subjects and not prechecked:
                 # The limits that need no token count, before the prompt is tokenised.
-                await self._checked(self._quota.precheck(subjects), tenant.id)
+                await self._checked(self._quota.precheck(subjects), tenant)
             generation = await self._prepare(
                 service, request, principal, target, request_id, body_bytes
             )
@@ -343,15 +346,41 @@ class RequestTracker:
             if subjects:
                 reservation = await self._checked(
                     self._quota.reserve(subjects, generation.worst_case_tokens, request_id),
-                    tenant.id,
+                    tenant,
                 )
                 if reservation.unchecked:
                     metrics.QUOTA_UNCHECKED.labels(tenant.id).inc()
         except GatewayError as exc:
             status = exc.code or exc.error_type
             metrics.REQUESTS.labels(tenant.id, model, service.endpoint, status).inc()
+            if exc.status_code in (400, 404):  # refused once parsed or tokenised
+                await self.charge_refused(principal)
             raise
         return generation, reservation
+
+    async def precheck(self, principal: Principal, endpoint: str) -> None:
+        """Refuse, before the request's body is read, a request its rate or concurrency
+        limits would refuse whatever its body (429): a tenant at its limit cannot make the
+        gateway read and parse bodies it will refuse anyway. Counted like any refusal."""
+        subjects = quota_subjects(principal)
+        if not subjects:
+            return
+        tenant = principal.tenant.id
+        try:
+            await self._checked(self._quota.precheck(subjects), principal.tenant)
+        except GatewayError as exc:
+            status = exc.code or exc.error_type
+            metrics.REQUESTS.labels(tenant, metrics.UNKNOWN_MODEL, endpoint, status).inc()
+            raise
+
+    async def charge_refused(self, principal: Principal) -> None:
+        """Count a request refused after its body was parsed or its prompt tokenised (a 400,
+        or a 404 for a model not its tenant's) as one request against its requests-per-minute
+        limits, with no tokens: that work is not free, so a tenant cannot have the gateway do
+        it faster than its limit."""
+        subjects = quota_subjects(principal)
+        if subjects:
+            await self._quota.charge_refused(subjects)
 
     async def _prepare(
         self,
@@ -362,17 +391,14 @@ class RequestTracker:
         request_id: str,
         body_bytes: int | None,
     ) -> Generation:
-        """``service.prepare``, off the event loop unless the body is small. The tokenizer is
-        never used by two threads at once: the loop uses it only while its thread is idle."""
-        last = self._last_prepared
+        """``service.prepare``, off the event loop unless the body is small, in the tenant's
+        turn on the tokenizer's thread (:class:`FairWorker`). The tokenizer is never used by
+        two threads at once: the loop uses it only while its thread is idle."""
         small = body_bytes is not None and body_bytes <= INLINE_PREPARE_BYTES
-        if small and (last is None or last.done()):
+        if small and self._tokenizer.idle:
             return service.prepare(request, principal, target, request_id)
-        future = self._tokenizer.submit(service.prepare, request, principal, target, request_id)
-        self._last_prepared = future
-        # Shielded: a request cancelled while queued leaves its job to run, or a job queued
-        # before it would still be running when ``last.done()`` says the thread is idle.
-        return await asyncio.shield(asyncio.wrap_future(future))
+        prepare = partial(service.prepare, request, principal, target, request_id)
+        return await self._tokenizer.run(principal.tenant.id, prepare)
 
     @staticmethod
     async def _on_this_host(
@@ -397,14 +423,14 @@ class RequestTracker:
         )
 
     @staticmethod
-    async def _checked(check: Coroutine[Any, Any, T], tenant_id: str) -> T:
+    async def _checked(check: Coroutine[Any, Any, T], tenant: Tenant) -> T:
         """``check``'s result; a quota refusal is counted by limit and by whose it was."""
         try:
             return await check
         except (QuotaExceeded, QuotaTooLarge) as exc:
             limit = "too_large" if isinstance(exc, QuotaTooLarge) else exc.limit
-            scope = "tenant" if exc.subject == tenant_id else "key"
-            metrics.QUOTA_REJECTIONS.labels(tenant_id, limit, scope).inc()
+            scope = "tenant" if exc.subject == tenant.quota_subject else "key"
+            metrics.QUOTA_REJECTIONS.labels(tenant.id, limit, scope).inc()
             raise
 
     async def _keep_lease(self, reservation: Reservation) -> None:
@@ -467,6 +493,7 @@ class RequestTracker:
             UsageRecord(
                 request_id=generation.request_id,
                 tenant_id=tenant,
+                tenant_uid=generation.principal.tenant.uid,
                 key_id=generation.principal.key_id,
                 endpoint=endpoint,
                 model=model,

@@ -84,6 +84,8 @@ async def load_registry(
             limits=quotas.get(row.id, Limits()),
             weight=row.weight,
             priority="batch" if row.priority == "batch" else "interactive",
+            uid=row.uid,
+            cache_salt=row.cache_salt,
         )
         for row in tenant_rows
     ]

@@ -20,6 +20,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from app.tenancy.tenants import new_cache_salt, new_tenant_uid
+
 
 def as_utc(moment: datetime) -> datetime:
     """Naive datetimes are taken as UTC."""
@@ -46,7 +48,12 @@ class Base(DeclarativeBase):
 class TenantRow(Base):
     __tablename__ = "tenants"
 
+    # ``id`` is the public name, which a tenant created after this one is deleted may take
+    # again; ``uid`` names this tenant alone (its usage rows, its quota state), for good.
     id: Mapped[str] = mapped_column(String(63), primary_key=True)
+    uid: Mapped[str] = mapped_column(String(32), unique=True, index=True, default=new_tenant_uid)
+    # The prefix-cache salt: random, never the id (which a later tenant may take again).
+    cache_salt: Mapped[str] = mapped_column(String(64), default=new_cache_salt)
     name: Mapped[str] = mapped_column(String(200))
     allow_base_model: Mapped[bool] = mapped_column(Boolean, default=False)
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
@@ -160,11 +167,18 @@ class UsageRow(Base):
     """One finished request, as the usage ledger records it."""
 
     __tablename__ = "usage"
-    __table_args__ = (Index("ix_usage_tenant_started", "tenant_id", "started_at"),)
+    __table_args__ = (
+        Index("ix_usage_tenant_started", "tenant_id", "started_at"),
+        Index("ix_usage_tenant_uid_started", "tenant_uid", "started_at"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     request_id: Mapped[str] = mapped_column(String(64), unique=True)
     tenant_id: Mapped[str] = mapped_column(String(63))
+    # The tenant's uid: whose row it is (``tenant_id`` may have named several tenants over
+    # time). None where that is not known: the request named none, and its tenant was
+    # deleted before the row was written (or, for rows older than the uid, migrated).
+    tenant_uid: Mapped[str | None] = mapped_column(String(32))
     key_id: Mapped[str] = mapped_column(String(40))
     endpoint: Mapped[str] = mapped_column(String(32))
     model: Mapped[str] = mapped_column(String(100))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,8 +21,23 @@ DEFAULT_WEIGHT: Final = 1
 DEFAULT_PRIORITY: Final[Priority] = "interactive"
 
 
+def new_tenant_uid() -> str:
+    """A tenant's internal id: never reused, whatever becomes of its public id."""
+    return uuid.uuid4().hex
+
+
+def new_cache_salt() -> str:
+    """A tenant's prefix-cache salt: random, so no other tenant (nor a later tenant of the
+    same id) can compute it and reach its cached prefixes."""
+    return secrets.token_hex(16)
+
+
 @dataclass(frozen=True)
 class Tenant:
+    """One tenant, as created: ``id`` is its public name, ``uid`` this incarnation of it. A
+    tenant deleted and created again under the same ``id`` is another tenant, with another
+    ``uid`` (its usage and quota state are its own) and another ``cache_salt``."""
+
     id: str
     name: str
     allow_base_model: bool = False
@@ -32,6 +49,15 @@ class Tenant:
     # tenant of weight 2 is admitted twice the tokens of a tenant of weight 1.
     weight: int = DEFAULT_WEIGHT
     priority: Priority = DEFAULT_PRIORITY
+    uid: str = field(default_factory=new_tenant_uid)
+    # Requests share prefix-cache entries only when their salts match: the tenant's own.
+    cache_salt: str = field(default_factory=new_cache_salt, repr=False)
+
+    @property
+    def quota_subject(self) -> str:
+        """What the quota backend charges the tenant's own limits to: this incarnation's, so
+        a tenant created again under a used id starts with none of the old one's usage."""
+        return f"{self.id}@{self.uid}"
 
 
 @dataclass(frozen=True)

@@ -280,10 +280,12 @@ def test_a_streamed_text_completion(deployment: Deployment) -> None:
     assert last.choices == [] and last.usage == whole.usage
 
 
-def test_a_client_that_leaves_is_charged_what_it_was_sent(deployment: Deployment) -> None:
-    # That the front closes its upstream connection when its client leaves is shown against
-    # a fake upstream (tests/serving/test_front.py); whether vLLM's server then stops
-    # generating is vLLM's (docs/scale-out.md, "Failure modes").
+def test_a_client_that_leaves_stops_the_engine_and_is_charged_what_it_produced(
+    deployment: Deployment,
+) -> None:
+    # The front closes its upstream connection as its client leaves (against a fake upstream:
+    # tests/serving/test_front.py); vLLM's server then aborts the request: it stops running,
+    # and its generated-token counter stops, long before the 900 tokens it was asked for.
     body = {
         "model": ALIAS,
         "messages": MESSAGES,
@@ -293,6 +295,8 @@ def test_a_client_that_leaves_is_charged_what_it_was_sent(deployment: Deployment
     }
     headers = {"Authorization": f"Bearer {deployment.keys['tenant-a']}"}
     received = 0
+    engine = deployment.engine
+    generated_before = engine.metric("vllm:generation_tokens_total")
     with httpx.stream(
         "POST", f"{deployment.front_url}/v1/chat/completions", json=body, headers=headers
     ) as response:
@@ -303,6 +307,16 @@ def test_a_client_that_leaves_is_charged_what_it_was_sent(deployment: Deployment
                 received += 1
                 if received == 5:
                     break
+    deadline = time.monotonic() + 10
+    while engine.metric("vllm:num_requests_running") > 0:
+        assert time.monotonic() < deadline, "the engine still runs the request its client left"
+        time.sleep(0.1)
+    generated = engine.metric("vllm:generation_tokens_total") - generated_before
+    time.sleep(2)
+    assert engine.metric("vllm:generation_tokens_total") - generated_before == generated
+    assert generated < 900
     status, _, completion_tokens = deployment.usage_row(request_id)
     assert status == "cancelled"
-    assert received <= completion_tokens < 900
+    # Charged what the front was sent: what the engine produced, but for the tokens on their
+    # way to the front as it closed.
+    assert received <= completion_tokens <= generated < 900

@@ -8,8 +8,16 @@ from collections.abc import Sequence
 
 import pytest
 
-from app.quota import Limits, QuotaBackend, QuotaExceeded, QuotaTooLarge, Reservation
+from app.quota import (
+    Limits,
+    QuotaBackend,
+    QuotaBackendUnavailable,
+    QuotaExceeded,
+    QuotaTooLarge,
+    Reservation,
+)
 from app.quota.limits import period_id
+from app.quota.outcomes import Admitted, Refused, Subjects
 from tests.quota.conftest import Clock, FakeClock, MakeBackend
 
 TENANT = "tenant:acme"
@@ -487,3 +495,144 @@ async def test_precheck_without_subjects_or_limits_passes(backend: QuotaBackend)
     await backend.precheck([(TENANT, Limits())])
     with pytest.raises(ValueError, match="duplicate"):
         await backend.precheck([(TENANT, Limits()), (TENANT, Limits())])
+
+
+# -- a reservation whose reply was lost is voided ------------------------------------------------
+
+LOST_KEY_LIMITS = Limits(requests_per_minute=5, max_concurrent=2)
+
+
+def lose_replies(backend: QuotaBackend, loss: str) -> list[tuple[str, str, int, Subjects]]:
+    """Make the store apply each reservation and then lose its reply: a timeout, or a reply
+    still in flight (the caller is cancelled while it waits). Returns the attempts' arguments."""
+    reserve = backend._reserve
+    attempts: list[tuple[str, str, int, Subjects]] = []
+
+    async def lossy(rid: str, attempt: str, tokens: int, subjects: Subjects) -> Admitted | Refused:
+        outcome = await reserve(rid, attempt, tokens, subjects)
+        attempts.append((rid, attempt, tokens, subjects))
+        if loss == "timeout":
+            raise QuotaBackendUnavailable(reason="timeout")
+        await asyncio.Event().wait()  # the reply never comes
+        return outcome
+
+    backend._reserve = lossy  # type: ignore[method-assign]
+    return attempts
+
+
+@pytest.mark.parametrize(
+    ("loss", "fail_open"),
+    [("timeout", False), ("timeout", True), ("cancelled", False)],
+    ids=["timeout", "timeout-fail-open", "cancelled"],
+)
+async def test_a_reservation_whose_reply_was_lost_charges_nothing(
+    make_backend: MakeBackend, loss: str, fail_open: bool
+) -> None:
+    backend = make_backend(fail_open=fail_open)
+    subjects = [(TENANT, TENANT_LIMITS), (KEY, LOST_KEY_LIMITS)]
+    kept = await backend.reserve(subjects, 100)  # answered: it stays charged
+    attempts = lose_replies(backend, loss)
+    if loss == "timeout" and fail_open:
+        assert (await backend.reserve(subjects, 5000)).unchecked
+    elif loss == "timeout":
+        with pytest.raises(QuotaBackendUnavailable):
+            await backend.reserve(subjects, 5000)
+    else:
+        lost = asyncio.create_task(backend.reserve(subjects, 5000))
+        while not attempts:
+            await asyncio.sleep(0.001)
+        lost.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await lost
+    await backend.drain()
+    assert len(attempts) == 1
+    tenant = await backend.usage(TENANT, TENANT_LIMITS)
+    assert tenant.requests == pytest.approx(1, abs=0.05)
+    assert tenant.tokens == pytest.approx(100, abs=5)
+    assert (tenant.concurrent, tenant.budget_used) == (1, 100)
+    key = await backend.usage(KEY, LOST_KEY_LIMITS)
+    assert key.requests == pytest.approx(1, abs=0.05)
+    assert key.concurrent == 1
+    # Voiding again changes nothing, and the reservation that was answered settles as usual.
+    assert not await backend._void(*attempts[0])
+    await backend.reconcile(kept, 40)
+    tenant = await backend.usage(TENANT, TENANT_LIMITS)
+    assert (tenant.concurrent, tenant.budget_used) == (0, 40)
+    assert tenant.requests == pytest.approx(1, abs=0.05)
+
+
+async def test_a_void_keeps_a_reserve_landing_after_it_from_charging(
+    backend: QuotaBackend,
+) -> None:
+    subjects = [(TENANT, TENANT_LIMITS), (KEY, LOST_KEY_LIMITS)]
+    # The void of an attempt that has not reached the store yet finds nothing to undo...
+    assert not await backend._void("r-late", "attempt-1", 100, subjects)
+    assert not await backend._void("r-late", "attempt-1", 100, subjects)
+    # ... and the attempt, when it lands, charges nothing.
+    with pytest.raises(ValueError, match="in use"):
+        await backend._reserve("r-late", "attempt-1", 100, subjects)
+    usage = await backend.usage(TENANT, TENANT_LIMITS)
+    assert (usage.requests, usage.tokens, usage.concurrent, usage.budget_used) == (0, 0, 0, 0)
+
+
+async def test_a_void_leaves_another_attempts_reservation_alone(backend: QuotaBackend) -> None:
+    subjects = [(TENANT, TENANT_LIMITS)]
+    held = await backend.reserve(subjects, 100, reservation_id="r-1")
+    assert not await backend._void("r-1", "someone-elses-attempt", 100, subjects)
+    usage = await backend.usage(TENANT, TENANT_LIMITS)
+    assert (usage.concurrent, usage.budget_used) == (1, 100)
+    await backend.reconcile(held, 40)
+    assert (await backend.usage(TENANT, TENANT_LIMITS)).budget_used == 40
+
+
+# -- a request refused after it was read (a 400) counts against requests per minute --------------
+
+
+async def test_a_refused_request_counts_one_request_and_nothing_else(
+    backend: QuotaBackend,
+) -> None:
+    key_limits = Limits(requests_per_minute=3, max_concurrent=1)
+    subjects = [(TENANT, TENANT_LIMITS), (KEY, key_limits)]
+    await backend.charge_refused(subjects)
+    tenant = await backend.usage(TENANT, TENANT_LIMITS)
+    assert tenant.requests == pytest.approx(1, abs=0.05)
+    assert (tenant.tokens, tenant.concurrent, tenant.budget_used) == (0, 0, 0)
+    assert (await backend.usage(KEY, key_limits)).concurrent == 0
+    await backend.charge_refused(subjects)
+    await backend.precheck(subjects)
+    await backend.reserve(subjects, 100)  # the key's third request
+    with pytest.raises(QuotaExceeded) as prechecked:
+        await backend.precheck(subjects)
+    with pytest.raises(QuotaExceeded) as reserved:
+        await backend.reserve(subjects, 100)
+    for refused in (prechecked.value, reserved.value):
+        assert (refused.limit, refused.subject) == ("requests", KEY)
+    tenant = await backend.usage(TENANT, TENANT_LIMITS)
+    assert tenant.requests == pytest.approx(3, abs=0.05)
+    assert tenant.tokens == pytest.approx(100, abs=5)
+    assert (tenant.concurrent, tenant.budget_used) == (1, 100)
+
+
+async def test_a_refused_request_does_not_push_a_full_limit_past_it(
+    backend: QuotaBackend, clock: Clock
+) -> None:
+    limits = [(TENANT, Limits(requests_per_minute=2))]
+    for _ in range(2):
+        await backend.reserve(limits, 1)
+    await backend.charge_refused(limits)
+    with pytest.raises(QuotaExceeded) as refused:
+        await backend.reserve(limits, 1)
+    # One request's wait at 2 a minute, as without the refusal; not two.
+    assert refused.value.retry_after == pytest.approx(30.0, abs=tolerance(clock, 0.5))
+
+
+async def test_a_refused_request_without_a_requests_limit_counts_nowhere(
+    backend: QuotaBackend,
+) -> None:
+    limits = Limits(tokens_per_minute=100, max_concurrent=1)
+    await backend.charge_refused([(TENANT, limits)])
+    await backend.charge_refused([])
+    usage = await backend.usage(TENANT, limits)
+    assert (usage.requests, usage.tokens, usage.concurrent) == (None, 0, 0)
+    with pytest.raises(ValueError, match="duplicate"):
+        await backend.charge_refused([(TENANT, limits), (TENANT, limits)])

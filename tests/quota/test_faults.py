@@ -93,10 +93,16 @@ async def test_a_failing_store_fails_closed_by_default(
     assert refused.value.body()["error"]["code"] == "quota_backend_unavailable"
     assert reason not in refused.value.message  # the cause stays in the log and the metric
     assert errors("reserve", reason) == before + 1
-    # Settling and renewing report, count, and never raise into the request.
+    # Voiding the refused reservation (its reply could have been lost) failed too: counted.
+    await backend.drain()
+    assert errors("void", reason) >= 1
+    # Settling, renewing and charging a refusal report, count, and never raise into the request.
     assert await backend.renew(held) is False
     await backend.reconcile(held, 5)
     assert errors("renew", reason) >= 1
+    before = errors("charge_refused", reason)
+    await backend.charge_refused(SUBJECTS)
+    assert errors("charge_refused", reason) == before + 1
     if reason == "read_only":
         # A full server still runs it: its first write (ZREM) frees memory, and Redis lets a
         # script that has written finish.
@@ -191,9 +197,13 @@ async def test_any_failure_of_a_reply_follows_the_policy(reply: Any, reason: str
         await closed.precheck(SUBJECTS)
     with pytest.raises(QuotaBackendUnavailable):
         await closed.usage(TENANT, LIMITS)
+    await closed.charge_refused(SUBJECTS)  # never raises into the request
+    await closed.drain()
     opened = RedisBackend(ScriptedClient(reply), fail_open=True)  # type: ignore[arg-type]
     assert (await opened.reserve(SUBJECTS, 10)).unchecked
     await opened.precheck(SUBJECTS)
+    await opened.charge_refused(SUBJECTS)
+    await opened.drain()
 
 
 def test_an_outage_is_logged_when_it_starts_now_and_then_and_when_it_ends(

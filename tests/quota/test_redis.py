@@ -87,9 +87,10 @@ async def test_every_key_expires(redis_url: str, prefix: str) -> None:
     settled = await backend.reserve([(TENANT, limits)], 100)
     await backend.reconcile(settled, 50)
     await backend.reserve([(TENANT, limits)], 100)  # open: its record and lease remain
+    await backend._void("lost", "an attempt", 100, [(TENANT, limits)])  # a void mark
     client = Redis.from_url(redis_url, decode_responses=True)
     keys = [key async for key in client.scan_iter(f"{prefix}*")]
-    assert {key.split(":")[1] for key in keys} == {"rq", "tk", "cc", "bg", "rs"}
+    assert {key.split(":")[1] for key in keys} == {"rq", "tk", "cc", "bg", "rs", "vd"}
     for key in keys:
         assert await client.pttl(key) > 0, key
     assert await client.get(f"{prefix}bg:{TENANT}:{settled.charges[0].period}") == "150"

@@ -126,7 +126,8 @@ async def test_the_upstream_gets_an_allow_listed_body_with_the_global_name_and_t
     [sent] = front.upstream.requests
     assert set(sent.body) <= CHAT_BODY_KEYS, set(sent.body) - CHAT_BODY_KEYS
     assert sent.body["model"] == GLOBAL_NAME
-    assert sent.body["cache_salt"] == "tenant-a"
+    tenant = front.front.gateway.registry.tenant("tenant-a")
+    assert tenant is not None and sent.body["cache_salt"] == tenant.cache_salt != "tenant-a"
     assert sent.body["max_completion_tokens"] == 6
     assert sent.body["temperature"] == 0.5
     assert "stream_options" not in sent.body
@@ -154,7 +155,8 @@ async def test_engine_side_fields_are_ignored_as_in_process(serve: ServeFactory)
         body = chat(served.model, max_tokens=3, **ENGINE_SIDE_FIELDS)
         response = await client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
-    assert engine.started()[0].cache_salt == IN_PROCESS_TENANT
+    tenant = served.gateway.registry.tenant(IN_PROCESS_TENANT)
+    assert tenant is not None and engine.started()[0].cache_salt == tenant.cache_salt
     parsed = ChatCompletionRequest.model_validate(body)
     assert not set(ENGINE_SIDE_FIELDS) & set(parsed.model_dump(exclude_unset=True))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 from app.serving.tracking import INLINE_PREPARE_BYTES, RequestTracker
@@ -43,8 +44,11 @@ def tracker() -> RequestTracker:
     )
 
 
-async def prepare(tracker: RequestTracker, service: RecordingService, size: int | None) -> Any:
-    return await tracker._prepare(service, None, None, None, "r", size)  # type: ignore[arg-type]
+async def prepare(
+    tracker: RequestTracker, service: RecordingService, size: int | None, tenant: str = "t"
+) -> Any:
+    principal = SimpleNamespace(tenant=SimpleNamespace(id=tenant))
+    return await tracker._prepare(service, None, principal, None, "r", size)  # type: ignore[arg-type]
 
 
 async def test_small_bodies_on_the_loop_large_or_unknown_ones_on_the_thread() -> None:
@@ -99,3 +103,26 @@ async def test_a_request_cancelled_while_queued_does_not_free_the_tokenizer_earl
         assert await asyncio.gather(working, small) == ["r", "r"]
     finally:
         subject.close()
+
+
+async def test_another_tenant_waits_for_the_running_job_only_not_for_a_flood() -> None:
+    subject, service = tracker(), RecordingService()
+    service.hold = True
+    finished: list[str] = []
+
+    async def tokenised(tenant: str) -> None:
+        await prepare(subject, service, None, tenant)
+        finished.append(tenant)
+
+    try:
+        flood = [asyncio.ensure_future(tokenised("attacker")) for _ in range(4)]
+        while not service.threads:
+            await asyncio.sleep(0.001)
+        victim = asyncio.ensure_future(tokenised("victim"))
+        await asyncio.sleep(0.01)
+        service.hold = False
+        service.release.set()
+        await asyncio.gather(*flood, victim)
+    finally:
+        subject.close()
+    assert finished == ["attacker", "victim", "attacker", "attacker", "attacker"]

@@ -16,7 +16,7 @@ from app.gateway import Gateway
 from app.settings import Settings
 from app.tenancy.base_model import BaseModelInfo
 from app.usage import UsageRecord, usage_totals
-from tests.store.test_usage import DAY, record
+from tests.store.test_usage import ACME_UID, DAY, record
 
 
 async def test_shutdown_leaves_nothing_running_and_nothing_unwritten(
@@ -45,7 +45,7 @@ async def test_shutdown_leaves_nothing_running_and_nothing_unwritten(
 
     assert finished == ["short"]  # waited for, within the grace period
     assert asyncio.all_tasks() == {asyncio.current_task()}  # the rest cancelled, and done
-    (total,) = await usage_totals(sessions, "acme", start=None, end=None, group_by=None)
+    (total,) = await usage_totals(sessions, ACME_UID, start=None, end=None, group_by=None)
     assert total.requests == 1  # the last record written
 
 
@@ -73,7 +73,7 @@ async def test_a_write_under_way_at_shutdown_keeps_its_batch(
         await writing.wait()
         asyncio.get_running_loop().call_later(0.2, release.set)
 
-    (total,) = await usage_totals(sessions, "acme", start=None, end=None, group_by=None)
+    (total,) = await usage_totals(sessions, ACME_UID, start=None, end=None, group_by=None)
     assert (total.requests, gateway.ledger.pending) == (10, 0)
 
 

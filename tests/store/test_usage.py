@@ -18,6 +18,7 @@ from app.usage import UsageLedger, UsageRecord, UsageTotal, store_is_down, usage
 from tests.support.servers import free_port
 
 DAY = datetime(2026, 11, 1, 12, tzinfo=timezone.utc)
+ACME_UID = "uid-of-acme"
 
 
 def record(
@@ -26,6 +27,7 @@ def record(
     return UsageRecord(
         request_id=f"r{n}",
         tenant_id="acme",
+        tenant_uid=ACME_UID,
         key_id=key,
         endpoint="chat.completions",
         model=model,
@@ -49,25 +51,25 @@ async def test_records_are_written_in_batches_and_totalled(
     ledger.record(
         record(3, model="base", key="k1", day=DAY + timedelta(days=1), prompt=1, completion=1)
     )
-    assert await usage_totals(sessions, "acme", start=None, end=None, group_by=None) == [
+    assert await usage_totals(sessions, ACME_UID, start=None, end=None, group_by=None) == [
         UsageTotal(None, 0, 0, 0)
     ]
     assert await ledger.flush() == 3
     assert await ledger.flush() == 0
 
-    (total,) = await usage_totals(sessions, "acme", start=None, end=None, group_by=None)
+    (total,) = await usage_totals(sessions, ACME_UID, start=None, end=None, group_by=None)
     assert (total.requests, total.prompt_tokens, total.completion_tokens) == (3, 31, 13)
-    by_adapter = await usage_totals(sessions, "acme", start=None, end=None, group_by="adapter")
+    by_adapter = await usage_totals(sessions, ACME_UID, start=None, end=None, group_by="adapter")
     assert [(t.group, t.requests, t.prompt_tokens) for t in by_adapter] == [
         ("base", 1, 1),
         ("legal", 2, 30),
     ]
-    by_key = await usage_totals(sessions, "acme", start=None, end=None, group_by="key")
+    by_key = await usage_totals(sessions, ACME_UID, start=None, end=None, group_by="key")
     assert [(t.group, t.requests) for t in by_key] == [("k1", 2), ("k2", 1)]
-    by_day = await usage_totals(sessions, "acme", start=None, end=None, group_by="day")
+    by_day = await usage_totals(sessions, ACME_UID, start=None, end=None, group_by="day")
     assert [(t.group, t.requests) for t in by_day] == [("2026-11-01", 2), ("2026-11-02", 1)]
     window = await usage_totals(
-        sessions, "acme", start=DAY + timedelta(hours=1), end=None, group_by=None
+        sessions, ACME_UID, start=DAY + timedelta(hours=1), end=None, group_by=None
     )
     assert window[0].requests == 1
     assert (await usage_totals(sessions, "other", start=None, end=None, group_by=None))[
@@ -88,7 +90,7 @@ def pending_gauge() -> float:
 
 
 async def total_requests(sessions: async_sessionmaker[AsyncSession]) -> int:
-    (total,) = await usage_totals(sessions, "acme", start=None, end=None, group_by=None)
+    (total,) = await usage_totals(sessions, ACME_UID, start=None, end=None, group_by=None)
     return total.requests
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.settings import Settings
 from tests.support.servers import free_port, wait_until_ready
@@ -59,6 +60,15 @@ class EngineProcess:
         response = httpx.get(f"{self.base_url}/metrics", timeout=10)
         response.raise_for_status()
         return response.text
+
+    def metric(self, name: str) -> float:
+        """A metric of the engine's ``/metrics``, summed over its series."""
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(self.metrics())
+            for sample in family.samples
+            if sample.name == name
+        )
 
 
 @contextmanager

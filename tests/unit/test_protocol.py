@@ -280,3 +280,32 @@ def test_http_400_names_the_field(
 )
 def test_malformed_bodies_are_a_400(client: TestClient, content: bytes) -> None:
     _post(client, "/v1/chat/completions", content)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"messages": MESSAGES * 4097}, "messages"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}] * 4097}]},
+            "messages",
+        ),
+        (
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": f"f{i}", "parameters": {}}}
+                    for i in range(129)
+                ]
+            },
+            "tools",
+        ),
+    ],
+)
+def test_lists_over_their_bound_are_refused_before_their_items_are_validated(
+    fields: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(ValidationError) as refused:
+        ChatCompletionRequest.model_validate(chat(**fields))
+    (error,) = refused.value.errors()
+    assert error["loc"] == (param,)
+    assert error["type"] == "too_long"

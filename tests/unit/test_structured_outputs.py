@@ -215,3 +215,110 @@ def test_the_engine_takes_the_whitespace_setting(compact: bool) -> None:
     config = engine_args(Settings(_env_file=None, structured_outputs_compact=compact))  # type: ignore[call-arg]
     assert config.structured_outputs_config.disable_any_whitespace is compact
     assert config.structured_outputs_config.backend == ("guidance" if compact else "auto")
+
+
+DEEP_GROUPS = "(" * 1000 + "a" + ")" * 1000
+
+
+def forced_call(parameters: dict[str, Any], choice: Any = "required") -> dict[str, Any]:
+    tools = [
+        {"type": "function", "function": {"name": "plain"}},
+        {"type": "function", "function": {"name": "odd", "parameters": parameters}},
+    ]
+    return chat(tools=tools, tool_choice=choice)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (chat(response_format=json_schema(SCHEMA)), "response_format.json_schema.schema"),
+        (completion(structured_outputs={"json": SCHEMA}), "structured_outputs.json"),
+        (forced_call(SCHEMA), "tools[1].function.parameters"),
+        (
+            forced_call(SCHEMA, {"type": "function", "function": {"name": "odd"}}),
+            "tools[1].function.parameters",
+        ),
+    ],
+)
+@pytest.mark.parametrize(
+    ("pattern", "max_regex_depth", "said"),
+    [
+        # Refused by its nesting before anything compiles it.
+        (DEEP_GROUPS, 32, "groups 1000 levels deep"),
+        # With no such bound, Python's re recurses past its limit checking the schema.
+        (DEEP_GROUPS, 10_000, "too deeply"),
+        # re cannot hold the repeat count: OverflowError, not re.error.
+        ("a{99999999999999999999}", 32, "repetition number is too large"),
+    ],
+)
+@pytest.mark.parametrize("keyword", ["pattern", "patternProperties"])
+def test_a_pathological_pattern_is_refused_naming_the_field(
+    body: dict[str, Any], param: str, pattern: str, max_regex_depth: int, said: str, keyword: str
+) -> None:
+    """Whatever the field, a pattern the check cannot take is a 400 (issue #23, item 5)."""
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {"a": {"type": "string", "pattern": pattern}},
+    }
+    if keyword == "patternProperties":
+        schema = {"type": "object", "patternProperties": {pattern: {"type": "string"}}}
+    odd = replaced(body, SCHEMA, schema)
+    constraints = OutputConstraints(max_regex_depth=max_regex_depth)
+    with pytest.raises(BadRequestError) as caught:
+        params_of(odd, constraints=constraints)
+    assert caught.value.param == param
+    assert said in caught.value.message
+
+
+def replaced(value: Any, old: Any, new: Any) -> Any:
+    """``value`` with every ``old`` in it replaced by ``new``."""
+    if value == old:
+        return new
+    if isinstance(value, dict):
+        return {key: replaced(item, old, new) for key, item in value.items()}
+    if isinstance(value, list):
+        return [replaced(item, old, new) for item in value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("regex", "depth"),
+    [
+        ("(" * 40 + "a" + ")" * 40, 40),
+        ("(?:" * 3 + "a" + ")" * 3, 3),
+        ("((a)(b))" * 100, 2),
+        # Escaped, or in a character class (where "]" first is a member): no group.
+        ("\\(" * 100 + "a", 0),
+        ("[(]" * 100, 0),
+        ("[]((]" + "[^]((]" + "(a)", 1),
+        ("[\\]((]" + "(a)", 1),
+    ],
+)
+def test_regex_groups_are_counted_as_re_reads_them(regex: str, depth: int) -> None:
+    body = completion(structured_outputs={"regex": regex})
+    within = OutputConstraints(max_regex_depth=depth)
+    assert params_of(body, constraints=within).structured_outputs.regex == regex
+    with pytest.raises(BadRequestError) as caught:
+        params_of(body, constraints=OutputConstraints(max_regex_depth=depth - 1))
+    assert caught.value.param == "structured_outputs.regex"
+    assert f"groups {depth} levels deep" in caught.value.message
+
+
+def test_a_regex_may_nest_32_groups() -> None:
+    for depth, allowed in ((32, True), (33, False)):
+        regex = "(" * depth + "a" + ")" * depth
+        body = completion(structured_outputs={"regex": regex})
+        if allowed:
+            assert params_of(body).structured_outputs.regex == regex
+        else:
+            with pytest.raises(BadRequestError, match="at most 32"):
+                params_of(body)
+
+
+def test_only_the_forced_function_is_checked() -> None:
+    """A named call decodes under its own function's parameters alone."""
+    body = forced_call({"type": "strnig"}, {"type": "function", "function": {"name": "plain"}})
+    assert params_of(body).structured_outputs.json == {"type": "object", "properties": {}}
+    with pytest.raises(BadRequestError) as caught:
+        params_of({**body, "tool_choice": "required"})
+    assert caught.value.param == "tools[1].function.parameters"

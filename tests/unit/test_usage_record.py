@@ -13,6 +13,7 @@ def test_as_dict_is_every_field_by_name() -> None:
     record = UsageRecord(
         request_id="r",
         tenant_id="t",
+        tenant_uid="u1",
         key_id="k",
         endpoint="chat",
         model="m",

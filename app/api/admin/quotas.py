@@ -32,7 +32,7 @@ async def get_quota_usage(tenant_id: str, gateway: GatewayDep) -> object:
     tenant = gateway.registry.tenant(tenant_id)
     if tenant is None:
         raise NotFoundError(f"No tenant `{tenant_id}`.")
-    usage = await gateway.quota.usage(tenant_id, tenant.limits)
+    usage = await gateway.quota.usage(tenant.quota_subject, tenant.limits)
     return schemas.QuotaUsageOut(
         tenant_id=tenant_id,
         requests_per_minute_used=usage.requests,

@@ -24,10 +24,11 @@ async def tenant_usage(
     end: Annotated[DateTime | None, Query(alias="to", description="exclusive")] = None,
     group_by: GroupBy | None = None,
 ) -> object:
-    await admin.get_tenant(tenant_id)  # 404 for an unknown tenant
+    tenant = await admin.get_tenant(tenant_id)  # 404 for an unknown tenant
     await gateway.ledger.flush()  # include what finished a moment ago
+    # This tenant's rows only, not those of an earlier tenant of the same id.
     totals = await usage_totals(
-        gateway.sessions, tenant_id, start=start, end=end, group_by=group_by
+        gateway.sessions, tenant.uid, start=start, end=end, group_by=group_by
     )
     return schemas.UsageReport(
         tenant_id=tenant_id,

@@ -34,6 +34,19 @@ local function bucket_store(key, limit, level, drained, now)
   redis.call('PEXPIRE', key, math.ceil(level * MINUTE_US / limit / 1000) + 1000)
 end
 
+-- Take `amount` charged at `since` back out of a bucket, unless the bucket has emptied since:
+-- the charge has then drained away already.
+local function bucket_refund(key, limit, amount, since, now)
+  local level, drained = bucket_load(key, limit, now)
+  if drained <= since then
+    level = math.max(0, level - amount)
+    if level == 0 then
+      drained = now
+    end
+    bucket_store(key, limit, level, drained, now)
+  end
+end
+
 -- How long until `cost` fits under `limit` at `level`, in seconds; 0 when it fits now.
 local function wait_seconds(level, cost, limit)
   local excess = level + cost - limit
@@ -80,6 +93,16 @@ end
 
 -- A budget count outlives its period (and the reconcile window) before it expires.
 local BUDGET_TTL_S = {day = 2 * 86400, month = 32 * 86400}
+
+-- Add `delta` (negative: a refund) to a budget count, never below 0. A count that has expired
+-- belongs to a period long over, and is not revived.
+local function budget_add(key, delta)
+  if redis.call('EXISTS', key) == 1 then
+    if redis.call('INCRBY', key, delta) < 0 then
+      redis.call('SET', key, '0', 'KEEPTTL')
+    end
+  end
+end
 
 -- Check `n` subjects against a request of `cost` tokens; changes nothing (reserve.lua and
 -- precheck.lua share it, so both refuse alike). Per subject i, KEYS[k+1..k+4] from

@@ -24,23 +24,15 @@ for i = 1, n do
   local k = 1 + 3 * (i - 1)
   local tpm = tonumber(ARGV[4 + i])
   if tpm > 0 then
-    local level, drained = bucket_load(KEYS[k + 1], tpm, now)
     if delta > 0 then
+      local level, drained = bucket_load(KEYS[k + 1], tpm, now)
       bucket_store(KEYS[k + 1], tpm, level + delta, drained, now)
-    elseif drained <= reserved_at then
-      -- Still in the level: the charge has not drained away, so it can be given back.
-      level = math.max(0, level + delta)
-      if level == 0 then
-        drained = now
-      end
-      bucket_store(KEYS[k + 1], tpm, level, drained, now)
+    else
+      bucket_refund(KEYS[k + 1], tpm, -delta, reserved_at, now)
     end
   end
-  local bkey = KEYS[k + 3]
-  if bkey ~= '' and redis.call('EXISTS', bkey) == 1 then
-    if redis.call('INCRBY', bkey, delta) < 0 then
-      redis.call('SET', bkey, '0', 'KEEPTTL')
-    end
+  if KEYS[k + 3] ~= '' then
+    budget_add(KEYS[k + 3], delta)
   end
 end
 return 1

@@ -1,22 +1,25 @@
 -- Admit a request against every limit of every subject, or charge nothing.
--- KEYS[1]: the reservation's record. Per subject i, from k = 1 + 4 * (i - 1):
---   KEYS[k+1] requests bucket, KEYS[k+2] tokens bucket, KEYS[k+3] lease set,
+-- KEYS[1]: the reservation's record, KEYS[2]: its id's void mark. Per subject i, from
+-- k = 2 + 4 * (i - 1): KEYS[k+1] requests bucket, KEYS[k+2] tokens bucket, KEYS[k+3] lease set,
 --   KEYS[k+4] budget key prefix (the period id is appended).
--- ARGV: id, tokens, lease_us, record_ttl_ms; per subject, from a = 4 + 5 * (i - 1):
+-- ARGV: id, attempt, tokens, lease_us, record_ttl_ms; per subject, from a = 5 + 5 * (i - 1):
 --   ARGV[a+1..a+5] = rpm, tpm, max concurrent, budget (0: unset), budget period ('' unset).
--- Returns JSON: {ok, now, periods, levels} or {violations, levels}; levels are [rpm, tpm].
+-- The record keeps what void.lua needs to undo this attempt should its reply be lost.
+-- Returns JSON: {ok, now, periods, levels} or {violations, levels}; levels are [rpm, tpm];
+-- {duplicate} when the id is in use, or was voided (this attempt then lands too late).
 local id = ARGV[1]
-local cost = tonumber(ARGV[2])
-local lease_us = tonumber(ARGV[3])
-local record_ttl_ms = tonumber(ARGV[4])
-local n = (#KEYS - 1) / 4
+local attempt = ARGV[2]
+local cost = tonumber(ARGV[3])
+local lease_us = tonumber(ARGV[4])
+local record_ttl_ms = tonumber(ARGV[5])
+local n = (#KEYS - 2) / 4
 local now = now_us()
 
-if redis.call('EXISTS', KEYS[1]) == 1 then
+if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then
   return cjson.encode({duplicate = true})
 end
 
-local subjects, violations, levels = check_subjects(n, 1, 4, cost, now)
+local subjects, violations, levels = check_subjects(n, 2, 5, cost, now)
 if #violations > 0 then
   return cjson.encode({violations = violations, levels = levels})
 end
@@ -43,5 +46,6 @@ for i = 1, n do
   end
   periods[i] = s.period_id
 end
-redis.call('SET', KEYS[1], '1', 'PX', record_ttl_ms)
+local record = cjson.encode({a = attempt, at = fmt(now), p = periods})
+redis.call('SET', KEYS[1], record, 'PX', record_ttl_ms)
 return cjson.encode({ok = true, now = fmt(now), periods = periods, levels = levels})
