@@ -12,6 +12,11 @@ closed), the process should end at once. If something still holds it, such as a 
 library left running, :class:`GatewayServer` writes every thread's stack to stderr and exits
 with status 1 after ``EXIT_DEADLINE_SECONDS``: an orchestrator sees a failed stop with its
 cause, not a process that hangs until it is killed.
+
+Connections are served by :class:`~app.connections.GuardedHttpProtocol` (uvicorn's httptools
+protocol with deadlines and caps, app/connections), from a listener :class:`GatewayServer`
+opens itself: uvicorn's passes neither the protocol its shared counts nor asyncio's TLS
+handshake timeout.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import uvicorn
 from fastapi import FastAPI
 from uvicorn.config import STARTUP_FAILURE
 
+from app.connections import ConnectionGuard, ConnectionLimits, GuardedHttpProtocol
+from app.connections.admission import default_max_connections, descriptor_limit, parse_networks
 from app.errors import EngineUnavailableError
 from app.settings import Settings
 
@@ -40,12 +47,20 @@ ENGINE_DEAD = 4
 
 class GatewayServer(uvicorn.Server):
     """uvicorn's server, watching the gateway's engine (``app.state.gateway``, once the
-    lifespan has made it); ``exit_status`` is what the process should exit with."""
+    lifespan has made it); ``exit_status`` is what the process should exit with. With
+    ``limits``, its connections are held to them (``guard`` counts them)."""
 
-    def __init__(self, config: uvicorn.Config, app: FastAPI | None = None) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        app: FastAPI | None = None,
+        *,
+        limits: ConnectionLimits | None = None,
+    ) -> None:
         super().__init__(config)
         self._app = app
         self.exit_status = 0
+        self.guard = ConnectionGuard(limits) if limits is not None else None
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         watchdog = asyncio.create_task(self._watch_engine()) if self._app is not None else None
@@ -57,6 +72,40 @@ class GatewayServer(uvicorn.Server):
             faulthandler.dump_traceback_later(EXIT_DEADLINE_SECONDS, exit=True)
             if watchdog is not None:
                 watchdog.cancel()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        guard = self.guard
+        if guard is None or sockets is not None:  # no limits, or a supervisor's sockets
+            await super().startup(sockets)
+            return
+        # uvicorn's start-up with no socket to listen on (the lifespan, the server's state),
+        # then the listener, opened here: started once it listens.
+        await super().startup(sockets=[])
+        self.started = False
+        config = self.config
+
+        def create_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            return GuardedHttpProtocol(
+                config, self.server_state, self.lifespan.state, _loop, guard=guard
+            )
+
+        try:
+            server = await asyncio.get_running_loop().create_server(
+                create_protocol,
+                host=config.host,
+                port=config.port,
+                ssl=config.ssl,
+                backlog=config.backlog,
+                # asyncio's default is 60 s, for every connection that stalls its handshake.
+                ssl_handshake_timeout=guard.limits.tls_handshake_timeout if config.ssl else None,
+            )
+        except OSError as exc:  # as uvicorn's own listener fails
+            logger.error(exc)
+            await self.lifespan.shutdown()
+            sys.exit(STARTUP_FAILURE)
+        self.servers.append(server)
+        self._log_started_message(list(server.sockets))
+        self.started = True
 
     def fail(self, status: int, reason: str) -> None:
         """Stop serving, then exit with ``status``."""
@@ -100,10 +149,40 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-def run(app: FastAPI, settings: Settings) -> None:
-    """Serve ``app`` until SIGINT or SIGTERM; exit with status 3 if it (or its engine) could
-    not start, 4 if its engine died."""
-    config = uvicorn.Config(
+def connection_limits(settings: Settings) -> ConnectionLimits:
+    """The limits every client connection is held to (app/connections), from ``settings``."""
+    try:
+        trusted_proxies = parse_networks(settings.trusted_proxies)
+    except ValueError as exc:
+        raise ValueError(f"trusted_proxies: {exc}") from exc
+    reserve = settings.connection_probe_reserve
+    limits = ConnectionLimits(
+        head_timeout=settings.request_head_timeout_seconds,
+        max_head_bytes=settings.max_request_head_bytes,
+        body_min_rate=settings.request_body_min_bytes_per_second,
+        body_rate_window=settings.request_body_rate_window_seconds,
+        write_timeout=settings.response_write_timeout_seconds,
+        tls_handshake_timeout=settings.tls_handshake_timeout_seconds,
+        max_connections=settings.max_connections or default_max_connections(reserve),
+        probe_reserve=reserve,
+        max_per_source=settings.max_connections_per_source,
+        trusted_proxies=trusted_proxies,
+    )
+    if limits.max_connections + reserve >= descriptor_limit():
+        logger.warning(
+            "max_connections (%d) + connection_probe_reserve (%d) reach the open-file limit "
+            "(%d): raise it (LimitNOFILE in the systemd unit) or lower them",
+            limits.max_connections,
+            reserve,
+            descriptor_limit(),
+        )
+    return limits
+
+
+def server_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
+    """uvicorn's configuration for serving ``app`` (with :class:`GatewayServer` and
+    :func:`connection_limits`)."""
+    return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -111,8 +190,20 @@ def run(app: FastAPI, settings: Settings) -> None:
         ssl_keyfile=settings.ssl_keyfile,
         log_level=settings.log_level,
         timeout_graceful_shutdown=30,
+        # The parser GuardedHttpProtocol extends (llhttp refuses request smuggling's shapes).
+        http="httptools",
+        # No route is a WebSocket: an upgraded connection would leave the guarded protocol.
+        ws="none",
+        # The client address the app sees (logs, audit) is trusted as the caps trust it.
+        forwarded_allow_ips=[str(net) for net in parse_networks(settings.trusted_proxies)],
     )
-    server = GatewayServer(config, app)
+
+
+def run(app: FastAPI, settings: Settings) -> None:
+    """Serve ``app`` until SIGINT or SIGTERM; exit with status 3 if it (or its engine) could
+    not start, 4 if its engine died."""
+    limits = connection_limits(settings)
+    server = GatewayServer(server_config(app, settings), app, limits=limits)
     # SIGINT, which uvicorn raises again once it has shut down, is the stop asked for.
     with contextlib.suppress(KeyboardInterrupt):
         server.run()

@@ -242,6 +242,62 @@ class Settings(BaseSettings):
         "metrics_token is set.",
     )
 
+    # Connections: what one client connection may hold, enforced below the app
+    # (app/connections); every refusal closes the connection.
+    request_head_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="A request's line and headers must arrive within this, counted from the "
+        "connection's opening or the previous response's end; else 408 (a connection that "
+        "sent nothing is closed silently).",
+    )
+    max_request_head_bytes: int = Field(
+        65_536, ge=1024, description="Largest request line and headers; larger: 431."
+    )
+    request_body_min_bytes_per_second: int = Field(
+        1024,
+        ge=1,
+        description="A request body in progress must bring this many bytes per second over "
+        "each request_body_rate_window_seconds (time the gateway is not reading it does not "
+        "count); slower: 408.",
+    )
+    request_body_rate_window_seconds: float = Field(
+        10.0, gt=0, description="The window request_body_min_bytes_per_second is measured over."
+    )
+    response_write_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="A client that leaves a response unread this long (the gateway's send "
+        "buffer full) is dropped; its request ends as if it had disconnected.",
+    )
+    tls_handshake_timeout_seconds: float = Field(
+        10.0, gt=0, description="With ssl_certfile: a TLS handshake not done by then is dropped."
+    )
+    max_connections: int | None = Field(
+        None,
+        ge=1,
+        description="Client connections served at once (unset: half the open-file limit, "
+        "RLIMIT_NOFILE, less connection_probe_reserve). The next connection_probe_reserve are "
+        "served /healthz and /readyz only (anything else: 503); more: 503 at once.",
+    )
+    connection_probe_reserve: int = Field(
+        32, ge=1, description="Connections past max_connections kept for the health probes."
+    )
+    max_connections_per_source: int = Field(
+        256,
+        ge=1,
+        description="Connections one client address may hold (through a trusted proxy: its "
+        "requests in progress, by X-Forwarded-For); more: 429 with Retry-After.",
+    )
+    trusted_proxies: str = Field(
+        "",
+        pattern=r"^[0-9A-Fa-f:.,/ ]*$",
+        description="Comma-separated addresses or CIDR blocks of the proxies in front (an "
+        "ingress): only their X-Forwarded-For is read, for max_connections_per_source and "
+        "the client address the gateway logs; their own connections count only against "
+        "max_connections.",
+    )
+
     @field_validator("max_lora_rank", mode="before")
     @classmethod
     def _rank_from_text(cls, rank: object) -> object:
