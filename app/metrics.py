@@ -269,6 +269,13 @@ SCHEDULER_SLOTS = Gauge(
 
 # -- access: recorded in the gateway process -----------------------------------
 
+CONNECTIONS_REFUSED = Counter(
+    "lora_gateway_connections_refused",
+    "Client connections refused or closed by the connection limits, by reason (server_full, "
+    "probes_only, source_full, head_timeout, head_too_large, slow_body, write_timeout).",
+    ["reason"],
+)
+
 ADMIN_AUTH_FAILURES = Counter(
     "lora_gateway_admin_auth_failures",
     "Admin API requests refused for a missing or invalid admin token, by whether "

@@ -25,6 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from app import metrics
+
 logger = logging.getLogger(__name__)
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -121,7 +123,7 @@ class ConnectionGuard:
         """Count a new connection from ``peer`` (a :func:`source_key`), or say why not."""
         limits = self.limits
         if self.open >= limits.max_connections + limits.probe_reserve:
-            self.log_throttled(
+            self.refused(
                 "server full",
                 "%d connections open (max_connections %d + %d for probes): refusing new ones",
                 self.open,
@@ -133,7 +135,7 @@ class ConnectionGuard:
             return Admission.SOURCE_FULL
         self.open += 1
         if self.open > limits.max_connections:
-            self.log_throttled(
+            self.refused(
                 "probes only",
                 "%d connections open, past max_connections (%d): new ones serve only probes",
                 self.open,
@@ -170,8 +172,10 @@ class ConnectionGuard:
     def leave_forwarded(self, source: str) -> None:
         self._leave(source)
 
-    def log_throttled(self, kind: str, message: str, *args: Any) -> None:
-        """Log a warning of this kind at most once per ``LOG_INTERVAL_SECONDS``."""
+    def refused(self, kind: str, message: str, *args: Any) -> None:
+        """Count a refusal of this kind, and log a warning of its kind at most once per
+        ``LOG_INTERVAL_SECONDS``."""
+        metrics.CONNECTIONS_REFUSED.labels(kind.replace(" ", "_")).inc()
         now = time.monotonic()
         if now - self._logged.get(kind, -math.inf) >= LOG_INTERVAL_SECONDS:
             self._logged[kind] = now
@@ -179,7 +183,7 @@ class ConnectionGuard:
 
     def _enter(self, source: str) -> bool:
         if self._by_source[source] >= self.limits.max_per_source:
-            self.log_throttled(
+            self.refused(
                 "source full",
                 "%s holds %d connections (max_connections_per_source): refusing more",
                 source,

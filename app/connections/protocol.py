@@ -103,6 +103,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if not self._head_began_in_this_feed:
                 self._head_bytes += len(data)
             if self._head_bytes > self.limits.max_head_bytes:
+                self.guard.refused(
+                    "head too large",
+                    "closing connections whose request head passed %d bytes",
+                    self.limits.max_head_bytes,
+                )
                 self._close_with(refusals.head_too_large(self.limits.max_head_bytes))
                 return
         if self._body_in_progress and self._body_check is None:
@@ -127,7 +132,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _write_stalled(self) -> None:
         self._write_deadline = None
-        self.guard.log_throttled(
+        self.guard.refused(
             "write timeout",
             "closing connections whose client did not read the response for %g s",
             self.limits.write_timeout,
@@ -217,7 +222,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_deadline = None
         if self.transport.is_closing():
             return
-        self.guard.log_throttled(
+        self.guard.refused(
             "head timeout",
             "closing connections whose request head did not arrive within %g s",
             self.limits.head_timeout,
@@ -236,7 +241,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         waiting_for_us = self.flow.read_paused or self.cycle.waiting_for_100_continue
         limits = self.limits
         if not waiting_for_us and self._body_bytes < limits.body_min_rate * limits.body_rate_window:
-            self.guard.log_throttled(
+            self.guard.refused(
                 "slow body",
                 "closing connections whose request body came slower than %d bytes/s",
                 limits.body_min_rate,

@@ -7,12 +7,18 @@ import json
 import socket
 import time
 
+from app import metrics
 from tests.connections.harness import read_until_closed, send_until_answered, serving, status_of
 
 FAST = {"request_head_timeout_seconds": 0.5}
 
 
+def refused(reason: str) -> float:
+    return float(metrics.CONNECTIONS_REFUSED.labels(reason)._value.get())
+
+
 async def test_a_request_head_not_complete_in_time_is_answered_408_and_closed() -> None:
+    before = refused("head_timeout")
     async with serving(**FAST) as running:
         reader, writer = await running.connect()
         writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow")  # and nothing more
@@ -23,6 +29,7 @@ async def test_a_request_head_not_complete_in_time_is_answered_408_and_closed() 
     assert json.loads(response.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_timeout"
     assert time.monotonic() - started < 3
     assert running.probe.paths == []
+    assert refused("head_timeout") == before + 1
 
 
 async def test_a_connection_that_sends_nothing_is_closed_silently() -> None:
