@@ -344,13 +344,14 @@ def leases_held(client: Redis) -> dict[str, int]:
 
 
 def read_quota_store(client: Redis) -> dict[str, Any]:
-    """Leases still held, open reservations, and budget tokens charged per subject."""
+    """Leases still held, open reservations, and budget tokens charged per tenant id."""
     leases = leases_held(client)
     open_reservations = sum(1 for _ in client.scan_iter(f"{QUOTA_PREFIX}rs:*"))
     budget: Counter[str] = Counter()
     for key in client.scan_iter(f"{QUOTA_PREFIX}bg:*"):
         subject = key.removeprefix(f"{QUOTA_PREFIX}bg:").rsplit(":", 1)[0]
-        budget[subject] += int(client.get(key) or 0)
+        # A tenant's subject is `<id>@<uid>` (Tenant.quota_subject): counted under its id.
+        budget[subject.partition("@")[0]] += int(client.get(key) or 0)
     return {"leases": leases, "open_reservations": open_reservations, "budget": dict(budget)}
 
 
