@@ -120,6 +120,14 @@ gateway-cost: install
 soak: install model adapters services
 	$(BIN)/python -m tools.soak $(SOAK_ARGS)
 
+# The abuse suite (issue #23): each attack against a gateway process of its own on loopback
+# (the real tokenizer over a stand-in engine; the real engine for output constraints), a victim
+# tenant's latency alone and under attack, items 4-8 as their tests (var/abuse/<time>/;
+# docs/reliability.md). About 20 minutes. ABUSE_ARGS adds options, e.g.
+# ABUSE_ARGS="--rounds 1 --skip-engine": see `python -m tools.abuse --help`.
+abuse: install model services
+	$(BIN)/python -m tools.abuse $(ABUSE_ARGS)
+
 lint: install
 	$(BIN)/ruff check app bench tools tests
 	$(BIN)/ruff format --check app bench tools tests
