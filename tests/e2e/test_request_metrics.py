@@ -34,7 +34,7 @@ def value(
 def test_requests_tokens_latency_and_rejections_per_tenant(gateway: LiveGateway) -> None:
     with gateway.admin() as admin:
         admin.post("/tenants", json={"id": "observed", "name": "O", "allow_base_model": True})
-        admin.put("/tenants/observed/quota", json={"requests_per_minute": 2})
+        admin.put("/tenants/observed/quota", json={"requests_per_minute": 4})
         key = admin.post("/tenants/observed/keys", json={}).json()["key"]
         metered = admin.post("/tenants/observed/keys", json={}).json()
         quota = {"tokens_per_minute": 5}
@@ -42,7 +42,7 @@ def test_requests_tokens_latency_and_rejections_per_tenant(gateway: LiveGateway)
         assert put.status_code == 200, put.text
     client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=key, max_retries=0)
     base = gateway.settings.base_model_id
-    # Refused by the key's own limit before the tenant's is spent: it consumes nothing.
+    # Refused by the key's own limit once read (400): one of the tenant's requests, no tokens.
     with pytest.raises(openai.BadRequestError):
         client.with_options(api_key=metered["key"]).chat.completions.create(
             model=base, messages=MESSAGES, max_tokens=6
@@ -57,18 +57,20 @@ def test_requests_tokens_latency_and_rejections_per_tenant(gateway: LiveGateway)
             stream_options={"include_usage": True},
         )
     )
-    with pytest.raises(openai.RateLimitError):
-        client.chat.completions.create(model=base, messages=MESSAGES, max_tokens=6)
+    # Refused once read (404): the tenant's fourth request.
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="not-granted", messages=MESSAGES, max_tokens=6)
+    # Refused from the key, before its body is read (its model is not known).
+    with pytest.raises(openai.RateLimitError):
+        client.chat.completions.create(model=base, messages=MESSAGES, max_tokens=6)
 
     found = samples(gateway)
     tenant = {"tenant": "observed"}
     served = {**tenant, "model": base}
     chat = {**served, "endpoint": "chat.completions"}
     assert value(found, "lora_gateway_requests_total", **chat, status="ok") == 2
-    assert value(found, "lora_gateway_requests_total", **chat, status="rate_limit_exceeded") == 1
     unknown = {**tenant, "model": "(unknown)", "endpoint": "chat.completions"}
+    assert value(found, "lora_gateway_requests_total", **unknown, status="rate_limit_exceeded") == 1
     assert value(found, "lora_gateway_requests_total", **unknown, status="model_not_found") == 1
     rejections = "lora_gateway_quota_rejections_total"
     assert value(found, rejections, **tenant, limit="requests", scope="tenant") == 1
