@@ -81,6 +81,14 @@ class Settings(BaseSettings):
         "whose adapter is resident goes first among those that may dispatch, whatever its "
         "adapter.",
     )
+    scheduler_max_constrained_per_tenant: int = Field(
+        1,
+        ge=1,
+        description="Fair scheduler: requests with an output constraint (structured_outputs, "
+        "response_format json, a forced tool call) one tenant may have in the engine at once; "
+        "the engine builds a grammar during the steps that decode it, slowing every request "
+        "in the batch, so the tenant's further ones wait in its queue (docs/scheduling.md).",
+    )
     scheduler_max_queue_depth: int = Field(
         256,
         ge=1,

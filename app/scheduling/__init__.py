@@ -48,6 +48,7 @@ def admission_for(settings: Settings) -> Admission:
         max_adapter_wait=settings.scheduler_max_adapter_wait_seconds,
         max_loras=settings.max_loras,
         per_step=settings.scheduler_dispatches_per_step,
+        max_constrained=settings.scheduler_max_constrained_per_tenant,
     )
     return FairAdmission(
         queue,

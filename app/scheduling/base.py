@@ -31,6 +31,9 @@ class Ticket:
     seqs: int = 1
     # The tenant's class: a batch tenant never takes the headroom kept for newcomers.
     interactive: bool = True
+    # It has an output constraint: the engine builds its grammar during the steps that
+    # decode it, which lengthens each of those steps for every request in the batch.
+    constrained: bool = False
 
 
 class Slot(Protocol):

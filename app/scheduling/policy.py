@@ -33,6 +33,11 @@ loop; :mod:`app.scheduling.fair` drives it.
   nothing in the engine may always send one: a burst (a flood's requests that ended together
   and came back) then puts its prefills in several short steps instead of one long one that
   a newcomer's first token would wait for.
+* **Constrained requests.** A tenant has at most ``max_constrained`` requests with an output
+  constraint in the engine at once: the engine builds a request's grammar during the steps
+  that decode it, so each one lengthens every step for the whole batch. One beyond the cap
+  waits here like a request whose adapter cannot run: its tenant's later requests that can
+  run pass it, it gains no credit, and the age bound does not let it through.
 * **Headroom.** The last ``headroom`` slots of the window only go to a tenant below its fair
   share of the rest (``(window - headroom) x weight / the active tenants' weights``) whose
   priority class is interactive (a batch tenant can wait for the next free slot): a tenant
@@ -68,6 +73,7 @@ class TenantState:
     queue: deque[Waiting] = field(default_factory=deque)
     deficit: float = 0.0
     in_flight: int = 0  # sequences in the engine
+    constrained: int = 0  # requests with an output constraint in the engine
     # Moves each time the tenant's credit is reset (its queue emptied): a request charged
     # before then is refunded nothing, its charge having been forgotten with the credit.
     epoch: int = 0
@@ -89,8 +95,10 @@ class FairQueue:
         max_adapter_wait: float,
         max_loras: int,
         per_step: int = 0,
+        max_constrained: int = 1,
     ) -> None:
         self.window = window
+        self.max_constrained = max_constrained
         self.per_step = per_step
         self._paced = False
         self._this_step = 0  # requests let in since the engine's last step
@@ -107,7 +115,8 @@ class FairQueue:
         # request id -> the tenant's epoch when it was charged, while a refund may apply
         self._charged: dict[str, int] = {}
         # Nobody could dispatch at the last pop, and nothing that could change that (a new
-        # head of a queue, a request ending or leaving) has happened since: pop need not look.
+        # request where none could run, a request ending or leaving) has happened since: pop
+        # need not look.
         self._blocked = False
         # Tenants with waiting requests, in the order they started waiting.
         self._backlogged: dict[str, None] = {}
@@ -167,6 +176,10 @@ class FairQueue:
         if not state.queue:
             self._backlogged[ticket.tenant] = None
             self._pending.add(ticket.tenant)
+            self._blocked = False
+        elif self._runnable(state) is None:
+            # Every request of the tenant is held (adapter, constrained cap): the new one
+            # may be the first that can run.
             self._blocked = False
         state.queue.append(waiting)
         return waiting
@@ -242,6 +255,8 @@ class FairQueue:
         self.in_flight -= seqs
         self._blocked = False
         self.affinity.finished(ticket.adapter)
+        if ticket.constrained:
+            state.constrained -= 1
         charged = self._charged.pop(ticket.request_id, None)
         if used is not None and charged == state.epoch:
             state.deficit += max(0, ticket.cost - used)
@@ -262,7 +277,11 @@ class FairQueue:
             state = tenants[name]
             head = state.queue[0]
             next_up: Waiting | None = head
-            if affinity.crowds(head.ticket.adapter):
+            if self._over_cap(state, head.ticket):
+                # Held for its tenant's constrained requests, not for its adapter: no slot
+                # is drained for it, whatever its age.
+                next_up = self._runnable(state)
+            elif affinity.crowds(head.ticket.adapter):
                 held_ahead = held_ahead or (not found and name in pending)
                 if now - head.since >= self.max_adapter_wait and head.ticket.adapter is not None:
                     affinity.make_room(head.ticket.adapter)
@@ -277,22 +296,33 @@ class FairQueue:
         return found, held_ahead
 
     def _runnable(self, state: TenantState) -> Waiting | None:
-        """The tenant's oldest request whose adapter can run now."""
-        crowds = self.affinity.crowds
+        """The tenant's oldest request that can run now: its adapter can, and it is not a
+        constrained one beyond the tenant's cap."""
+        crowds, over_cap = self.affinity.crowds, self._over_cap
         for waiting in state.queue:
-            if not crowds(waiting.ticket.adapter):
+            if not over_cap(state, waiting.ticket) and not crowds(waiting.ticket.adapter):
                 return waiting
         return None
+
+    def _over_cap(self, state: TenantState, ticket: Ticket) -> bool:
+        """Whether the request is constrained and its tenant has as many of those running
+        as it may."""
+        return ticket.constrained and state.constrained >= self.max_constrained
 
     def _reason(
         self, state: TenantState, next_up: Waiting, reason: Reason = "fair_share"
     ) -> Reason:
         """Why ``next_up`` goes now: into a slot kept for it past the age bound, in place of
-        an older request of its tenant that cannot run, or ``reason``."""
+        an older request of its tenant whose adapter cannot run, or ``reason`` (passing only
+        constrained requests held for the cap reorders nothing for adapters)."""
         adapter = next_up.ticket.adapter
         if adapter is not None and adapter == self.affinity.reserved:
             return "age"
-        return "adapter_affinity" if next_up is not state.queue[0] else reason
+        if next_up is state.queue[0]:
+            return reason
+        over_cap = self._over_cap
+        first = next(w for w in state.queue if w is next_up or not over_cap(state, w.ticket))
+        return "adapter_affinity" if next_up is not first else reason
 
     def _claim(self, waiting: Waiting) -> tuple[int, int]:
         """How a request ranks among equal claims: resident adapters first, then those that
@@ -361,6 +391,8 @@ class FairQueue:
         self.in_flight += seqs
         self._this_step += 1
         self.affinity.started(ticket.adapter)
+        if ticket.constrained:
+            state.constrained += 1
         self._visiting = name
         if state.queue:
             self._charged[ticket.request_id] = state.epoch

@@ -184,7 +184,8 @@ class TokenMeter:
 
 
 def ticket_of(generation: Generation) -> Ticket:
-    """What the scheduler weighs a request by: its tenant, worst-case tokens, adapter."""
+    """What the scheduler weighs a request by: its tenant, worst-case tokens, adapter,
+    output constraint."""
     tenant, params, adapter = (
         generation.principal.tenant,
         generation.params,
@@ -198,6 +199,7 @@ def ticket_of(generation: Generation) -> Ticket:
         adapter=adapter.lora_id if adapter is not None else None,
         seqs=params.n,
         interactive=tenant.priority == "interactive",
+        constrained=params.structured_outputs is not None,
     )
 
 

@@ -1,7 +1,8 @@
 """Fair admission over real HTTP, on an engine with a fixed number of seats served first come,
 first served, as vLLM's scheduler serves ``max_num_seqs``: one tenant's flood does not hold
 up another's request, a client that leaves while queued costs no engine work, a full queue is
-a 429 before any byte, and ``scheduler=fcfs`` is the behaviour before the scheduler."""
+a 429 before any byte, a tenant's constrained requests beyond its cap wait in the gateway, and
+``scheduler=fcfs`` is the behaviour before the scheduler."""
 
 from __future__ import annotations
 
@@ -302,3 +303,28 @@ async def test_the_slot_goes_back_as_the_engine_ends_the_request(
         finally:
             may_close.set()
         assert [(await first).status_code, (await second).status_code] == [200, 200]
+
+
+async def test_a_tenants_second_constrained_request_waits_for_its_first(
+    serve: ServeFactory,
+) -> None:
+    """The output constraint reaches the scheduler: while one of the tenant's constrained
+    requests runs, its next waits in the gateway, and its free-text request goes past it."""
+    engine = ScriptedEngine(step_seconds=0.01)
+    constraint = {"structured_outputs": {"choice": ["yes", "no"]}}
+    async with serve(engine) as served, served.client() as client:
+        body = chat(served, max_tokens=3000, stream=True, **constraint)
+        holder = asyncio.create_task(hold_stream(client, body))
+        await eventually(lambda: len(engine.requests) == 1)
+        body = chat(served, max_tokens=3, **constraint)
+        held = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+        await eventually(
+            lambda: served.counter("lora_gateway_scheduler_queue_depth", tenant=TENANT) == 1
+        )
+        free = await client.post("/v1/chat/completions", json=chat(served, max_tokens=3))
+        assert free.status_code == 200, free.text
+        assert not held.done() and len(engine.requests) == 2
+        holder.cancel()
+        await asyncio.gather(holder, return_exceptions=True)
+        response = await held
+        assert response.status_code == 200, response.text
