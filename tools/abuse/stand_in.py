@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -45,17 +44,8 @@ class StandInEngine(PacedEngine):
         running = self.num_unfinished_requests()
         return EngineLoad(running=running, waiting=0, kv_cache_usage=0.0, step=self.steps)
 
-    async def _step_forever(self) -> None:
-        due = time.monotonic()
-        while True:
-            if not self._running:
-                self._wake.clear()
-                await self._wake.wait()
-                due = time.monotonic()
-            # A late step is not made up for with a burst, as in PacedEngine.
-            due = max(due + self.step_seconds, time.monotonic())
-            await asyncio.sleep(due - time.monotonic())
-            self.step()
+    def step_interval(self) -> float:
+        return self.step_seconds
 
 
 def settings_for(workdir: Path, port: int, admin_token: str) -> Settings:

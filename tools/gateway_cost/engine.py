@@ -167,10 +167,13 @@ class PacedEngine:
                 await self._wake.wait()
                 due = time.monotonic()
             # A step that comes late is not made up for with a burst: the batch slows down.
-            interval = len(self._running) / self.tokens_per_second
-            due = max(due + interval, time.monotonic())
+            due = max(due + self.step_interval(), time.monotonic())
             await asyncio.sleep(due - time.monotonic())
             self.step()
+
+    def step_interval(self) -> float:
+        """Seconds from one step to the next: ``tokens_per_second`` over the whole batch."""
+        return len(self._running) / self.tokens_per_second
 
     def step(self) -> None:
         """One token for every running request."""
