@@ -13,6 +13,7 @@ from vllm.sampling_params import RequestOutputKind
 
 from app.errors import BadRequestError, ContextLengthExceededError, EngineUnavailableError
 from app.protocol import ChatCompletionRequest, CompletionRequest, Usage
+from app.serving.per_tokenizer import per_tokenizer
 from app.serving.structured import OutputConstraints
 from app.tenancy.tenants import ModelTarget, Principal
 
@@ -97,24 +98,18 @@ class PromptEndpoint:
             len(prompt),
             self.model.max_model_len,
             vocabulary=len(self.model.tokenizer),
+            tokenizer=self.model.tokenizer,
             constraints=self.constraints,
         )
         return Generation(request_id, self.endpoint, principal, target, prompt, params)
 
 
-_LONGEST_TOKEN_BYTES: dict[int, tuple[Any, int]] = {}
-
-
+@per_tokenizer
 def longest_token_bytes(tokenizer: Any) -> int:
-    """The most UTF-8 bytes one of the tokenizer's tokens decodes to (read once per
-    tokenizer: a few tenths of a second for a large vocabulary). A token that is part of a
-    character decodes to a replacement character, which only makes the bound looser."""
-    known = _LONGEST_TOKEN_BYTES.get(id(tokenizer))
-    if known is None or known[0] is not tokenizer:
-        decoded = (tokenizer.decode([token]) for token in range(len(tokenizer)))
-        known = (tokenizer, max(len(text.encode()) for text in decoded))
-        _LONGEST_TOKEN_BYTES[id(tokenizer)] = known
-    return known[1]
+    """The most UTF-8 bytes one of the tokenizer's tokens decodes to. A token that is part of
+    a character decodes to a replacement character, which only makes the bound looser."""
+    decoded = (tokenizer.decode([token]) for token in range(len(tokenizer)))
+    return max(len(text.encode()) for text in decoded)
 
 
 def completion_budget(prompt_tokens: int, requested: int | None, max_model_len: int) -> int:
@@ -138,10 +133,12 @@ def sampling_params(
     max_model_len: int,
     *,
     vocabulary: int | None = None,
+    tokenizer: Any = None,
     constraints: OutputConstraints = DEFAULT_CONSTRAINTS,
 ) -> SamplingParams:
     """The engine's parameters for ``request``; ``logit_bias`` ids are checked against
-    ``vocabulary`` (the tokenizer's size) where it is given."""
+    ``vocabulary`` (the tokenizer's size) where it is given, and an output constraint is
+    compiled against ``tokenizer`` (:meth:`OutputConstraints.params`)."""
     bias = request.logit_bias or None
     if bias is not None and vocabulary is not None:
         outside = sorted(token for token in bias if token >= vocabulary)
@@ -174,7 +171,7 @@ def sampling_params(
         min_p=request.min_p or 0.0,
         logprobs=request.num_logprobs,
         logit_bias=bias,
-        structured_outputs=constraints.params(request),
+        structured_outputs=constraints.params(request, tokenizer),
         # Deltas even when not streaming: what was generated is known (and
         # charged) however a request ends.
         output_kind=RequestOutputKind.DELTA,

@@ -9,6 +9,11 @@ Regular expressions (``structured_outputs.regex``, a schema's ``pattern`` and
 ``patternProperties``) are bounded in how deep their groups nest, and whatever checking a
 schema raises for a pathological one (Python's ``re`` recurses per group) is a 400 too, never
 a 500.
+
+With llguidance, the engine's backend for compact JSON, the constraint is then compiled here
+once as the engine will compile it, and its first token mask computed, within llguidance's
+own limits: what llguidance refuses is a 400 naming the field, not an empty 200 from the
+engine. GBNF grammars reach the engine already converted to Lark (:mod:`app.serving.gbnf`).
 """
 
 from __future__ import annotations
@@ -21,10 +26,17 @@ from typing import Any
 
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import Draft202012Validator, validator_for
+from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
+from llguidance.gbnf_to_lark import is_lark_syntax
+from llguidance.hf import from_tokenizer
 from vllm.sampling_params import StructuredOutputsParams
+from vllm.v1.structured_output.backend_guidance import serialize_guidance_grammar
+from vllm.v1.structured_output.request import get_structured_output_key
 
 from app.errors import BadRequestError
 from app.protocol import ChatCompletionRequest, SamplingFields
+from app.serving.gbnf import gbnf_to_lark
+from app.serving.per_tokenizer import per_tokenizer
 from app.serving.tools import forced_call_schema
 from app.settings import Settings
 
@@ -38,46 +50,65 @@ class OutputConstraints:
     # Python's ``re`` (which checks a schema's patterns) recurses per group and gives out
     # near 500; no real pattern nests a tenth of that.
     max_regex_depth: int = 32
+    # The engine decodes under llguidance (``structured_outputs_compact``), not xgrammar.
+    guidance: bool = True
 
     @classmethod
     def from_settings(cls, settings: Settings) -> OutputConstraints:
         return cls(
             max_bytes=settings.max_structured_output_bytes,
             max_depth=settings.max_json_schema_depth,
+            guidance=settings.structured_outputs_compact,
         )
 
-    def params(self, request: SamplingFields) -> StructuredOutputsParams | None:
-        """The request's constraint for the engine; ``None`` for free text."""
+    def params(
+        self, request: SamplingFields, tokenizer: Any = None
+    ) -> StructuredOutputsParams | None:
+        """The request's constraint for the engine; ``None`` for free text. With the model's
+        ``tokenizer`` (a Hugging Face one) and llguidance, the constraint is also compiled."""
+        checked = self._checked(request)
+        if checked is None:
+            return None
+        params, param = checked
+        if self.guidance and params.grammar is not None and not is_lark_syntax(params.grammar):
+            params = StructuredOutputsParams(grammar=_as_lark(params.grammar, param))
+        if self.guidance and tokenizer is not None:
+            _refuse_if_unenforceable(params, tokenizer, param)
+        return params
+
+    def _checked(self, request: SamplingFields) -> tuple[StructuredOutputsParams, str] | None:
+        """The request's constraint within the bounds, and the field it came from."""
         if isinstance(request, ChatCompletionRequest):
             call = forced_call_schema(request)
             if call is not None:
                 self._check_tools(request, call)
-                return StructuredOutputsParams(json=call)
+                return StructuredOutputsParams(json=call), "tools"
         response_format = request.response_format
         if response_format is not None and response_format.type == "json_object":
-            return StructuredOutputsParams(json_object=True)
+            return StructuredOutputsParams(json_object=True), "response_format"
         if response_format is not None and response_format.json_schema is not None:
+            param = "response_format.json_schema.schema"
             schema = response_format.json_schema.json_schema
-            self._check_schema(schema, "response_format.json_schema.schema")
-            return StructuredOutputsParams(json=schema)
+            self._check_schema(schema, param)
+            return StructuredOutputsParams(json=schema), param
         wanted = request.structured_outputs
         if wanted is None:
             return None
         if wanted.json_object:
-            return StructuredOutputsParams(json_object=True)
+            return StructuredOutputsParams(json_object=True), "structured_outputs.json_object"
         if wanted.json_schema is not None:
             self._check_schema(wanted.json_schema, "structured_outputs.json")
-            return StructuredOutputsParams(json=wanted.json_schema)
+            return StructuredOutputsParams(json=wanted.json_schema), "structured_outputs.json"
         if wanted.regex is not None:
             self._check_size(wanted.regex, "structured_outputs.regex")
             self._check_regex(wanted.regex, "structured_outputs.regex", "it")
-            return StructuredOutputsParams(regex=wanted.regex)
+            return StructuredOutputsParams(regex=wanted.regex), "structured_outputs.regex"
         if wanted.grammar is not None:
             self._check_size(wanted.grammar, "structured_outputs.grammar")
-            return StructuredOutputsParams(grammar=wanted.grammar)
+            return StructuredOutputsParams(grammar=wanted.grammar), "structured_outputs.grammar"
         assert wanted.choice is not None  # the protocol requires exactly one constraint
         self._check_size(json.dumps(wanted.choice), "structured_outputs.choice")
-        return StructuredOutputsParams(choice=list(wanted.choice))
+        return StructuredOutputsParams(choice=list(wanted.choice)), "structured_outputs.choice"
 
     def _check_size(self, text: str, param: str) -> None:
         size = len(text.encode())
@@ -148,6 +179,42 @@ class OutputConstraints:
             raise BadRequestError(
                 f"`{param}` is not a valid JSON Schema: {exc}", param=param
             ) from exc
+
+
+def _as_lark(grammar: str, param: str) -> str:
+    try:
+        return gbnf_to_lark(grammar)
+    except RecursionError as exc:
+        raise BadRequestError(f"`{param}` nests too deeply to be read.", param=param) from exc
+    except Exception as exc:  # llguidance's parser raises plain Exception for a bad grammar
+        raise BadRequestError(f"`{param}` is not a valid grammar: {exc}", param=param) from exc
+
+
+def _refuse_if_unenforceable(params: StructuredOutputsParams, tokenizer: Any, param: str) -> None:
+    """Compile ``params`` as the engine's llguidance backend will and compute its first token
+    mask, each within llguidance's limits; what fails is the tenant's 400, with llguidance's
+    reason (its first line: the rest dumps parser state)."""
+    try:
+        grammar = serialize_guidance_grammar(
+            *get_structured_output_key(params), disable_any_whitespace=True
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BadRequestError(f"`{param}` cannot be compiled: {exc}", param=param) from exc
+    matcher = LLMatcher(guidance_tokenizer(tokenizer), grammar, log_level=0)
+    if not matcher.is_error():
+        matcher.compute_bitmask()
+    if matcher.is_error():
+        reason = matcher.get_error().strip().splitlines()[0]
+        raise BadRequestError(f"`{param}` cannot be enforced: {reason}", param=param)
+
+
+@per_tokenizer
+def guidance_tokenizer(tokenizer: Any) -> LLTokenizer:
+    """llguidance's view of ``tokenizer``: a Hugging Face fast tokenizer's, as vLLM's engine
+    builds it, or one that lists its tokens' bytes itself (the stand-in engines' do)."""
+    if hasattr(tokenizer, "backend_tokenizer"):
+        return from_tokenizer(tokenizer, len(tokenizer))
+    return LLTokenizer(TokenizerWrapper(tokenizer))
 
 
 def _depth(value: Any) -> int:

@@ -166,6 +166,41 @@ def test_refusals_name_the_field(gateway: LiveGateway) -> None:
         assert refused.value.param == param, refused.value.message
 
 
+def test_grammars_llguidance_must_refuse_or_converts_slowly_are_a_400_and_served(
+    gateway: LiveGateway,
+) -> None:
+    """A regex llguidance cannot build over this tokenizer is a 400 with its reason, not an
+    empty 200; a GBNF chain of 800 rules (which llguidance converts in quadratic time) is
+    served under its grammar."""
+    client = gateway.client("demo-all")
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model=BASE,
+            messages=MESSAGES,
+            max_tokens=4,
+            extra_body={"structured_outputs": {"regex": "(.{1,1000}){1,100}"}},
+        )
+    assert refused.value.param == "structured_outputs.regex"
+    assert "too many expressions" in refused.value.message
+
+    rules = [f'r{i} ::= "(" r{i + 1} ")" | "x{i}"' for i in range(800)]
+    grammar = "\n".join(["root ::= r0", *rules, 'r800 ::= "x"'])
+    response = client.chat.completions.create(
+        model=BASE,
+        messages=MESSAGES,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"structured_outputs": {"grammar": grammar}},
+    )
+    text = response.choices[0].message.content or ""
+    depth = len(text) - len(text.lstrip("("))
+    whole = "(" * depth + f"x{depth}" + ")" * depth
+    if response.choices[0].finish_reason == "stop":
+        assert text == whole
+    else:
+        assert whole.startswith(text), text
+
+
 def test_the_user_is_recorded_in_the_usage_ledger(gateway: LiveGateway) -> None:
     response = gateway.client("demo-all").chat.completions.create(
         model="legal_advisor", messages=MESSAGES, max_tokens=2, user="end-user-42"

@@ -2,7 +2,8 @@
 nests 1,000 groups (which makes Python's ``re``, checking the schema, recurse past its
 limit), a repeat count ``re`` cannot hold, a regex nested as deep: each is a 400 naming the
 field, through ``response_format``, ``structured_outputs`` and a forced tool call, and
-nothing reaches the engine or the upstream (issue #23, item 5)."""
+nothing reaches the engine or the upstream (issue #23, item 5). So is a constraint llguidance
+cannot compile against the model's tokenizer, with llguidance's reason."""
 
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ def pathological_bodies() -> Iterator[tuple[str, dict[str, Any], str]]:
                 fields = {"tools": [PLAIN_TOOL, tool(schema)], "tool_choice": choice}
                 yield case, fields, parameters
     yield "deep regex", {"structured_outputs": {"regex": DEEP_GROUPS}}, "structured_outputs.regex"
+    for grammar in ("root ::= missing", 'root ::= ("a"', "start: undefined"):
+        yield grammar, {"structured_outputs": {"grammar": grammar}}, "structured_outputs.grammar"
 
 
 async def assert_refused(client: httpx.AsyncClient, model: str) -> None:
@@ -96,4 +99,15 @@ async def test_the_front_refuses_a_pathological_constraint_with_a_400(
 ) -> None:
     client, model = front_client
     await assert_refused(client, model)
+    # The front has the model's own tokenizer, over which llguidance cannot build this regex.
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "hi"}],
+        "structured_outputs": {"regex": "(.{1,1000}){1,100}"},
+    }
+    response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "structured_outputs.regex"
+    assert "too many expressions" in error["message"]
     assert upstream.requests == []

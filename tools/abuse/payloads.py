@@ -5,10 +5,11 @@ The constraint payloads are the costliest shapes within the gateway's bounds
 (``max_structured_output_bytes``, 32 KiB; ``max_json_schema_depth``, 32; regex groups nested at
 most 32 deep): long counted repetitions, deep rule chains, wide alternations, ambiguity. What
 they cost depends on vLLM's backend. With ``structured_outputs_compact`` (the default) it is
-llguidance, which builds its automata lazily: the cost falls on each engine step's token mask,
-which every request in the batch waits for. With it off it is xgrammar, which compiles up
-front, in the engine core. Each variant differs in a number, so that no grammar cache answers
-for a previous one.
+llguidance, which compiles in the engine core between steps and computes each step's token
+mask, which every request in the batch waits for; GBNF grammars were converted in Python,
+in time quadratic in a chain of rules (the gateway now converts them: app/serving/gbnf.py).
+With it off it is xgrammar, which compiles up front, in the engine core. Each variant differs
+in a number, so that no grammar cache answers for a previous one.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from vllm import CompletionOutput, RequestOutput, SamplingParams
 
@@ -23,7 +23,15 @@ VOCABULARY = 256
 
 class CharTokenizer:
     """One token per character: tokenising costs the gateway what a short prompt does (the
-    serving tests' scripted engine uses it too)."""
+    serving tests' scripted engine uses it too). Its tokens are bytes, 0 the end of text: what
+    llguidance needs to compile an output constraint against it."""
+
+    eos_token_id = 0
+    bos_token_id = None
+    tokens: ClassVar[list[bytes]] = [bytes([token]) for token in range(VOCABULARY)]
+
+    def __call__(self, text: str) -> list[int]:
+        return self.encode(text)
 
     def __len__(self) -> int:
         return VOCABULARY
