@@ -44,7 +44,7 @@ def serve(settings: Settings) -> None:
     # httpx logs every request at INFO: in the front role, one line per forwarded request.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     if settings.role == "engine":  # vLLM's own server with our plugins, no gateway app
-        from app.engine.engine_server import serve_engine
+        from app.engine_role.server import serve_engine
 
         sys.exit(serve_engine(settings))
     server.run(create_app(settings), settings)

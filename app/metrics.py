@@ -4,7 +4,7 @@ that exports them from all of the gateway's processes on one endpoint.
 Samples are recorded in several processes: the gateway itself (FastAPI and
 vLLM's front end, where vLLM keeps its own ``vllm:*`` metrics) and vLLM's
 engine core and worker processes, where adapters are loaded and swapped
-(:mod:`app.engine.residency`). prometheus_client's multiprocess mode joins
+(:mod:`app.inside_vllm.residency`). prometheus_client's multiprocess mode joins
 them: each process writes its samples to files in ``PROMETHEUS_MULTIPROC_DIR``
 and ``GET /metrics`` merges every file (:func:`collection_registry`), as
 vLLM's own server does (``vllm.v1.metrics.prometheus.get_prometheus_registry``).

@@ -36,7 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from app.engine.vllm_plugin import ENV_VAR as ISOLATION_FIX_ENV
+from app.inside_vllm.plugin import ENV_VAR as ISOLATION_FIX_ENV
 from app.settings import EMBEDDED_MODEL_DIR
 from bench.random_adapters import make_random_adapter
 
@@ -207,7 +207,7 @@ def profile_steps(adapter_dirs: Sequence[Path]) -> str:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from app.engine.punica_wrapper import PlannedPunicaWrapper
+    from app.inside_vllm.punica_wrapper import PlannedPunicaWrapper
 
     in_lora = [0.0]
     project = PlannedPunicaWrapper.add_lora_linear
@@ -249,7 +249,7 @@ def profile_ops(tokens: int, adapters: int, steps: int = 3) -> str:
     from torch.profiler import ProfilerActivity, profile
     from vllm.lora.layers.utils import LoRAMapping
 
-    from app.engine.punica_wrapper import PlannedPunicaWrapper
+    from app.inside_vllm.punica_wrapper import PlannedPunicaWrapper
 
     config = json.loads((EMBEDDED_MODEL_DIR / "config.json").read_text())
     hidden, inner = config["hidden_size"], config["intermediate_size"]

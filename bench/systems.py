@@ -27,7 +27,7 @@ from typing import IO, Any, Protocol
 
 import httpx
 
-from app.engine.vllm_plugin import ENV_VAR as ISOLATION_FIX_ENV
+from app.inside_vllm.plugin import ENV_VAR as ISOLATION_FIX_ENV
 from app.settings import Settings
 from bench.client import Call
 from bench.random_adapters import BenchAdapter

@@ -1,1 +1,2 @@
-"""The inference engine behind a narrow interface, and our vLLM plugin."""
+"""The gateway's engine client: the interface the serving layer runs requests on, and its
+implementation on vLLM's in-process engine."""

@@ -21,9 +21,9 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
 from app.engine.base import EngineLoad
-from app.engine.vllm_plugin import ENV_VAR as ISOLATION_FIX_ENV
-from app.engine.vllm_plugin import require_isolation_fix
 from app.errors import BadRequestError, EngineUnavailableError
+from app.inside_vllm.plugin import ENV_VAR as ISOLATION_FIX_ENV
+from app.inside_vllm.plugin import require_isolation_fix
 from app.settings import Settings
 from app.tenancy.adapters import Adapter
 
@@ -199,7 +199,7 @@ def _request_refusal(exc: BaseException) -> BadRequestError | None:
 async def start_vllm_engine(settings: Settings) -> AsyncIterator[VLLMEngine]:
     """The running engine; shut down (child processes included) on exit.
 
-    Refuses to start (:class:`~app.engine.vllm_plugin.IsolationFixUnavailable`) on CPU when
+    Refuses to start (:class:`~app.inside_vllm.plugin.IsolationFixUnavailable`) on CPU when
     the isolation fix would not be active in the engine's processes."""
     isolation = require_isolation_fix(
         settings.isolation_fix, is_cpu=current_platform.is_cpu(), vllm_version=vllm.__version__

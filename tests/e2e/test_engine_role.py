@@ -285,7 +285,7 @@ def test_metrics_name_the_global_name_as_the_epp_reads_them(cluster: Cluster) ->
 
 def test_the_isolation_fix_is_active_in_every_vllm_process(cluster: Cluster) -> None:
     log = cluster.engines[0].log_text()
-    assert "INFO app.engine.engine_server: CPU punica isolation fix: active" in log
+    assert "INFO app.engine_role.server: CPU punica isolation fix: active" in log
     active = [line for line in log.splitlines() if "CPU punica isolation fix active" in line]
     processes = {line.split()[1] for line in active}
     assert {"MainProcess", "EngineCore"} <= processes and len(processes) >= 3, active

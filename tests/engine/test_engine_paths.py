@@ -13,8 +13,8 @@ from starlette.routing import Route
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-from app.engine.engine_paths import ENGINE_PATHS, EnginePathsOnly
-from app.engine.engine_server import PATHS_MIDDLEWARE, vllm_server_argv
+from app.engine_role.paths import ENGINE_PATHS, EnginePathsOnly
+from app.engine_role.server import PATHS_MIDDLEWARE, vllm_server_argv
 from app.settings import Settings
 
 

@@ -15,10 +15,10 @@ from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
-from app.engine import vllm_plugin
 from app.engine.vllm_engine import VLLMEngine
-from app.engine.vllm_plugin import IsolationFixUnavailable, require_isolation_fix
 from app.errors import BadRequestError, EngineUnavailableError
+from app.inside_vllm import plugin as vllm_plugin
+from app.inside_vllm.plugin import IsolationFixUnavailable, require_isolation_fix
 
 
 class FailingLLM:
@@ -87,7 +87,7 @@ async def test_a_dead_engine_is_a_503() -> None:
 # -- the isolation fix must be active on CPU ------------------------------------------------------
 
 OURS = metadata.EntryPoint(
-    name="lora_gateway", value="app.engine.vllm_plugin:register", group="vllm.general_plugins"
+    name="lora_gateway", value="app.inside_vllm.plugin:register", group="vllm.general_plugins"
 )
 OTHER = metadata.EntryPoint(
     name="lora_filesystem_resolver", value="vllm.plugins:x", group="vllm.general_plugins"

@@ -12,8 +12,9 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-from app.engine import engine_server
-from app.engine.engine_server import (
+from app.engine.vllm_engine import engine_args
+from app.engine_role import server as engine_server
+from app.engine_role.server import (
     VLLM_SERVER_MODULE,
     ResolverUnavailable,
     check_plugins,
@@ -21,13 +22,14 @@ from app.engine.engine_server import (
     vllm_server_argv,
     vllm_server_env,
 )
-from app.engine.vllm_engine import engine_args
-from app.engine.vllm_plugin import IsolationFixUnavailable
+from app.inside_vllm.plugin import IsolationFixUnavailable
 from app.settings import Settings
 
 GROUP = "vllm.general_plugins"
-OURS = metadata.EntryPoint("lora_gateway", "app.engine.vllm_plugin:register", GROUP)
-RESOLVER = metadata.EntryPoint("lora_gateway_resolver", "app.engine.lora_resolver:register", GROUP)
+OURS = metadata.EntryPoint("lora_gateway", "app.inside_vllm.plugin:register", GROUP)
+RESOLVER = metadata.EntryPoint(
+    "lora_gateway_resolver", "app.engine_role.lora_resolver:register", GROUP
+)
 
 
 def settings(**overrides: object) -> Settings:

@@ -17,8 +17,8 @@ from vllm.exceptions import GracefulHTTPError
 from vllm.lora.resolver import LoRAResolverRegistry
 
 from app.admin.service import AdminService
-from app.engine import lora_resolver
-from app.engine.lora_resolver import RESOLVER_NAME, StoreLoRAResolver
+from app.engine_role import lora_resolver
+from app.engine_role.lora_resolver import RESOLVER_NAME, StoreLoRAResolver
 from app.settings import EMBEDDED_MODEL_DIR, Settings
 from app.store.db import open_database
 from app.tenancy.base_model import BaseModelInfo

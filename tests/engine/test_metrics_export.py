@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY, values
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.api.metrics import router
-from app.engine.prometheus_recorder import PrometheusRecorder
+from app.inside_vllm.prometheus_recorder import PrometheusRecorder
 from app.metrics import METRICS, MULTIPROC_ENV, collection_registry, multiprocess_dir
 
 

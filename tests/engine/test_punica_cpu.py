@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from app.engine import punica_cpu as fixed
-from app.engine.punica_wrapper import PlannedPunicaWrapper
+from app.inside_vllm import punica_cpu as fixed
+from app.inside_vllm.punica_wrapper import PlannedPunicaWrapper
 
 SLOTS = 3
 IN_DIM, OUT_DIM, MAX_RANK = 24, 20, 8
@@ -247,7 +247,7 @@ def plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     import vllm.lora.punica_wrapper.punica_cpu as wrapper
     from vllm.lora.ops.torch_ops import lora_ops as upstream
 
-    from app.engine import vllm_plugin
+    from app.inside_vllm import plugin as vllm_plugin
 
     monkeypatch.setattr(vllm_plugin, "_outcome", None)
     for name in vllm_plugin.PATCHED_OPS:
@@ -267,7 +267,7 @@ def test_plugin_patches_wrapper_namespace_once(
     import vllm.lora.punica_wrapper.punica_cpu as wrapper
     from vllm.lora.ops.torch_ops import lora_ops as upstream
 
-    from app.engine import vllm_plugin
+    from app.inside_vllm import plugin as vllm_plugin
 
     caplog.set_level(logging.INFO, logger="lora_gateway.vllm_plugin")
     vllm_plugin.register()
@@ -291,7 +291,7 @@ def test_plugin_disabled_by_env(
 ) -> None:
     import vllm.lora.punica_wrapper.punica_cpu as wrapper
 
-    from app.engine import vllm_plugin
+    from app.inside_vllm import plugin as vllm_plugin
 
     caplog.set_level(logging.INFO, logger="lora_gateway.vllm_plugin")
     monkeypatch.setenv(vllm_plugin.ENV_VAR, value)
@@ -308,7 +308,7 @@ def test_plugin_skips_other_vllm_versions(plugin: object, monkeypatch: pytest.Mo
     import vllm
     import vllm.lora.punica_wrapper.punica_cpu as wrapper
 
-    from app.engine import vllm_plugin
+    from app.inside_vllm import plugin as vllm_plugin
 
     monkeypatch.setattr(vllm, "__version__", "0.33.0")
     vllm_plugin.register()
@@ -320,7 +320,7 @@ def test_plugin_skips_non_cpu_platforms(plugin: object, monkeypatch: pytest.Monk
     import vllm.lora.punica_wrapper.punica_cpu as wrapper
     from vllm.platforms import current_platform
 
-    from app.engine import vllm_plugin
+    from app.inside_vllm import plugin as vllm_plugin
 
     monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
     vllm_plugin.register()

@@ -7,8 +7,8 @@ import pytest
 import torch
 from vllm.lora.layers.utils import LoRAMapping
 
-from app.engine.lora_weights import PreparedLoRA
-from app.engine.punica_wrapper import PlannedPunicaWrapper, RowGroups
+from app.inside_vllm.lora_weights import PreparedLoRA
+from app.inside_vllm.punica_wrapper import PlannedPunicaWrapper, RowGroups
 
 SLOTS, IN_DIM, MAX_RANK, VOCAB = 8, 24, 8, 64
 SLICES = (20, 12, 12)  # a merged projection, like qkv

@@ -25,7 +25,7 @@ from vllm.lora.model_manager import AdapterLRUCache, LRUCacheLoRAModelManager
 from vllm.lora.request import LoRARequest
 from vllm.lora.worker_manager import LRUCacheWorkerLoRAManager
 
-from app.engine.residency import ResidencyTracker, instrument, split_engine_name
+from app.inside_vllm.residency import ResidencyTracker, instrument, split_engine_name
 from app.metrics import CacheTier, SwapStage, Tier
 from tests.engine.lru_walkthrough import (
     ACTIVATIONS,
@@ -43,7 +43,7 @@ STEPS_PER_REQUEST = 3  # a prefill and two decodes
 
 @dataclass
 class Recorded:
-    """A :class:`app.engine.residency.Recorder` keeping everything."""
+    """A :class:`app.inside_vllm.residency.Recorder` keeping everything."""
 
     uses: Counter[tuple[Tier, str, str]] = field(default_factory=Counter)
     swaps: dict[SwapStage, list[float]] = field(

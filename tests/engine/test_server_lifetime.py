@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from app.engine import parent_death
+from app.engine_role import parent_death
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's"
@@ -42,7 +42,7 @@ time.sleep(120)
 # and no plugin check (the stand-in loads none).
 LAUNCHER = """
 import sys
-from app.engine import engine_server
+from app.engine_role import server as engine_server
 from app.settings import Settings
 engine_server.check_plugins = lambda *args, **kwargs: "active"
 engine_server.vllm_server_argv = lambda _: [sys.executable, "-c", sys.argv[1], sys.argv[2]]

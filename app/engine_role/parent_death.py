@@ -1,5 +1,5 @@
 """Run a command that is sent SIGTERM when the process that started it dies, however it dies
-(SIGKILL, the OOM killer): ``python -m app.engine.parent_death PARENT_PID COMMAND...``.
+(SIGKILL, the OOM killer): ``python -m app.engine_role.parent_death PARENT_PID COMMAND...``.
 
 Linux's ``prctl(PR_SET_PDEATHSIG)`` asks for the signal; it is kept across ``exec``, so this
 sets it and then becomes ``COMMAND``. Setting it here, in a process of its own, rather than

@@ -9,21 +9,21 @@ router's EPP and llm-d's manifests expect: ``/v1/*``, ``/health``, ``/metrics`` 
   as command-line flags, the base model served as ``settings.base_model_id``;
 * ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` and ``VLLM_PLUGINS`` naming our two
   ``vllm.general_plugins``: ``lora_gateway`` (the CPU isolation fix, the residency
-  metrics: :mod:`app.engine.vllm_plugin`) and ``lora_gateway_resolver`` (global adapter
-  names from the shared store: :mod:`app.engine.lora_resolver`), and the settings the
+  metrics: :mod:`app.inside_vllm.plugin`) and ``lora_gateway_resolver`` (global adapter
+  names from the shared store: :mod:`app.engine_role.lora_resolver`), and the settings the
   resolver reads;
-* :class:`app.engine.engine_paths.EnginePathsOnly` as vLLM's ``--middleware``: the runtime
+* :class:`app.engine_role.paths.EnginePathsOnly` as vLLM's ``--middleware``: the runtime
   load/unload endpoints that flag mounts (and every other path but inference, ``/health`` and
   ``/metrics``) are refused;
 * a fresh ``PROMETHEUS_MULTIPROC_DIR``, so that the residency metrics, written in the engine
   core's process, reach the server's ``/metrics`` beside vLLM's own; removed at exit.
 
 As the in-process gateway does, it refuses to start when the isolation fix would not be
-active in vLLM's processes (:func:`app.engine.vllm_plugin.require_isolation_fix`).
+active in vLLM's processes (:func:`app.inside_vllm.plugin.require_isolation_fix`).
 SIGTERM and SIGINT are passed on to vLLM's server, which drains and exits; its exit status
 is the role's. vLLM's processes never outlive the role: vLLM's server is sent SIGTERM when
 the role's process dies however it dies (SIGKILL, the OOM killer; see
-:mod:`app.engine.parent_death`), and stops its engine core and workers as on any SIGTERM;
+:mod:`app.engine_role.parent_death`), and stops its engine core and workers as on any SIGTERM;
 when vLLM's server itself dies (killed outright, it leaves them running), what remains of its
 process group is killed before the role exits.
 """
@@ -43,9 +43,9 @@ from collections.abc import Callable, Iterable, Mapping
 from importlib import metadata
 from types import FrameType
 
-from app.engine.parent_death import dying_with_this_process
-from app.engine.vllm_plugin import ENV_VAR as ISOLATION_FIX_ENV
-from app.engine.vllm_plugin import (
+from app.engine_role.parent_death import dying_with_this_process
+from app.inside_vllm.plugin import ENV_VAR as ISOLATION_FIX_ENV
+from app.inside_vllm.plugin import (
     PLUGIN_GROUP,
     PLUGIN_NAME,
     IsolationFixUnavailable,
@@ -57,10 +57,10 @@ logger = logging.getLogger(__name__)
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 RESOLVER_PLUGIN_NAME = "lora_gateway_resolver"
-RESOLVER_TARGET = "app.engine.lora_resolver:register"
+RESOLVER_TARGET = "app.engine_role.lora_resolver:register"
 PLUGINS = f"{PLUGIN_NAME},{RESOLVER_PLUGIN_NAME}"
 GIB = 1 << 30
-PATHS_MIDDLEWARE = "app.engine.engine_paths.EnginePathsOnly"
+PATHS_MIDDLEWARE = "app.engine_role.paths.EnginePathsOnly"
 
 
 def vllm_server_argv(settings: Settings) -> list[str]:

@@ -4,10 +4,10 @@ vLLM calls :func:`register` (entry point ``vllm.general_plugins`` ->
 ``lora_gateway``) in the front-end process, the engine core and each worker,
 before any model or LoRA wrapper is built. It swaps the CPU punica ops that
 ``vllm.lora.punica_wrapper.punica_cpu`` looked up at import time for the
-tenant-isolating ones in :mod:`app.engine.punica_cpu` (see there for the bug),
-and its ``PunicaWrapperCPU`` for :mod:`app.engine.punica_wrapper`'s, which
+tenant-isolating ones in :mod:`app.inside_vllm.punica_cpu` (see there for the bug),
+and its ``PunicaWrapperCPU`` for :mod:`app.inside_vllm.punica_wrapper`'s, which
 plans each step's adapter grouping once instead of in every layer. It also
-instruments vLLM's LoRA caches for :mod:`app.engine.residency`'s metrics.
+instruments vLLM's LoRA caches for :mod:`app.inside_vllm.residency`'s metrics.
 
 Applied only on vLLM 0.32.x on the CPU platform; ``LORA_GATEWAY_ISOLATION_FIX=0``
 (or ``false``) turns it off. On CPU the fix is a correctness requirement, so the gateway checks
@@ -60,14 +60,14 @@ def _make_visible() -> None:
 
 
 def register() -> None:
-    """Install the adapter residency metrics (:mod:`app.engine.residency`) and
+    """Install the adapter residency metrics (:mod:`app.inside_vllm.residency`) and
     apply the CPU punica isolation fix where needed; idempotent."""
     global _outcome
     if _outcome is not None:
         return
     _make_visible()
     # Adapter residency metrics: on every platform, whatever the fix's switch.
-    from app.engine import residency
+    from app.inside_vllm import residency
 
     residency.install()
 
@@ -100,8 +100,8 @@ def register() -> None:
     # its namespace; vllm.lora.ops.torch_ops itself is left as shipped.
     import vllm.lora.punica_wrapper.punica_cpu as upstream
 
-    from app.engine import punica_cpu
-    from app.engine.punica_wrapper import PlannedPunicaWrapper
+    from app.inside_vllm import punica_cpu
+    from app.inside_vllm.punica_wrapper import PlannedPunicaWrapper
 
     for name in PATCHED_OPS:
         setattr(upstream, name, getattr(punica_cpu, name))

@@ -4,14 +4,14 @@ vLLM's ``PunicaWrapperCPU`` hands every LoRA projection of every layer (about
 120 calls per step for the embedded model, each with up to three slices) to
 free-function ops that re-derive the token-to-adapter layout from index
 tensors: upstream by gathering a copy of the adapter weights for every token,
-our isolation-fixed ops (:mod:`app.engine.punica_cpu`) by grouping the rows
+our isolation-fixed ops (:mod:`app.inside_vllm.punica_cpu`) by grouping the rows
 again on each call. Since vLLM 0.32 always takes the segmented (``sgmv``)
 path, a decode batch whose adapters interleave becomes one segment, hence one
 matmul, per token.
 
 :class:`PlannedPunicaWrapper` plans once per step, in ``update_metadata``
 (:class:`RowGroups`), and multiplies by weights prepared once per adapter load
-(:mod:`app.engine.lora_weights`: each slot at its own rank, its slices side by
+(:mod:`app.inside_vllm.lora_weights`: each slot at its own rank, its slices side by
 side, nothing for a layer its adapter skips). Every projection follows the plan:
 
 * runs of rows sharing an adapter, when they are long (prefill: one per prompt)
@@ -27,7 +27,7 @@ and to the layer's weights. A decode batch keeps its plan from step to step
 until a request joins or leaves, so most steps only make those calls.
 
 Rows without an adapter (slot ``-1``) are never touched, which keeps the
-tenant isolation of :mod:`app.engine.punica_cpu`. Calls whose row count does
+tenant isolation of :mod:`app.inside_vllm.punica_cpu`. Calls whose row count does
 not match the plan (vLLM pads or broadcasts rows in a few paths) fall back to
 vLLM's wrapper methods, which the plugin has pointed at those ops.
 
@@ -50,7 +50,7 @@ import torch
 from vllm.lora.layers.utils import LoRAMapping
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 
-from app.engine.lora_weights import LayerLoRA, PreparedLoRA, matrices, used_ranks
+from app.inside_vllm.lora_weights import LayerLoRA, PreparedLoRA, matrices, used_ranks
 
 # Runs of rows sharing an adapter are computed in place, a few matmuls per run, when they
 # are long on average (prefill), or hardly more than the groups: gathering and scattering

@@ -1,6 +1,6 @@
 """vLLM LoRA resolver: an engine serves an adapter version by its global name, ``name@vN``.
 
-In the engine role (:mod:`app.engine.engine_server`) vLLM's OpenAI server meets a request
+In the engine role (:mod:`app.engine_role.server`) vLLM's OpenAI server meets a request
 whose ``model`` is neither the base model nor an adapter it has loaded; with
 ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` it takes a lock for that name, asks every registered
 :class:`~vllm.lora.resolver.LoRAResolver`, and loads what one returns with ``add_lora``

@@ -377,7 +377,7 @@ def install() -> None:
         from vllm.lora.worker_manager import LRUCacheWorkerLoRAManager
         from vllm.v1.worker.worker_base import WorkerWrapperBase
 
-        from app.engine.prometheus_recorder import PrometheusRecorder
+        from app.inside_vllm.prometheus_recorder import PrometheusRecorder
 
         tracker = ResidencyTracker(PrometheusRecorder())
         instrument(

@@ -60,7 +60,7 @@ def _mark_dead(pid: int) -> None:
 
 
 class PrometheusRecorder:
-    """A :class:`app.engine.residency.Recorder` writing to :mod:`app.metrics`.
+    """A :class:`app.inside_vllm.residency.Recorder` writing to :mod:`app.metrics`.
 
     Silent on ranks that do not report (:func:`is_reporting_rank`, decided at
     the first event, when vLLM's parallel state is set up).
