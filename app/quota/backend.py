@@ -295,6 +295,12 @@ class QuotaBackend(ABC):
         return result
 
 
+def shown(subject: str) -> str:
+    """A subject as a refusal names it: a tenant's subject carries its incarnation after "@"
+    (:attr:`app.tenancy.tenants.Tenant.quota_subject`), which is ours, not the tenant's."""
+    return subject.partition("@")[0]
+
+
 def _check_request(subjects: tuple[tuple[str, Limits], ...], tokens: int) -> None:
     if tokens < 0:
         raise ValueError("tokens must not be negative")
@@ -305,7 +311,7 @@ def _check_request(subjects: tuple[tuple[str, Limits], ...], tokens: int) -> Non
         tpm = limits.tokens_per_minute
         if tpm is not None and tokens > tpm:
             raise QuotaTooLarge(
-                f"Request too large for {subject} on tokens per minute (TPM): Limit {tpm}, "
+                f"Request too large for {shown(subject)} on tokens per minute (TPM): Limit {tpm}, "
                 f"Requested {tokens}. Reduce the prompt or max_tokens.",
                 limit="tokens",
                 subject=subject,
@@ -313,7 +319,7 @@ def _check_request(subjects: tuple[tuple[str, Limits], ...], tokens: int) -> Non
         budget = limits.token_budget
         if budget is not None and tokens > budget:
             raise QuotaTooLarge(
-                f"Request too large for {subject}'s token budget: Limit {budget} per "
+                f"Request too large for {shown(subject)}'s token budget: Limit {budget} per "
                 f"{limits.budget_period}, Requested {tokens}. Reduce the prompt or max_tokens.",
                 limit="budget",
                 subject=subject,
@@ -340,7 +346,7 @@ def _exceeded(subjects: Subjects, tokens: int | None, refused: Refused) -> Quota
         v = spent[0]
         subject, limits = subjects[v.index]
         return QuotaExceeded(
-            f"You exceeded the token budget of {subject}: Limit {limits.token_budget} per "
+            f"You exceeded the token budget of {shown(subject)}: Limit {limits.token_budget} per "
             f"{limits.budget_period} (UTC), Used {v.used:.0f}{requested}. "
             f"It renews at the start of the next {limits.budget_period}.",
             limit="budget",
@@ -354,7 +360,7 @@ def _exceeded(subjects: Subjects, tokens: int | None, refused: Refused) -> Quota
     subject, limits = subjects[v.index]
     if v.limit == "concurrent":
         message = (
-            f"Too many concurrent requests for {subject}: Limit {limits.max_concurrent}, "
+            f"Too many concurrent requests for {shown(subject)}: Limit {limits.max_concurrent}, "
             f"In flight {v.used:.0f}. Please try again when a request has finished."
         )
     else:
@@ -363,7 +369,7 @@ def _exceeded(subjects: Subjects, tokens: int | None, refused: Refused) -> Quota
         if v.limit == "requests":
             requested = ", Requested 1"
         message = (
-            f"Rate limit reached for {subject} on {name}: Limit {limit}, "
+            f"Rate limit reached for {shown(subject)} on {name}: Limit {limit}, "
             f"Used {math.ceil(v.used - 1e-6)}{requested}. "
             f"Please try again in {format_duration(wait)}."
         )

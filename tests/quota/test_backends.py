@@ -636,3 +636,16 @@ async def test_a_refused_request_without_a_requests_limit_counts_nowhere(
     assert (usage.requests, usage.tokens, usage.concurrent) == (None, 0, 0)
     with pytest.raises(ValueError, match="duplicate"):
         await backend.charge_refused([(TENANT, limits), (TENANT, limits)])
+
+
+async def test_a_refusal_names_the_tenant_not_its_incarnation(backend: QuotaBackend) -> None:
+    subject = "acme@0f3c9a1e"  # Tenant.quota_subject: the id, then the incarnation's uid
+    limits = Limits(requests_per_minute=1, token_budget=10, budget_period="day")
+    await backend.reserve([(subject, limits)], 1)
+    messages = []
+    for tokens in (1, 11):  # past the rate; larger than the budget
+        with pytest.raises((QuotaExceeded, QuotaTooLarge)) as refused:
+            await backend.reserve([(subject, limits)], tokens)
+        messages.append(refused.value.message)
+    for message in messages:
+        assert "acme" in message and "0f3c9a1e" not in message and "@" not in message, message
