@@ -1,6 +1,7 @@
 """The gateway's error hierarchy; each error knows its OpenAI-shaped rendering.
 
 GatewayError                      500 server_error
+├── GenerationFailedError             generation_failed (the engine ended a request with an error)
 ├── AuthenticationError           401 invalid_api_key
 ├── PermissionDeniedError         403 (tenant disabled)
 ├── ModelNotFoundError            404 model_not_found
@@ -82,6 +83,10 @@ class RequestTooLargeError(BadRequestError):
 
     def __init__(self, limit: int) -> None:
         super().__init__(f"The request body is larger than the limit of {limit} bytes.")
+
+
+class GenerationFailedError(GatewayError):
+    code = "generation_failed"
 
 
 class EngineUnavailableError(GatewayError):

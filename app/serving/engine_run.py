@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from vllm import RequestOutput
 
 from app.engine.base import Engine
+from app.errors import GenerationFailedError
 from app.quota import Reservation
 from app.serving.generation import Generation
 from app.serving.tracking import Outcome, TokenMeter
@@ -67,6 +68,13 @@ class EngineRun:
         try:
             async for output in self._stream:
                 self._observe(output)
+                if any(choice.finish_reason == "error" for choice in output.outputs):
+                    # As vLLM's own server: an end the engine calls an error is a 500, not
+                    # "stop" (e.g. a grammar llguidance gave up on mid-way).
+                    raise GenerationFailedError(
+                        "The engine ended this request with an error; what it produced "
+                        "until then is charged."
+                    )
                 yield output
         except Exception:
             self._failed = True

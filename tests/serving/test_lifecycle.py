@@ -199,6 +199,29 @@ async def test_an_engine_failure_mid_stream_is_one_error_event(serve: ServeFacto
         assert (await quota_usage(served)).concurrent == 0
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_end_the_engine_calls_an_error_is_a_500_charged_what_it_produced(
+    serve: ServeFactory, stream: bool
+) -> None:
+    engine = ScriptedEngine(last_finish_reason="error")
+    async with serve(engine) as served:
+        await served.set_quota(max_concurrent_requests=1)
+        async with served.client() as client:
+            body = chat(served, max_tokens=4, stream=stream)
+            response = await client.post("/v1/chat/completions", json=body)
+        if stream:
+            events = sse_events(response.text)
+            error = events[-2]["error"]
+        else:
+            assert response.status_code == 500
+            error = response.json()["error"]
+        assert (error["type"], error["code"]) == ("server_error", "generation_failed")
+        await served.settled()
+        [record] = await served.usage_records()
+        assert (record.status, record.completion_tokens) == ("error", 4)
+        assert (await quota_usage(served)).concurrent == 0
+
+
 async def test_an_engine_refusal_is_a_400_and_holds_nothing(serve: ServeFactory) -> None:
     engine = ScriptedEngine(fail_after=0, error=BadRequestError("bad", param="seed"))
     async with serve(engine) as served:

@@ -61,11 +61,13 @@ class ScriptedEngine:
         step_seconds: float = 0.0,
         fail_after: int | None = None,
         error: Exception | None = None,
+        last_finish_reason: str = "length",
     ) -> None:
         self.max_model_len = max_model_len
         self.step_seconds = step_seconds
         self.fail_after = fail_after
         self.error = error or RuntimeError("scripted engine failure")
+        self.last_finish_reason = last_finish_reason
         self.requests: dict[str, ScriptedRequest] = {}
         self.aborted: list[str] = []
         self._tokenizer = CharTokenizer()
@@ -150,7 +152,8 @@ class ScriptedEngine:
             last = request.produced == budget
             token = len(request.prompt_token_ids) + request.produced
             request.finished = last
-            request.put(self._output(request, [token], finish_reason="length" if last else None))
+            finish_reason = self.last_finish_reason if last else None
+            request.put(self._output(request, [token], finish_reason=finish_reason))
 
     def _output(
         self, request: ScriptedRequest, tokens: list[int], *, finish_reason: str | None
