@@ -21,11 +21,11 @@ DEMO_ADAPTERS := $(shell $(PYTHON) -c 'from tools.demo.training import DEMO_ADAP
 $(if $(DEMO_ADAPTERS),,$(error could not read the demo adapters' names from tools/demo/training.py with $(PYTHON)))
 
 
-.PHONY: install model adapters demo serve services test test-fast bench bench-quick bench-lora gateway-cost soak lint clean help
+.PHONY: install model adapters demo serve services test test-fast coverage bench bench-quick bench-lora gateway-cost soak lint clean help
 
 help:
 	@sed -n 's/^# \{0,1\}//p' Makefile | head -7
-	@echo "targets: install model adapters demo serve services test test-fast bench bench-quick bench-lora gateway-cost soak lint clean"
+	@echo "targets: install model adapters demo serve services test test-fast coverage bench bench-quick bench-lora gateway-cost soak lint clean"
 
 install: $(VENV)/.installed
 
@@ -85,6 +85,10 @@ test: install model adapters services
 
 test-fast: install services
 	$(BIN)/python -m pytest -ra -m "not slow"
+
+# The whole suite with line coverage of app/ (slower than `make test`; the figure to keep).
+coverage: install model adapters services
+	$(BIN)/python -m pytest -ra --cov=app --cov-report=term:skip-covered --cov-report=json:var/coverage.json
 
 # schemathesis over /openapi.json (the scripted engine, no model), FUZZ_EXAMPLES examples per
 # operation and phase, valid and invalid input; `make test` runs the same suite smaller.
