@@ -1,29 +1,26 @@
-"""The objects a request handler reaches, one set per app (kept on ``app.state``)."""
+"""The objects a request handler reaches, one set per app (kept on ``app.state``): the
+tenants' registry and its store, the quotas, admission, the usage ledger, and the
+:class:`~app.serving.backend.Backend` that runs requests once it has started."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Coroutine, Iterable
-from contextlib import asynccontextmanager, suppress
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.admin.service import AdminService
-from app.engine.base import Engine
 from app.errors import EngineUnavailableError
-from app.protocol import ChatCompletionRequest, CompletionRequest
 from app.quota import backend_from_url
-from app.scheduling import admission_for
-from app.serving.chat import ChatService
-from app.serving.completions import CompletionService
-from app.serving.front import Front
+from app.serving.backend import Backend, BackendFactory
 from app.serving.inflight import InFlight
 from app.serving.structured import OutputConstraints
 from app.serving.tools import tool_parser_class
-from app.serving.tracking import RequestTracker, Service
+from app.serving.tracking import RequestTracker
 from app.settings import Settings
 from app.store.snapshot import load_registry, revision
 from app.tenancy.adapters import Adapter
@@ -45,8 +42,10 @@ class Gateway:
         settings: Settings,
         sessions: async_sessionmaker[AsyncSession],
         base_model: BaseModelInfo,
+        backends: BackendFactory,
     ) -> None:
         self.settings = settings
+        self.backends = backends
         self.sessions = sessions
         self.registry = TenantRegistry([], [], base_model_id=settings.base_model_id)
         self.admin = AdminService.from_settings(
@@ -65,7 +64,7 @@ class Gateway:
             fail_open=settings.quota_fail_open,
             lease_seconds=settings.quota_lease_seconds,
         )
-        self.admission = admission_for(settings)
+        self.admission = backends.admission
         self.tracker = RequestTracker(
             lambda: self.registry,
             self.in_flight,
@@ -74,13 +73,11 @@ class Gateway:
             self.background,
             admission=self.admission,
             lease_seconds=settings.quota_lease_seconds,
-            # The front names adapters by global name: their content is the engines' to fetch.
-            held_copy=None if settings.role == "front" else self.admin.storage.held_copy,
+            held_copy=self.admin.storage.held_copy if backends.holds_adapter_copies else None,
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self.startup_error: str | None = None
-        self._engine: Engine | None = None
-        self._front: Front | None = None
+        self._backend: Backend | None = None
         self._revision = -1
         self._used_keys: set[str] = set()
 
@@ -153,61 +150,40 @@ class Gateway:
             logger.error("background task failed", exc_info=task.exception())
 
     async def retire(self, adapters: Iterable[Adapter]) -> None:
-        """Free removed versions' engine slots once their last request is done."""
+        """Free removed versions' resources once their last request is done."""
         for adapter in adapters:
             await self.in_flight.wait_idle(adapter)
-            if self._engine is not None:
-                await self._engine.remove_adapter(adapter)
+            if self._backend is not None:
+                await self._backend.retire(adapter)
 
-    # -- the engine -------------------------------------------------------------
+    # -- the backend ----------------------------------------------------------------
 
-    def attach_engine(self, engine: Engine | None) -> None:
-        self._engine = engine
-        self.admission.follow(engine)
+    async def start_backend(self, stack: AsyncExitStack) -> None:
+        """Open the backend on ``stack`` (closed with it); a failure is kept, not raised: the
+        server then answers 503 saying so, and exits (app/server.py)."""
+        try:
+            self._backend = await stack.enter_async_context(
+                self.backends.open(self.output_constraints, self.tool_parser)
+            )
+        except Exception as exc:
+            self.startup_error = f"{type(exc).__name__}: {exc}"
+            logger.exception("%s failed to start", self.backends.name)
 
-    def attach_front(self, front: Front | None) -> None:
-        self._front = front
+    def stop_backend(self) -> None:
+        self._backend = None
 
     @property
-    def engine(self) -> Engine:
-        if self._engine is None:
+    def backend(self) -> Backend:
+        """What runs requests; :class:`EngineUnavailableError` until it has started."""
+        if self._backend is None:
+            subject = self.backends.name[0].upper() + self.backends.name[1:]
             raise EngineUnavailableError(
-                "The inference engine is starting; retry shortly."
+                f"{subject} is starting; retry shortly."
                 if self.startup_error is None
-                else "The inference engine failed to start."
+                else f"{subject} failed to start."
             )
-        return self._engine
-
-    @property
-    def front(self) -> Front:
-        """The front role's tokenizer and upstream, once loaded."""
-        if self._front is None:
-            raise EngineUnavailableError(
-                "The gateway is starting; retry shortly."
-                if self.startup_error is None
-                else "The gateway failed to start."
-            )
-        return self._front
+        return self._backend
 
     async def check_ready(self) -> None:
-        """Raise :class:`EngineUnavailableError` unless requests can be served: the engine is
-        healthy or, in the front role, the front has started. A front does not follow the
-        store or the upstream, which all fronts share: were their outage to take every front
-        out of its Service, clients would get the ingress's own 503 instead of the front's
-        OpenAI-shaped one (and a front serves from its registry while the store is down)."""
-        if self.settings.role != "front":
-            await self.engine.check_health()
-            return
-        self.front  # noqa: B018 - raises until the front has started
-
-    @property
-    def chat(self) -> Service[ChatCompletionRequest, Any]:
-        if self.settings.role == "front":
-            return self.front.chat
-        return ChatService(self.engine, self.output_constraints, self.tool_parser)
-
-    @property
-    def completions(self) -> Service[CompletionRequest, Any]:
-        if self.settings.role == "front":
-            return self.front.completions
-        return CompletionService(self.engine, self.output_constraints)
+        """Raise :class:`EngineUnavailableError` unless requests can be served."""
+        await self.backend.check_ready()

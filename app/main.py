@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI
 
@@ -15,52 +15,22 @@ from app.api.admin import router as admin_router
 from app.api.errors import install_error_handlers
 from app.api.middleware import EarlyRefusalMiddleware, RequestIdMiddleware
 from app.api.streaming import GatewayApp
-from app.engine.base import Engine
 from app.gateway import Gateway
 from app.metrics import multiprocess_dir
-from app.serving.front import open_front
-from app.serving.generation import longest_token_bytes
+from app.serving.backend import backend_factory
+from app.serving.in_process import EngineFactory, start_vllm_engine
 from app.settings import Settings
 from app.store.db import open_database
 from app.tenancy.base_model import BaseModelInfo
 
 logger = logging.getLogger(__name__)
 
-EngineFactory = Callable[[Settings], AbstractAsyncContextManager[Engine]]
-
-
-def default_engine_factory(settings: Settings) -> AbstractAsyncContextManager[Engine]:
-    from app.engine.vllm_engine import start_vllm_engine  # imports vLLM: only when used
-
-    return start_vllm_engine(settings)
-
-
-async def _start_engine(stack: AsyncExitStack, factory: EngineFactory, gateway: Gateway) -> None:
-    try:
-        engine = await stack.enter_async_context(factory(gateway.settings))
-        # Read once before the first request, which would otherwise wait for it.
-        await asyncio.to_thread(longest_token_bytes, engine.tokenizer)
-        gateway.attach_engine(engine)
-        logger.info("engine ready: serving %s", gateway.settings.model)
-    except Exception as exc:
-        gateway.startup_error = f"{type(exc).__name__}: {exc}"
-        logger.exception("engine failed to start")
-
-
-async def _start_front(stack: AsyncExitStack, gateway: Gateway) -> None:
-    """The front role's tokenizer and upstream connection, in place of an engine."""
-    try:
-        front = open_front(gateway.settings, gateway.output_constraints, gateway.tool_parser)
-        gateway.attach_front(await stack.enter_async_context(front))
-        logger.info("front ready: forwarding to %s", gateway.settings.upstream_url)
-    except Exception as exc:
-        gateway.startup_error = f"{type(exc).__name__}: {exc}"
-        logger.exception("front failed to start")
-
 
 def create_app(
-    settings: Settings | None = None, *, engine_factory: EngineFactory = default_engine_factory
+    settings: Settings | None = None, *, engine_factory: EngineFactory = start_vllm_engine
 ) -> FastAPI:
+    """The gateway's app for ``settings``; ``engine_factory`` starts the in-process engine
+    (tests pass a scripted one)."""
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -71,7 +41,9 @@ def create_app(
             app.state.metrics_dir = stack.enter_context(multiprocess_dir())
             sessions = await stack.enter_async_context(open_database(settings.database_url))
             base_model = await asyncio.to_thread(BaseModelInfo.for_settings, settings)
-            gateway = Gateway(settings, sessions, base_model)
+            # After the metrics directory: admission writes its gauges from the start.
+            backends = backend_factory(settings, engine_factory)
+            gateway = Gateway(settings, sessions, base_model, backends)
             stack.push_async_callback(gateway.quota.close)
             await gateway.reload()
             app.state.gateway = gateway
@@ -82,20 +54,15 @@ def create_app(
                     metrics.metrics_listener(metrics_app, settings)
                 )
             await stack.enter_async_context(gateway.running())
-            # The engine (or the front's tokenizer) loads in the background: the server
-            # answers /healthz (and 503 elsewhere) while it loads.
-            starting = asyncio.create_task(
-                _start_front(stack, gateway)
-                if settings.role == "front"
-                else _start_engine(stack, engine_factory, gateway)
-            )
+            # The backend (the engine, or the front's tokenizer) loads in the background: the
+            # server answers /healthz (and 503 elsewhere) while it loads.
+            starting = asyncio.create_task(gateway.start_backend(stack))
             try:
                 yield
             finally:
                 # A half-built engine must still be shut down: wait for it.
                 await starting
-                gateway.attach_engine(None)
-                gateway.attach_front(None)
+                gateway.stop_backend()
 
     app = GatewayApp(
         title="LoRA Gateway",

@@ -121,11 +121,9 @@ class GatewayServer(uvicorn.Server):
             if gateway is None:
                 continue
             try:
-                # The front role has no engine: it has started once its front is in place.
-                engine = gateway.engine if gateway.settings.role != "front" else gateway.front
+                backend = gateway.backend
             except EngineUnavailableError:
                 if gateway.startup_error is not None:
-                    # In the front role what failed is its tokenizer or upstream client.
                     self.fail(
                         STARTUP_FAILURE, f"the gateway failed to start: {gateway.startup_error}"
                     )
@@ -133,10 +131,8 @@ class GatewayServer(uvicorn.Server):
             if not started:
                 started = True
                 freeze_startup_objects()
-            if gateway.settings.role == "front":
-                continue
             try:
-                await engine.check_health()
+                await backend.check_alive()
             except EngineUnavailableError:
                 self.fail(ENGINE_DEAD, "the inference engine died")
 

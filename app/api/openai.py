@@ -66,7 +66,7 @@ async def create_chat_completion(
     principal: CurrentPrincipal,
     request_id: RequestId,
 ) -> Response:
-    return CompletionResponse(gateway.tracker, gateway.chat, body, principal, request_id)
+    return CompletionResponse(gateway.tracker, gateway.backend.chat, body, principal, request_id)
 
 
 @router.post("/completions", response_model=Completion, responses=GENERATION_RESPONSES)
@@ -76,7 +76,9 @@ async def create_completion(
     principal: CurrentPrincipal,
     request_id: RequestId,
 ) -> Response:
-    return CompletionResponse(gateway.tracker, gateway.completions, body, principal, request_id)
+    return CompletionResponse(
+        gateway.tracker, gateway.backend.completions, body, principal, request_id
+    )
 
 
 def _card(entry_id: str, parent: str | None, owner: str) -> ModelCard:

@@ -1,9 +1,9 @@
 """Admission to the engine: which request goes in next, and which waits (``docs/scheduling.md``).
 
-The policy is chosen here, once, from the settings: :class:`FairAdmission` (per-tenant
-weighted queues, adapter-aware, with headroom) in front of an in-process engine by default;
-:class:`FcfsAdmission` with ``scheduler=fcfs``, and in the front role, where the llm-d
-router's flow control keeps the tenants fair (the front sends the tenant as its fairness id).
+The policy in front of the in-process engine is chosen here, once, from the settings:
+:class:`FairAdmission` (per-tenant weighted queues, adapter-aware, with headroom) by default,
+:class:`FcfsAdmission` with ``scheduler=fcfs``. The front role admits first come, first
+served (:class:`app.serving.front.FrontFactory`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ __all__ = [
 
 def admission_for(settings: Settings) -> Admission:
     """The admission policy ``settings`` ask for."""
-    if settings.role == "front" or settings.scheduler == "fcfs":
+    if settings.scheduler == "fcfs":
         return FcfsAdmission()
     # A window set in the settings stays; unset, it follows the engine's load up to the
     # most vLLM batches, never below one slot beyond the headroom.

@@ -34,7 +34,7 @@ from app.serving.structured import OutputConstraints
 from app.tenancy.tenants import ModelTarget, Principal
 
 
-class ChatPreparation(gen.PromptEndpoint):
+class ChatPreparation(gen.Preparation[ChatCompletionRequest]):
     """A chat request checked and tokenised, wherever it then runs."""
 
     endpoint = "chat.completions"
@@ -48,7 +48,7 @@ class ChatPreparation(gen.PromptEndpoint):
         super().__init__(model, constraints)
         self.tool_parser = tool_parser
 
-    def _auto_calls(self, request: ChatCompletionRequest) -> tools.AutoCalls | None:
+    def auto_calls(self, request: ChatCompletionRequest) -> tools.AutoCalls | None:
         """The parser that reads ``auto``'s calls; refused (before anything is held) when
         no parser is configured."""
         if not request.auto_tools:
@@ -78,7 +78,7 @@ class ChatPreparation(gen.PromptEndpoint):
         target: ModelTarget,
         request_id: str,
     ) -> gen.Generation:
-        auto = self._auto_calls(request)
+        auto = self.auto_calls(request)
         tokenizer = self.model.tokenizer
         text = tools.render_prompt(tokenizer, request)
         self._refuse_if_never_fits(text, "messages")
@@ -90,20 +90,16 @@ class ChatPreparation(gen.PromptEndpoint):
         return generation
 
 
-class ChatService(ChatPreparation):
+class ChatService(gen.Prepared[ChatCompletionRequest]):
     """Chat on the engine in this process."""
 
     # A stream's opening chunk leaves with the engine's first output; every failure after
     # admission is an error event.
     fails_before_streaming = False
 
-    def __init__(
-        self,
-        engine: Engine,
-        constraints: OutputConstraints | None = None,
-        tool_parser: type[ToolParser] | None = None,
-    ) -> None:
-        super().__init__(engine, constraints, tool_parser)
+    def __init__(self, preparation: ChatPreparation, engine: Engine) -> None:
+        super().__init__(preparation)
+        self.preparation: ChatPreparation = preparation
         self.engine = engine
 
     def start(
@@ -117,7 +113,7 @@ class ChatService(ChatPreparation):
     async def complete(self, request: ChatCompletionRequest, run: EngineRun) -> ChatCompletion:
         generation = run.generation
         outputs = await gen.collect(run.outputs(), generation.params.n)
-        auto = self._auto_calls(request)
+        auto = self.preparation.auto_calls(request)
         choices = [
             ChatChoice(
                 index=out.index,
@@ -183,7 +179,7 @@ class ChatService(ChatPreparation):
         generated; for ``required`` and ``auto``, each choice's output is held until it ends
         and then sent as whole calls (or, when it holds no complete call, as content)."""
         named = request.forced_tool not in (None, "required")
-        auto = self._auto_calls(request)
+        auto = self.preparation.auto_calls(request)
         held: dict[int, list[str]] = {}
 
         def opening(index: int) -> ChatDelta:

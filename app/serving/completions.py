@@ -23,11 +23,10 @@ from app.serving.chunk_encoding import StreamChunks, completion_choice
 from app.serving.engine_run import EngineRun
 from app.serving.logprobs import completion_logprobs
 from app.serving.sse import event_stream
-from app.serving.structured import OutputConstraints
 from app.tenancy.tenants import ModelTarget, Principal
 
 
-class CompletionPreparation(gen.PromptEndpoint):
+class CompletionPreparation(gen.Preparation[CompletionRequest]):
     """A text completion request checked and tokenised, wherever it then runs."""
 
     endpoint = "completions"
@@ -53,13 +52,13 @@ class CompletionPreparation(gen.PromptEndpoint):
         return self._generation(request, prompt, principal, target, request_id)
 
 
-class CompletionService(CompletionPreparation):
+class CompletionService(gen.Prepared[CompletionRequest]):
     """Text completions on the engine in this process."""
 
     fails_before_streaming = False
 
-    def __init__(self, engine: Engine, constraints: OutputConstraints | None = None) -> None:
-        super().__init__(engine, constraints)
+    def __init__(self, preparation: CompletionPreparation, engine: Engine) -> None:
+        super().__init__(preparation)
         self.engine = engine
 
     def start(

@@ -19,7 +19,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 from vllm.tokenizers import get_tokenizer
@@ -35,20 +35,20 @@ from app.protocol import (
     SamplingFields,
 )
 from app.quota import Reservation
+from app.scheduling import FcfsAdmission
 from app.serving.chat import ChatPreparation
 from app.serving.completions import CompletionPreparation
-from app.serving.generation import Generation, longest_token_bytes
+from app.serving.generation import Generation, Preparation, Prepared, RequestT, warm_tokenizer
 from app.serving.sse import DONE, event
 from app.serving.structured import OutputConstraints
 from app.serving.upstream import Upstream, open_upstream, request_headers
 from app.serving.upstream_run import UpstreamCall, UpstreamRun
 from app.settings import Settings
+from app.tenancy.adapters import Adapter
 from app.tenancy.tenants import ModelTarget, Principal
 
 logger = logging.getLogger(__name__)
 
-RequestT = TypeVar("RequestT", bound=SamplingFields)
-RequestContra = TypeVar("RequestContra", bound=SamplingFields, contravariant=True)
 
 # Sampling as the front decided it (from the prepared SamplingParams), not as the client
 # wrote it: the upstream then samples exactly as the in-process engine would, whatever its
@@ -77,14 +77,6 @@ CHAT_FIELDS = _SHARED_FIELDS | {
     "parallel_tool_calls",
 }
 COMPLETION_FIELDS = _SHARED_FIELDS | {"prompt", "logprobs", "echo"}
-
-
-class Preparation(Protocol[RequestContra]):
-    endpoint: str
-
-    def prepare(
-        self, request: RequestContra, principal: Principal, target: ModelTarget, request_id: str
-    ) -> Generation: ...
 
 
 @dataclass
@@ -131,7 +123,7 @@ def upstream_body(
     return body
 
 
-class FrontEndpoint(Generic[RequestT]):
+class FrontEndpoint(Prepared[RequestT]):
     """One endpoint forwarded upstream; the subclasses name the path, the fields and the
     response models."""
 
@@ -144,14 +136,8 @@ class FrontEndpoint(Generic[RequestT]):
     fails_before_streaming = True
 
     def __init__(self, preparation: Preparation[RequestT], upstream: Upstream) -> None:
-        self._preparation = preparation
+        super().__init__(preparation)
         self._upstream = upstream
-        self.endpoint = preparation.endpoint
-
-    def prepare(
-        self, request: RequestT, principal: Principal, target: ModelTarget, request_id: str
-    ) -> Generation:
-        return self._preparation.prepare(request, principal, target, request_id)
 
     def start(
         self, request: RequestT, generation: Generation, reservation: Reservation | None
@@ -247,7 +233,8 @@ class FrontCompletionService(FrontEndpoint[CompletionRequest]):
 
 
 class Front:
-    """What the front role serves with instead of an engine: the tokenizer, the upstream."""
+    """The front role's backend: requests prepared here with the model's tokenizer, and run
+    on the upstream."""
 
     def __init__(
         self,
@@ -262,14 +249,36 @@ class Front:
             CompletionPreparation(model, constraints), upstream
         )
 
+    async def check_ready(self) -> None:
+        """Ready once started. A front does not follow the store or the upstream, which all
+        fronts share: were their outage to take every front out of its Service, clients
+        would get the ingress's own 503 instead of the front's OpenAI-shaped one (and a
+        front serves from its registry while the store is down)."""
 
-@asynccontextmanager
-async def open_front(
-    settings: Settings, constraints: OutputConstraints, tool_parser: type[ToolParser] | None
-) -> AsyncIterator[Front]:
-    """The front's tokenizer and its upstream connection, closed on exit."""
-    model = await asyncio.to_thread(TokenizerModel.load, settings)
-    # Read once before the first request, which would otherwise wait for it.
-    await asyncio.to_thread(longest_token_bytes, model.tokenizer)
-    async with open_upstream(settings) as upstream:
-        yield Front(model, upstream, constraints, tool_parser)
+    async def check_alive(self) -> None:
+        """Nothing of a front dies but its process."""
+
+    async def retire(self, adapter: Adapter) -> None:
+        """The engines hold adapters; a front holds nothing of them."""
+
+
+class FrontFactory:
+    name = "the gateway"
+    holds_adapter_copies = False
+    # The llm-d router's flow control keeps the tenants fair (the front sends the tenant as
+    # its fairness id): the front admits first come, first served.
+    admission = FcfsAdmission()
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+
+    @asynccontextmanager
+    async def open(
+        self, constraints: OutputConstraints, tool_parser: type[ToolParser] | None
+    ) -> AsyncIterator[Front]:
+        """The front's tokenizer and its upstream connection, closed on exit."""
+        model = await asyncio.to_thread(TokenizerModel.load, self._settings)
+        await asyncio.to_thread(warm_tokenizer, model.tokenizer, constraints)
+        async with open_upstream(self._settings) as upstream:
+            logger.info("front ready: forwarding to %s", self._settings.upstream_url)
+            yield Front(model, upstream, constraints, tool_parser)

@@ -3,9 +3,10 @@ merging the engine's deltas into whole choices."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from vllm import CompletionOutput, RequestOutput, SamplingParams
 from vllm.logprobs import LogprobsOnePosition
@@ -14,10 +15,11 @@ from vllm.sampling_params import RequestOutputKind
 from app.errors import BadRequestError, ContextLengthExceededError, EngineUnavailableError
 from app.protocol import ChatCompletionRequest, CompletionRequest, Usage
 from app.serving.per_tokenizer import per_tokenizer
-from app.serving.structured import OutputConstraints
+from app.serving.structured import OutputConstraints, guidance_tokenizer
 from app.tenancy.tenants import ModelTarget, Principal
 
 CompletionLike = ChatCompletionRequest | CompletionRequest
+RequestT = TypeVar("RequestT", bound=CompletionLike)
 DEFAULT_CONSTRAINTS = OutputConstraints()
 
 
@@ -59,16 +61,24 @@ class PromptModel(Protocol):
         """A Hugging Face tokenizer (``encode``, ``decode``, ``apply_chat_template``)."""
 
 
-class PromptEndpoint:
-    """What the chat and text completion endpoints share, wherever their requests run: the
-    model's tokenizer and context length, the bounds on output constraints, and turning a
-    tokenised prompt into a :class:`Generation`."""
+class Preparation(ABC, Generic[RequestT]):
+    """How an endpoint's request becomes a :class:`Generation`, wherever it then runs (the
+    templates, tools, output constraints, logprobs and the worst case to reserve): the same
+    400s for the same fields in both backends, before anything is held. Each backend's
+    service holds one (:class:`Prepared`)."""
 
     endpoint: str
 
     def __init__(self, model: PromptModel, constraints: OutputConstraints | None = None) -> None:
         self.model = model
         self.constraints = constraints or OutputConstraints()
+
+    @abstractmethod
+    def prepare(
+        self, request: RequestT, principal: Principal, target: ModelTarget, request_id: str
+    ) -> Generation:
+        """Tokenise ``request`` and build its sampling parameters (CPU work: the tracker
+        runs it off the event loop, in the tenant's turn)."""
 
     def _refuse_if_never_fits(self, text: str, param: str) -> None:
         """Refuse, before it is tokenised, a prompt that cannot fit the context whatever its
@@ -104,12 +114,33 @@ class PromptEndpoint:
         return Generation(request_id, self.endpoint, principal, target, prompt, params)
 
 
+class Prepared(Generic[RequestT]):
+    """A service whose requests ``preparation`` prepares: both backends' services."""
+
+    def __init__(self, preparation: Preparation[RequestT]) -> None:
+        self.preparation = preparation
+        self.endpoint = preparation.endpoint
+
+    def prepare(
+        self, request: RequestT, principal: Principal, target: ModelTarget, request_id: str
+    ) -> Generation:
+        return self.preparation.prepare(request, principal, target, request_id)
+
+
 @per_tokenizer
 def longest_token_bytes(tokenizer: Any) -> int:
     """The most UTF-8 bytes one of the tokenizer's tokens decodes to. A token that is part of
     a character decodes to a replacement character, which only makes the bound looser."""
     decoded = (tokenizer.decode([token]) for token in range(len(tokenizer)))
     return max(len(text.encode()) for text in decoded)
+
+
+def warm_tokenizer(tokenizer: Any, constraints: OutputConstraints) -> None:
+    """What is read once per tokenizer, read before the first request, which would otherwise
+    wait for it."""
+    longest_token_bytes(tokenizer)
+    if constraints.guidance:
+        guidance_tokenizer(tokenizer)
 
 
 def completion_budget(prompt_tokens: int, requested: int | None, max_model_len: int) -> int:

@@ -43,7 +43,7 @@ class LiveGateway:
 
     @property
     def engine(self) -> Engine:
-        return self.app.state.gateway.engine
+        return self.app.state.gateway.backend.engine
 
     def client(self, tenant: str) -> openai.OpenAI:
         return openai.OpenAI(

@@ -132,7 +132,7 @@ async def running_front(settings: Settings, *, ready: bool = True) -> AsyncItera
         gateway: Gateway = app.state.gateway
         for _ in range(6000):
             with contextlib.suppress(EngineUnavailableError):
-                gateway.front  # noqa: B018 (loaded: the tokenizer and the upstream client)
+                gateway.backend  # noqa: B018 (loaded: the tokenizer and the upstream client)
                 break
             await asyncio.sleep(0.01)
         yield Front(base_url, gateway, app.state.metrics_dir)

@@ -30,8 +30,9 @@ class CharTokenizer:
     bos_token_id = None
     tokens: ClassVar[list[bytes]] = [bytes([token]) for token in range(VOCABULARY)]
 
-    def __call__(self, text: str) -> list[int]:
-        return self.encode(text)
+    def __call__(self, text: str | bytes) -> list[int]:
+        """llguidance's way in: text or bytes to token ids, one byte a token."""
+        return list(text if isinstance(text, bytes) else text.encode())
 
     def __len__(self) -> int:
         return VOCABULARY
