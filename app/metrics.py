@@ -17,7 +17,7 @@ Contracts:
 * Every metric defined here carries at least one label. A labelled metric
   stores no value until ``.labels(...)`` creates a child, which happens after
   the directory is set up; an unlabelled one would take its storage at import,
-  before it. ``tests/engine/test_metrics_export.py`` checks this.
+  before it. ``tests/test_metrics_export.py`` checks this.
 * Every metric is listed in :data:`METRICS`, so that a new directory starts
   with no children left over from a previous one.
 

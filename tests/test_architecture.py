@@ -1,10 +1,13 @@
 """The import rules of docs/architecture.md, checked: import-linter's contracts (pyproject.toml)
-and no import cycle between any two modules of the application package."""
+and no import cycle between any two modules of the application package. And the tests' own
+layout: the tests of ``app/x/y.py`` are found under ``tests/x/``, and no two test modules share
+a file name."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import grimp
@@ -64,3 +67,58 @@ def test_no_import_cycles_in_the_application_package() -> None:
 
 def test_the_cycle_check_finds_a_cycle() -> None:
     assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+
+
+# -- the tests mirror the code ------------------------------------------------------------------
+
+TESTS = ROOT / "tests"
+# Folders of tests/ that mirror no package of app/: the end-to-end layer (the real engine),
+# helpers, the API fuzzer, and the tests of tools/, bench/ and deploy/. The tests of app/'s
+# top-level modules (app/settings.py, app/server.py, ...) are modules of tests/ itself.
+NOT_MIRRORING = {"e2e", "support", "fuzz", "tools", "bench", "deploy"}
+
+
+def modules_of_tests(folder: Path) -> list[Path]:
+    return [
+        p for p in folder.rglob("*.py") if p.name.startswith("test_") or p.stem.endswith("_test")
+    ]
+
+
+def folders(under: Path) -> list[Path]:
+    return [p for p in under.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))]
+
+
+def test_no_two_test_modules_share_a_file_name() -> None:
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for module in modules_of_tests(TESTS):
+        by_name[module.name].append(str(module.relative_to(ROOT)))
+    shared = {name: sorted(paths) for name, paths in by_name.items() if len(paths) > 1}
+    assert shared == {}
+
+
+def test_every_folder_of_tests_mirrors_a_package_of_the_application() -> None:
+    app = ROOT / "app"
+    stray = []
+    for folder in folders(TESTS):
+        if folder.name in NOT_MIRRORING:
+            continue
+        # tests/x/ and below, tests/x/y/ for app/x/y/: each a package of app/.
+        for mirror in [folder, *(p for p in folder.rglob("*") if p.is_dir())]:
+            if any(part.startswith(("_", ".")) for part in mirror.relative_to(TESTS).parts):
+                continue
+            package = app / mirror.relative_to(TESTS)
+            if not (package / "__init__.py").is_file():
+                stray.append(str(mirror.relative_to(ROOT)))
+    assert stray == []
+
+
+def test_every_folder_of_tests_is_a_package() -> None:
+    missing = [
+        str(folder.relative_to(ROOT))
+        for folder in [TESTS, *TESTS.rglob("*")]
+        if folder.is_dir()
+        and not any(part.startswith(("_", ".")) for part in folder.relative_to(TESTS).parts)
+        and any(folder.glob("*.py"))
+        and not (folder / "__init__.py").is_file()
+    ]
+    assert missing == []

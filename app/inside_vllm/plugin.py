@@ -82,7 +82,7 @@ def register() -> None:
         _outcome = "other-version"
         logger.warning(
             "CPU punica isolation fix targets vLLM 0.32.x, not applied to vLLM %s: "
-            "check that its CPU LoRA ops skip slot -1 (tests/engine/test_punica_cpu.py)",
+            "check that its CPU LoRA ops skip slot -1 (tests/inside_vllm/test_punica_cpu.py)",
             vllm.__version__,
         )
         return

@@ -10,11 +10,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import openai
@@ -30,6 +30,8 @@ from tests.support.servers import free_port, wait_until_ready
 from tools.demo.keys import demo_tenants
 from tools.demo.training import DEMO_ADAPTERS
 
+T = TypeVar("T")
+
 ENGINE_START_TIMEOUT_S = 600
 MAX_MODEL_LEN = 1024
 
@@ -40,6 +42,12 @@ class LiveGateway:
     app: FastAPI
     settings: Settings
     keys: dict[str, str]
+    loop: asyncio.AbstractEventLoop
+    """The event loop the gateway serves on: the engine's, which only it may call."""
+
+    def run(self, work: Coroutine[Any, Any, T], timeout: float = 120.0) -> T:
+        """Run ``work`` on the gateway's event loop, from the test's thread."""
+        return asyncio.run_coroutine_threadsafe(work, self.loop).result(timeout)
 
     @property
     def engine(self) -> Engine:
@@ -91,17 +99,70 @@ def running_gateway(settings: Settings, keys: dict[str, str]) -> Iterator[LiveGa
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning")
     )
-    thread = threading.Thread(target=server.run, name="gateway", daemon=True)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(
+        target=loop.run_until_complete, args=(server.serve(),), name="gateway", daemon=True
+    )
     thread.start()
     base_url = f"http://127.0.0.1:{settings.port}"
     try:
         wait_until_ready(
             f"{base_url}/readyz", alive=thread.is_alive, timeout=ENGINE_START_TIMEOUT_S
         )
-        yield LiveGateway(base_url, app, settings, keys)
+        yield LiveGateway(base_url, app, settings, keys, loop)
     finally:
         server.should_exit = True
         thread.join(timeout=120)
+        loop.close()
+
+
+ENGINE_FIELDS = ("model", "dtype", "max_model_len", "kv_cache_gib", "max_num_seqs", "max_loras")
+ENGINE_FIELDS += ("max_cpu_loras", "max_lora_rank", "isolation_fix", "structured_outputs_compact")
+
+
+@contextmanager
+def borrowing_gateway(host: LiveGateway, settings: Settings) -> Iterator[LiveGateway]:
+    """Serve ``create_app(settings)`` on loopback, on ``host``'s engine and event loop, until
+    the block ends: a gateway with settings of its own (its store, quotas, scheduler) without
+    an engine start of its own. The engine's settings must be the host's. The engine forgets
+    its adapters before and after: another store numbers its adapters anew."""
+    differ = [f for f in ENGINE_FIELDS if getattr(settings, f) != getattr(host.settings, f)]
+    assert not differ, f"a borrowing gateway runs the host's engine; these differ: {differ}"
+
+    @asynccontextmanager
+    async def lent(_: Settings) -> AsyncIterator[Engine]:
+        await forget_adapters(host.engine)
+        try:
+            yield host.engine
+        finally:
+            await forget_adapters(host.engine)
+
+    app = create_app(settings, engine_factory=lent)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning")
+    )
+    serving = asyncio.run_coroutine_threadsafe(server.serve(), host.loop)
+    base_url = f"http://127.0.0.1:{settings.port}"
+    try:
+        wait_until_ready(f"{base_url}/readyz", alive=lambda: not serving.done(), timeout=60)
+        yield LiveGateway(base_url, app, settings, {}, host.loop)
+    finally:
+        server.should_exit = True
+        serving.result(timeout=120)
+
+
+def borrowed_settings(host: LiveGateway, state_dir: Path, **overrides: Any) -> Settings:
+    """Settings for a gateway borrowing ``host``'s engine (:func:`borrowing_gateway`), with a
+    store of its own in ``state_dir`` (shared by gateways given the same one)."""
+    engine = {field: getattr(host.settings, field) for field in ENGINE_FIELDS}
+    return make_settings(state_dir, **{**engine, **overrides})
+
+
+async def forget_adapters(engine: Engine) -> None:
+    """Remove every adapter from vLLM's caches (its LoRA ids are a store's row ids)."""
+    llm = engine._llm  # type: ignore[attr-defined]
+    for lora_id in await llm.list_loras():
+        await llm.remove_lora(lora_id)
 
 
 @contextmanager

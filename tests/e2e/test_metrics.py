@@ -2,7 +2,7 @@
 
 A gateway with one device slot and two host slots serves a known sequence of
 requests for three random adapters, one request at a time, through the HTTP
-API (:mod:`tests.engine.lru_walkthrough` works the expected tiers out from
+API (:mod:`tests.support.lru_walkthrough` works the expected tiers out from
 vLLM's LRU code). The counters measured inside the engine's worker process
 must match it exactly, and vLLM's own engine metrics must be on the same
 endpoint.
@@ -19,8 +19,10 @@ import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from vllm import SamplingParams
 
 from app.cli import register_adapter
+from app.engine.base import Engine, EngineLoad, ReportsLoad
 from app.settings import EMBEDDED_MODEL_DIR
 from bench.random_adapters import make_random_adapter
 from tests.e2e.conftest import (
@@ -30,7 +32,7 @@ from tests.e2e.conftest import (
     prepare_store,
     running_gateway,
 )
-from tests.engine.lru_walkthrough import (
+from tests.support.lru_walkthrough import (
     ACTIVATIONS,
     EVICTIONS,
     LOADS,
@@ -190,3 +192,33 @@ def test_admin_residency_view_per_adapter_version(live: LiveGateway) -> None:
     unused = view["bravo", 1]  # superseded by v2 before any request
     assert unused["tier"] == "storage" and unused["last_used_at"] is None
     assert unused["hits"] == unused["misses"] == 0
+
+
+def test_the_engine_reports_its_running_batch_and_its_own_queue(live: LiveGateway) -> None:
+    """``VLLMEngine.load``, from the SchedulerStats vLLM hands our stat logger after every
+    step: with four seats (``max_num_seqs``), six requests sent to the engine directly run
+    four at a time while two wait in vLLM's own queue, then none. Last in this module: its
+    requests use no adapter, and come after the walkthrough's counts."""
+    live.run(six_requests_on_four_seats(live.engine))
+
+
+async def six_requests_on_four_seats(engine: Engine) -> None:
+    assert isinstance(engine, ReportsLoad)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+
+    async def run(number: int) -> None:
+        async for _ in engine.generate([1, 2, 3, number], params, f"load-{number}", None):
+            pass
+
+    seen: list[EngineLoad] = []
+    runs = asyncio.gather(*(run(n) for n in range(6)))
+    while not runs.done():
+        if (load := engine.load()) is not None and (not seen or load.step != seen[-1].step):
+            seen.append(load)
+        await asyncio.sleep(0.005)
+    await runs
+    assert any(s.running == 4 and s.waiting == 2 for s in seen), seen
+    assert all(s.running <= 4 and 0.0 <= s.kv_cache_usage <= 1.0 for s in seen)
+    final = engine.load()
+    assert final is not None and final.running == 0 and final.waiting == 0
+    assert [s.step for s in seen] == sorted({s.step for s in seen})

@@ -1,10 +1,10 @@
-"""Two gateway processes, each with its own engine, sharing one store and one Redis, enforce
-one limit: the replicas of a scaled-out deployment."""
+"""Two gateways sharing one store and one Redis enforce one limit: the replicas of a
+scaled-out deployment. Each is an app of its own (its registry, quota client, scheduler) on
+the session's engine; what they share is only what replicas share."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -17,12 +17,12 @@ import pytest
 from app.settings import Settings
 from tests.e2e.conftest import (
     ADMIN_TOKEN,
-    MAX_MODEL_LEN,
-    gateway_process,
+    LiveGateway,
+    borrowed_settings,
+    borrowing_gateway,
     long_stream,
 )
 from tests.support.redis_server import redis_server
-from tests.support.servers import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -31,26 +31,16 @@ SHORT = {**LONG_STREAM, "stream": False, "max_tokens": 2}
 
 
 @pytest.fixture(scope="module")
-def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+def replicas(gateway: LiveGateway, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     """Base URLs of two gateways on one SQLite store and one Redis quota store."""
     state: Path = tmp_path_factory.mktemp("replicas")
     with redis_server() as redis_url, ExitStack() as stack:
         urls = []
         for _ in range(2):
-            port = free_port()
-            env = {
-                **os.environ,
-                "LORA_GATEWAY_PORT": str(port),
-                "LORA_GATEWAY_DATABASE_URL": f"sqlite+aiosqlite:///{state / 'gateway.db'}",
-                "LORA_GATEWAY_QUOTA_URL": redis_url,
-                "LORA_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
-                "LORA_GATEWAY_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
-                "LORA_GATEWAY_KV_CACHE_GIB": "1",
-            }
-            urls.append(f"http://127.0.0.1:{port}")
-            stack.enter_context(gateway_process(env, urls[-1]))
-        # One request through each replica first: both engines and the quota store's scripts
-        # are warm before a test counts statuses.
+            settings = borrowed_settings(gateway, state, quota_url=redis_url)
+            urls.append(stack.enter_context(borrowing_gateway(gateway, settings)).base_url)
+        # One request through each replica first: the quota store's scripts are loaded
+        # before a test counts statuses.
         headers = metered_key(urls, "warm-up", requests_per_minute=1000)
         assert asyncio.run(fire(urls, headers, 2, SHORT)) == [200, 200]
         yield urls

@@ -13,6 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app import gateway as gateway_module
 from app import usage as usage_module
 from app.gateway import Gateway
+from app.serving.backend import backend_factory
+from app.serving.in_process import start_vllm_engine
 from app.settings import Settings
 from app.tenancy.base_model import BaseModelInfo
 from app.usage import UsageRecord, usage_totals
@@ -27,7 +29,7 @@ async def test_shutdown_leaves_nothing_running_and_nothing_unwritten(
 ) -> None:
     monkeypatch.setattr(gateway_module, "BACKGROUND_GRACE_SECONDS", 0.5)
     settings = Settings(_env_file=None, adapter_root=tmp_path, registry_poll_seconds=0.01)
-    gateway = Gateway(settings, sessions, base_model)
+    gateway = Gateway(settings, sessions, base_model, backend_factory(settings, start_vllm_engine))
     finished = []
 
     async def short_work() -> None:
@@ -57,7 +59,7 @@ async def test_a_write_under_way_at_shutdown_keeps_its_batch(
 ) -> None:
     monkeypatch.setattr(usage_module, "FLUSH_SECONDS", 0.05)
     settings = Settings(_env_file=None, adapter_root=tmp_path)
-    gateway = Gateway(settings, sessions, base_model)
+    gateway = Gateway(settings, sessions, base_model, backend_factory(settings, start_vllm_engine))
     writing, release = asyncio.Event(), asyncio.Event()
     insert = gateway.ledger._insert
 
@@ -87,7 +89,7 @@ async def test_a_store_stuck_at_shutdown_cannot_hold_it_and_loses_nothing(
     monkeypatch.setattr(usage_module, "FLUSH_SECONDS", 0.05)
     monkeypatch.setattr(usage_module, "CLOSE_TIMEOUT_SECONDS", 0.3)
     settings = Settings(_env_file=None, adapter_root=tmp_path)
-    gateway = Gateway(settings, sessions, base_model)
+    gateway = Gateway(settings, sessions, base_model, backend_factory(settings, start_vllm_engine))
     writing = asyncio.Event()
 
     async def stuck_insert(records: Iterable[UsageRecord]) -> None:

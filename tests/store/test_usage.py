@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -186,3 +187,29 @@ def test_store_down_or_record_refused() -> None:
     assert store_is_down(ConnectionRefusedError())
     assert not store_is_down(IntegrityError("INSERT", {}, Exception("NOT NULL")))
     assert not store_is_down(OverflowError("int too large"))
+
+
+# -- a record's fields, as the ledger inserts and logs them ---------------------------------------
+
+
+def test_as_dict_is_every_field_by_name() -> None:
+    now = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    record = UsageRecord(
+        request_id="r",
+        tenant_id="t",
+        tenant_uid="u1",
+        key_id="k",
+        endpoint="chat",
+        model="m",
+        adapter="a",
+        adapter_version=2,
+        prompt_tokens=3,
+        completion_tokens=4,
+        status="ok",
+        latency_ms=5,
+        started_at=now,
+        finished_at=now,
+        user="u",
+    )
+    assert record.as_dict() == dataclasses.asdict(record)
+    assert record.as_dict()["started_at"] is now

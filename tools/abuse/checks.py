@@ -35,12 +35,12 @@ CHECKS = (
     Check(
         6,
         "a tenant id used again names a new tenant (usage, quota, cache salt)",
-        ("tests/serving/test_tenant_reuse.py", "tests/store/test_tenant_reuse.py"),
+        ("tests/serving/test_tenant_reuse.py", "tests/store/test_store_tenant_reuse.py"),
     ),
     Check(
         7,
         "vLLM's processes never outlive the engine role's launcher",
-        ("tests/engine/test_server_lifetime.py",),
+        ("tests/engine_role/test_parent_death.py",),
     ),
     Check(
         8,

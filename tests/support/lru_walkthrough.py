@@ -1,7 +1,7 @@
 """One request sequence through vLLM's adapter caches, worked out by hand from
 vLLM 0.32's LRU code (``LRUCacheWorkerLoRAManager.add_adapter``,
 ``LRUCacheLoRAModelManager``), shared by the unit test (vLLM's cache code, no
-model: ``test_residency.py``) and the end-to-end test (the real engine:
+model: ``tests/inside_vllm/test_residency.py``) and the end-to-end test (the real engine:
 ``tests/e2e/test_metrics.py``).
 
 One device slot, two host slots; requests sent one at a time. Every request

@@ -16,7 +16,6 @@ import uvicorn
 from fastapi import FastAPI
 
 from app import server
-from app.settings import Settings
 from tests.support.servers import free_port, wait_until_ready
 
 # A gateway-shaped app: its lifespan's shutdown leaves a thread behind when told to.
@@ -80,7 +79,7 @@ def test_a_thread_left_running_cannot_hold_the_process() -> None:
     assert "in held_forever" in stderr  # every thread's stack, the culprit's among them
 
 
-# A gateway-shaped app whose engine dies (or never starts) once it is serving.
+# A gateway-shaped app whose backend dies (or never starts) once it is serving.
 DYING = textwrap.dedent(
     """
     import asyncio, sys, time
@@ -94,20 +93,19 @@ DYING = textwrap.dedent(
     server.WATCH_SECONDS = 0.1
     started = time.monotonic()
 
-    class Engine:
-        async def check_health(self):
+    class Backend:
+        async def check_alive(self):
             if time.monotonic() - started > 1.0:
                 raise EngineUnavailableError("The inference engine is not running.")
 
     class Gateway:
         startup_error = "RuntimeError: no model" if sys.argv[2] == "never-starts" else None
-        settings = Settings(_env_file=None)
 
         @property
-        def engine(self):
+        def backend(self):
             if self.startup_error is not None:
                 raise EngineUnavailableError("The inference engine failed to start.")
-            return Engine()
+            return Backend()
 
     @asynccontextmanager
     async def lifespan(app):
@@ -147,14 +145,12 @@ def test_an_engine_that_failed_to_start_stops_the_server() -> None:
 async def test_once_started_what_start_up_built_is_kept_out_of_garbage_collection(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    class Engine:
-        async def check_health(self) -> None:
+    class Backend:
+        async def check_alive(self) -> None:
             return None
 
     app = FastAPI()
-    app.state.gateway = SimpleNamespace(
-        settings=Settings(_env_file=None), engine=Engine(), startup_error=None
-    )
+    app.state.gateway = SimpleNamespace(backend=Backend(), startup_error=None)
     watched = server.GatewayServer(uvicorn.Config(app), app)
     gc.unfreeze()
     monkeypatch.setattr(server, "WATCH_SECONDS", 0.01)

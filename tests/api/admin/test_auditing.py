@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.api.admin.auditing import AuthFailureThrottle
 from app.api.admin.deps import actor_name
 from app.store.tables import AuditRow
-from tests.unit.edge_app import ADMIN_TOKEN, TENANT, EdgeApp, call, edge_settings, running
+from tests.support.edge_app import ADMIN_TOKEN, TENANT, EdgeApp, call, edge_settings, running
 
 WRONG_TOKEN = "lgw-wrong-token-that-must-never-be-recorded"
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/json"}

@@ -14,7 +14,7 @@ import pytest
 
 from app.engine.base import Engine
 from app.main import create_app
-from tests.unit.edge_app import edge_settings
+from tests.support.edge_app import edge_settings
 
 SECRET = "/srv/secret-models/acme-finetune: unsupported dtype bf16 on vllm 0.32.0+cpu"
 

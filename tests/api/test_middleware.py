@@ -15,7 +15,15 @@ import pytest
 
 from app.admin import schemas
 from app.api.middleware import MULTIPART_OVERHEAD_BYTES
-from tests.unit.edge_app import ADMIN_TOKEN, TENANT, EdgeApp, body_of, call, edge_settings, running
+from tests.support.edge_app import (
+    ADMIN_TOKEN,
+    TENANT,
+    EdgeApp,
+    body_of,
+    call,
+    edge_settings,
+    running,
+)
 
 HUGE = 150 << 20
 LIMIT = 64 << 10

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.streaming import SERVER_SEND, EventStreamResponse, GatewayApp
 from app.main import create_app
-from tests.unit.edge_app import edge_settings
+from tests.support.edge_app import edge_settings
 
 
 class Watching:

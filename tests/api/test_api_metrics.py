@@ -12,8 +12,8 @@ import pytest
 
 from app import metrics
 from app.main import create_app
+from tests.support.edge_app import ADMIN_TOKEN, TENANT, call, edge_settings, running
 from tests.support.servers import free_port
-from tests.unit.edge_app import ADMIN_TOKEN, TENANT, call, edge_settings, running
 
 METRICS_TOKEN = "lgw-metrics-edge-test-token"
 

@@ -11,6 +11,8 @@ from app.engine.base import EngineLoad
 from app.scheduling import AdmissionRefused, FairAdmission, FairQueue, Ticket, admission_for
 from app.scheduling.fair import LOAD_POLL_SECONDS
 from app.scheduling.fcfs import FcfsAdmission
+from app.serving.backend import backend_factory
+from app.serving.in_process import start_vllm_engine
 from app.settings import Settings
 
 
@@ -141,8 +143,10 @@ def test_the_policy_is_chosen_once_from_the_settings() -> None:
     assert isinstance(admission_for(Settings(**base)), FairAdmission)  # type: ignore[arg-type]
     fcfs = Settings(**base, scheduler="fcfs")  # type: ignore[arg-type]
     assert isinstance(admission_for(fcfs), FcfsAdmission)
+    # The front admits first come, first served (the llm-d router keeps tenants fair there).
     front = Settings(**base, role="front", upstream_url="http://upstream")  # type: ignore[arg-type]
-    assert isinstance(admission_for(front), FcfsAdmission)
+    assert isinstance(backend_factory(front, start_vllm_engine).admission, FcfsAdmission)
+    assert isinstance(backend_factory(Settings(**base), start_vllm_engine).admission, FairAdmission)  # type: ignore[arg-type]
     sized = admission_for(Settings(**base, max_num_seqs=24))  # type: ignore[arg-type]
     assert isinstance(sized, FairAdmission) and sized.queue.window == 24
 

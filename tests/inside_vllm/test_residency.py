@@ -27,7 +27,7 @@ from vllm.lora.worker_manager import LRUCacheWorkerLoRAManager
 
 from app.inside_vllm.residency import ResidencyTracker, instrument, split_engine_name
 from app.metrics import CacheTier, SwapStage, Tier
-from tests.engine.lru_walkthrough import (
+from tests.support.lru_walkthrough import (
     ACTIVATIONS,
     EVICTIONS,
     LOADS,

@@ -1,0 +1,79 @@
+"""What vLLM raises about a request becomes a 400 before any output, and a dead engine a 503
+(``VLLMEngine.generate`` over a stand-in for vLLM's AsyncLLM: the mapping, not the engine)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from vllm import SamplingParams
+from vllm.exceptions import VLLMValidationError
+from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+from app.engine.vllm_engine import VLLMEngine
+from app.errors import BadRequestError, EngineUnavailableError
+
+
+class FailingLLM:
+    """Yields ``before`` outputs, then raises ``error``."""
+
+    def __init__(self, error: BaseException, before: int = 0) -> None:
+        self.model_config = SimpleNamespace(max_model_len=64)
+        self.error = error
+        self.before = before
+
+    async def generate(self, *_: Any, **__: Any) -> AsyncIterator[str]:
+        for n in range(self.before):
+            yield f"output {n}"
+        raise self.error
+
+
+async def run(llm: FailingLLM) -> list[Any]:
+    engine = VLLMEngine(llm)  # type: ignore[arg-type]
+    return [o async for o in engine.generate([1, 2], SamplingParams(), "r", None)]
+
+
+def wrapped(cause: BaseException) -> EngineGenerateError:
+    # How AsyncLLM.generate reports what its input processing raised.
+    try:
+        raise EngineGenerateError() from cause
+    except EngineGenerateError as exc:
+        return exc
+
+
+@pytest.mark.parametrize(
+    ("error", "param", "says"),
+    [
+        (
+            VLLMValidationError("top_p must be in (0, 1], got 2.", parameter="top_p"),
+            "top_p",
+            "top_p",
+        ),
+        (VLLMValidationError("The decoder prompt cannot be empty"), None, "cannot be empty"),
+        (wrapped(ValueError("Token id 99999 is out of vocabulary")), None, "out of vocabulary"),
+        (wrapped(OverflowError("int too big to convert")), None, "out of range"),
+        (ValueError("bad prompt"), None, "bad prompt"),
+    ],
+)
+async def test_a_refusal_before_any_output_is_a_400(
+    error: BaseException, param: str | None, says: str
+) -> None:
+    with pytest.raises(BadRequestError) as refused:
+        await run(FailingLLM(error))
+    assert (refused.value.status_code, refused.value.param) == (400, param)
+    assert says in refused.value.message
+    assert "parameter=" not in refused.value.message  # vLLM's own suffix is not repeated
+
+
+async def test_after_output_it_is_not_the_requests_fault() -> None:
+    with pytest.raises(ValueError):
+        await run(FailingLLM(ValueError("late"), before=1))
+    with pytest.raises(EngineGenerateError):
+        await run(FailingLLM(wrapped(RuntimeError("engine bug"))))
+
+
+async def test_a_dead_engine_is_a_503() -> None:
+    with pytest.raises(EngineUnavailableError):
+        await run(FailingLLM(EngineDeadError(), before=2))
