@@ -17,10 +17,10 @@ from app.admin.service import AdminService
 from app.errors import EngineUnavailableError
 from app.quota import backend_from_url
 from app.serving.backend import Backend, BackendFactory
-from app.serving.inflight import InFlight
-from app.serving.structured import OutputConstraints
-from app.serving.tools import tool_parser_class
-from app.serving.tracking import RequestTracker
+from app.serving.lifecycle.inflight import InFlight
+from app.serving.lifecycle.tracking import RequestTracker
+from app.serving.preparation.structured import OutputConstraints
+from app.serving.preparation.tools import tool_parser_class
 from app.settings import Settings
 from app.store.snapshot import load_registry, revision
 from app.tenancy.adapters import Adapter

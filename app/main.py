@@ -18,7 +18,7 @@ from app.api.streaming import GatewayApp
 from app.gateway import Gateway
 from app.metrics import multiprocess_dir
 from app.serving.backend import backend_factory
-from app.serving.in_process import EngineFactory, start_vllm_engine
+from app.serving.in_process.backend import EngineFactory, start_vllm_engine
 from app.settings import Settings
 from app.store.db import open_database
 from app.tenancy.base_model import BaseModelInfo

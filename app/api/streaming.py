@@ -16,7 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from app.api.errors import PRECHECKED, render
 from app.errors import GatewayError
-from app.serving.tracking import ClientDisconnected, Request, RequestTracker, Service
+from app.serving.lifecycle.tracking import ClientDisconnected, Request, RequestTracker, Service
 from app.tenancy.tenants import Principal
 
 T = TypeVar("T")

@@ -3,7 +3,7 @@
 The policy in front of the in-process engine is chosen here, once, from the settings:
 :class:`FairAdmission` (per-tenant weighted queues, adapter-aware, with headroom) by default,
 :class:`FcfsAdmission` with ``scheduler=fcfs``. The front role admits first come, first
-served (:class:`app.serving.front.FrontFactory`).
+served (:class:`app.serving.front.backend.FrontFactory`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Where a request runs: the one seam between the request lifecycle and what serves it.
 
-Two backends implement :class:`Backend`. :class:`app.serving.in_process.InProcessBackend` runs
-requests on the vLLM engine in this process (the ``all`` role);
-:class:`app.serving.front.Front` forwards them to an upstream OpenAI server, vLLM's or the
-Inference Extension's gateway (the ``front`` role). Each is opened by its
-:class:`BackendFactory`, which also says what comes with it: the admission policy in front of
-it, and whether adapters' content is read from this process's storage. :func:`backend_factory`
-is the one place that reads the role (besides the CLI, which runs the engine role's server
-instead of this app). See docs/architecture.md.
+Two backends implement :class:`Backend`: ``InProcessBackend``
+(:mod:`app.serving.in_process.backend`) runs requests on the vLLM engine in this process (the
+``all`` role); ``Front`` (:mod:`app.serving.front.backend`) forwards them to an upstream
+OpenAI server, vLLM's or the Inference Extension's gateway (the ``front`` role). Each is
+opened by its :class:`BackendFactory`, which also says what comes with it: the admission
+policy in front of it, and whether adapters' content is read from this process's storage.
+:func:`backend_factory` is the one place that reads the role (besides the CLI, which runs the
+engine role's server instead of this app). See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from vllm.tool_parsers import ToolParser
 
 from app.protocol import ChatCompletionRequest, CompletionRequest
 from app.scheduling import Admission
-from app.serving.front import FrontFactory
-from app.serving.in_process import EngineFactory, InProcessFactory
-from app.serving.structured import OutputConstraints
-from app.serving.tracking import Service
+from app.serving.front.backend import FrontFactory
+from app.serving.in_process.backend import EngineFactory, InProcessFactory
+from app.serving.lifecycle.tracking import Service
+from app.serving.preparation.structured import OutputConstraints
 from app.settings import Settings
 from app.tenancy.adapters import Adapter
 

@@ -11,7 +11,7 @@ from vllm import CompletionOutput, RequestOutput
 
 from app.errors import GatewayError
 from app.protocol import Usage
-from app.serving.generation import usage as token_usage
+from app.serving.preparation.generation import usage as token_usage
 
 logger = logging.getLogger(__name__)
 

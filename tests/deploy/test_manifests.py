@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from app.serving.upstream import OBJECTIVE_HEADER, objective_of
+from app.serving.front.upstream import OBJECTIVE_HEADER, objective_of
 from app.settings import Settings
 from app.tenancy.tenants import PRIORITIES, Tenant
 from tests.deploy.manifests import (

@@ -283,9 +283,10 @@ def test_a_streamed_text_completion(deployment: Deployment) -> None:
 def test_a_client_that_leaves_stops_the_engine_and_is_charged_what_it_produced(
     deployment: Deployment,
 ) -> None:
-    # The front closes its upstream connection as its client leaves (against a fake upstream:
-    # tests/serving/test_serving_front.py); vLLM's server then aborts the request: it stops running,
-    # and its generated-token counter stops, long before the 900 tokens it was asked for.
+    # The front closes its upstream connection as its client leaves (against a fake
+    # upstream: tests/serving/front/test_serving_front.py); vLLM's server then aborts the
+    # request: it stops running, and its generated-token counter stops, long before the 900
+    # tokens it was asked for.
     body = {
         "model": ALIAS,
         "messages": MESSAGES,

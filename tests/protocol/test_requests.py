@@ -20,7 +20,7 @@ from app.protocol import (
     CompletionRequest,
 )
 from app.protocol.requests import TOOL_FIELDS
-from app.serving.generation import sampling_params
+from app.serving.preparation.generation import sampling_params
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 Request = type[ChatCompletionRequest] | type[CompletionRequest]

@@ -12,7 +12,7 @@ from app.scheduling import AdmissionRefused, FairAdmission, FairQueue, Ticket, a
 from app.scheduling.fair import LOAD_POLL_SECONDS
 from app.scheduling.fcfs import FcfsAdmission
 from app.serving.backend import backend_factory
-from app.serving.in_process import start_vllm_engine
+from app.serving.in_process.backend import start_vllm_engine
 from app.settings import Settings
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.serving.conftest import ADMIN_TOKEN, TENANT, ServeFactory
 from tests.support.scripted_engine import ScriptedEngine
+from tests.support.serving import ADMIN_TOKEN, TENANT, ServeFactory
 
 
 @pytest.mark.parametrize(

@@ -17,9 +17,9 @@ from app.engine.base import Engine
 from app.main import create_app
 from app.server import GatewayServer, connection_limits, server_config
 from app.settings import Settings
-from tests.serving.conftest import ADMIN_TOKEN, TENANT, Served
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.servers import free_port, wait_until_ready
+from tests.support.serving import ADMIN_TOKEN, TENANT, Served
 
 
 @asynccontextmanager

@@ -13,10 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from app.serving.engine_run import EngineRun
-from tests.serving.conftest import TENANT, Served, ServeFactory
-from tests.serving.test_lifecycle import chat, eventually, quota_usage
+from app.serving.in_process.engine_run import EngineRun
 from tests.support.scripted_engine import ScriptedEngine, SeatedEngine
+from tests.support.serving import TENANT, Served, ServeFactory, chat, eventually, quota_usage
 
 NEIGHBOUR = "tenant-b"
 

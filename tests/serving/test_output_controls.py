@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.serving.conftest import Served, ServeFactory
 from tests.support.scripted_engine import VOCABULARY, ScriptedEngine
+from tests.support.serving import Served, ServeFactory
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 

@@ -16,8 +16,8 @@ from vllm import CompletionOutput, RequestOutput
 
 from app.main import create_app
 from app.settings import Settings
-from tests.serving.conftest import Served, ServeFactory, sse_events
 from tests.support.scripted_engine import ScriptedEngine, ScriptedRequest
+from tests.support.serving import Served, ServeFactory, sse_events
 
 WEATHER = {
     "type": "function",

@@ -9,8 +9,8 @@ import json
 import time
 from typing import Any
 
-from tests.serving.conftest import Served, ServeFactory
 from tests.support.scripted_engine import ScriptedEngine, ScriptedRequest
+from tests.support.serving import Served, ServeFactory
 
 
 class FirstTokenHeld(ScriptedEngine):

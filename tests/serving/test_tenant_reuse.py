@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 
 from app.tenancy.tenants import Tenant
-from tests.serving.conftest import TENANT, Served, ServeFactory
-from tests.serving.test_lifecycle import chat, quota_usage
 from tests.support.redis_server import redis_server
 from tests.support.scripted_engine import ScriptedEngine
+from tests.support.serving import TENANT, Served, ServeFactory, chat, quota_usage
 
 QUOTA = {"requests_per_minute": 1, "token_budget": 100_000, "budget_period": "day"}
 

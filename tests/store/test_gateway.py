@@ -14,7 +14,7 @@ from app import gateway as gateway_module
 from app import usage as usage_module
 from app.gateway import Gateway
 from app.serving.backend import backend_factory
-from app.serving.in_process import start_vllm_engine
+from app.serving.in_process.backend import start_vllm_engine
 from app.settings import Settings
 from app.tenancy.base_model import BaseModelInfo
 from app.usage import UsageRecord, usage_totals

@@ -30,7 +30,7 @@ CHECKS = (
     Check(
         5,
         "a pathological output constraint is a 400 before the engine, in both roles",
-        ("tests/serving/test_constraint_limits.py",),
+        ("tests/serving/preparation/test_constraint_limits.py",),
     ),
     Check(
         6,

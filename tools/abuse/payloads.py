@@ -7,7 +7,8 @@ most 32 deep): long counted repetitions, deep rule chains, wide alternations, am
 they cost depends on vLLM's backend. With ``structured_outputs_compact`` (the default) it is
 llguidance, which compiles in the engine core between steps and computes each step's token
 mask, which every request in the batch waits for; GBNF grammars were converted in Python,
-in time quadratic in a chain of rules (the gateway now converts them: app/serving/gbnf.py).
+in time quadratic in a chain of rules (the gateway now converts them:
+app/serving/preparation/gbnf.py).
 With it off it is xgrammar, which compiles up front, in the engine core. Each variant differs
 in a number, so that no grammar cache answers for a previous one.
 """

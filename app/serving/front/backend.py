@@ -1,0 +1,290 @@
+"""The front role's endpoints: chat and text completions checked, admitted and settled here,
+run on the upstream.
+
+A request is prepared exactly as in-process (the same :class:`ChatPreparation` and
+:class:`CompletionPreparation`, over the model directory's tokenizer): the same 400s name the
+same fields before anything is held, and the reservation is the same worst case. What goes
+upstream is built from an allow-list (:func:`upstream_body`): the fields this gateway
+supports, as it understood them, never the client's body; so no client can set vLLM's
+engine-side fields (``priority``, ``cache_salt``, ``vllm_xargs``, ``kv_transfer_params``...).
+What comes back is read into the gateway's own response models, with the tenant's name for the
+model: the client sees what an in-process answer would show, and no global name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ValidationError
+from vllm.tokenizers import get_tokenizer
+from vllm.tool_parsers import ToolParser
+
+from app.errors import BadRequestError, GatewayError, UpstreamError
+from app.protocol import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    SamplingFields,
+)
+from app.quota import Reservation
+from app.scheduling import FcfsAdmission
+from app.serving.front.upstream import Upstream, open_upstream, request_headers
+from app.serving.front.upstream_run import UpstreamCall, UpstreamRun
+from app.serving.preparation.chat import ChatPreparation
+from app.serving.preparation.completions import CompletionPreparation
+from app.serving.preparation.generation import (
+    Generation,
+    Preparation,
+    Prepared,
+    RequestT,
+    warm_tokenizer,
+)
+from app.serving.preparation.structured import OutputConstraints
+from app.serving.sse import DONE, event
+from app.settings import Settings
+from app.tenancy.adapters import Adapter
+from app.tenancy.tenants import ModelTarget, Principal
+
+logger = logging.getLogger(__name__)
+
+
+# Sampling as the front decided it (from the prepared SamplingParams), not as the client
+# wrote it: the upstream then samples exactly as the in-process engine would, whatever its
+# defaults (vLLM applies the model's generation_config to fields left out).
+_SAMPLING = (
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_tokens",
+    "ignore_eos",
+    "seed",
+)
+# Fields passed as the client sent them (the protocol has validated and bounded each).
+_SHARED_FIELDS = frozenset({"stop", "logit_bias", "response_format", "structured_outputs"})
+CHAT_FIELDS = _SHARED_FIELDS | {
+    "messages",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+}
+COMPLETION_FIELDS = _SHARED_FIELDS | {"prompt", "logprobs", "echo"}
+
+
+@dataclass
+class TokenizerModel:
+    """The base model's tokenizer and context length, without an engine."""
+
+    tokenizer: Any
+    max_model_len: int
+
+    @classmethod
+    def load(cls, settings: Settings) -> TokenizerModel:
+        """The tokenizer vLLM would load for ``settings.model`` (blocking: file reads)."""
+        return cls(get_tokenizer(str(settings.model_dir(weights=False))), settings.max_model_len)
+
+
+def global_name(target: ModelTarget) -> str:
+    """The ``model`` the upstream serves ``target`` under: an adapter version's unique global
+    name (``name@vN``, which the engines' LoRA resolver loads from the adapter store), else
+    the base model's id."""
+    return target.adapter.engine_name if target.adapter is not None else target.model
+
+
+def upstream_body(
+    request: SamplingFields, generation: Generation, fields: frozenset[str]
+) -> dict[str, Any]:
+    """The body forwarded for ``request``: ``fields`` of the parsed request, the sampling the
+    front prepared, the global model name, the completion budget the front reserved for, and
+    the tenant's random prefix-cache salt (a tenant's cached prefixes never serve another, nor
+    a later tenant of the same id)."""
+    body = request.model_dump(mode="json", by_alias=True, exclude_none=True, include=set(fields))
+    params = generation.params
+    for name in _SAMPLING:
+        value = getattr(params, name)
+        if value is not None:
+            body[name] = value
+    limit = "max_completion_tokens" if isinstance(request, ChatCompletionRequest) else "max_tokens"
+    body[limit] = params.max_tokens
+    body["model"] = global_name(generation.target)
+    body["cache_salt"] = generation.principal.tenant.cache_salt
+    if request.stream:
+        # Counts on every chunk: a stream cut short is charged what it had produced.
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    return body
+
+
+class FrontEndpoint(Prepared[RequestT]):
+    """One endpoint forwarded upstream; the subclasses name the path, the fields and the
+    response models."""
+
+    path: ClassVar[str]
+    fields: ClassVar[frozenset[str]]
+    answer_model: ClassVar[type[ChatCompletion] | type[Completion]]
+    chunk_model: ClassVar[type[ChatCompletionChunk] | type[Completion]]
+    id_prefix: ClassVar[str]
+    # An upstream that refuses or cannot be reached is answered with the error's status.
+    fails_before_streaming = True
+
+    def __init__(self, preparation: Preparation[RequestT], upstream: Upstream) -> None:
+        super().__init__(preparation)
+        self._upstream = upstream
+
+    def start(
+        self, request: RequestT, generation: Generation, reservation: Reservation | None
+    ) -> UpstreamRun:
+        name = global_name(generation.target)
+        call = UpstreamCall(
+            path=self.path,
+            body=upstream_body(request, generation, self.fields),
+            headers=request_headers(generation.principal.tenant, generation.request_id),
+            names={name: request.model} if name != request.model else {},
+        )
+        return UpstreamRun(self._upstream, call, generation, reservation)
+
+    async def complete(self, request: RequestT, run: UpstreamRun) -> BaseModel:
+        payload = await run.answer()
+        answer: BaseModel = self._read(self.answer_model, payload)
+        return answer.model_copy(update=self._ours(request, run))
+
+    async def stream(self, request: RequestT, run: UpstreamRun) -> AsyncIterator[str]:
+        """The upstream's chunks with the gateway's id and the tenant's model name; its usage
+        chunk only when the client asked for one. A failure before the first event is raised
+        (the response has not started: it gets its own status); after it, it is one error
+        event before ``[DONE]``, as in-process."""
+        ours = self._ours(request, run)
+        started = False
+        try:
+            async with aclosing(run.chunks()) as chunks:
+                async for payload in chunks:
+                    chunk = self._read(self.chunk_model, payload)
+                    if chunk.choices:
+                        started = True
+                        yield event(chunk.model_copy(update={**ours, "usage": None}))
+                    elif request.include_usage and chunk.usage is not None:
+                        started = True
+                        yield event(chunk.model_copy(update=ours))
+        except GatewayError as exc:
+            if not started:
+                raise
+            yield f"data: {json.dumps(exc.body())}\n\n"
+        yield DONE
+
+    def _ours(self, request: RequestT, run: UpstreamRun) -> dict[str, Any]:
+        """The fields an answer takes from the gateway: its id, and the model's name as the
+        tenant wrote it."""
+        return {"id": f"{self.id_prefix}{run.generation.request_id}", "model": request.model}
+
+    @staticmethod
+    def _read(model: type[BaseModel], payload: Mapping[str, Any]) -> Any:
+        try:
+            return model.model_validate(payload)
+        except ValidationError as exc:
+            logger.warning("unexpected upstream answer: %s", exc)
+            message = "The upstream answered in a shape this gateway does not know."
+            raise UpstreamError(message) from exc
+
+
+class FrontChatService(FrontEndpoint[ChatCompletionRequest]):
+    path = "/v1/chat/completions"
+    fields = CHAT_FIELDS
+    answer_model = ChatCompletion
+    chunk_model = ChatCompletionChunk
+    id_prefix = "chatcmpl-"
+
+    def __init__(self, preparation: ChatPreparation, upstream: Upstream) -> None:
+        super().__init__(preparation, upstream)
+        self._tool_parser = preparation.tool_parser
+
+    def prepare(
+        self,
+        request: ChatCompletionRequest,
+        principal: Principal,
+        target: ModelTarget,
+        request_id: str,
+    ) -> Generation:
+        if request.forced_tool is not None and self._tool_parser is None:
+            # In-process, this gateway decodes a forced call itself; vLLM's server (the
+            # engines) refuses one unless started with a tool-call parser.
+            raise BadRequestError(
+                "`tool_choice` `required` or a named function needs a tool-call parser on "
+                "this deployment's engines (LORA_GATEWAY_TOOL_CALL_PARSER, set alike on the "
+                "front and the engines): send `none`",
+                param="tool_choice",
+            )
+        return super().prepare(request, principal, target, request_id)
+
+
+class FrontCompletionService(FrontEndpoint[CompletionRequest]):
+    path = "/v1/completions"
+    fields = COMPLETION_FIELDS
+    answer_model = Completion
+    chunk_model = Completion
+    id_prefix = "cmpl-"
+
+
+class Front:
+    """The front role's backend: requests prepared here with the model's tokenizer, and run
+    on the upstream."""
+
+    def __init__(
+        self,
+        model: TokenizerModel,
+        upstream: Upstream,
+        constraints: OutputConstraints,
+        tool_parser: type[ToolParser] | None,
+    ) -> None:
+        self.upstream = upstream
+        self.chat = FrontChatService(ChatPreparation(model, constraints, tool_parser), upstream)
+        self.completions = FrontCompletionService(
+            CompletionPreparation(model, constraints), upstream
+        )
+
+    async def check_ready(self) -> None:
+        """Ready once started. A front does not follow the store or the upstream, which all
+        fronts share: were their outage to take every front out of its Service, clients
+        would get the ingress's own 503 instead of the front's OpenAI-shaped one (and a
+        front serves from its registry while the store is down)."""
+
+    async def check_alive(self) -> None:
+        """Nothing of a front dies but its process."""
+
+    async def retire(self, adapter: Adapter) -> None:
+        """The engines hold adapters; a front holds nothing of them."""
+
+
+class FrontFactory:
+    name = "the gateway"
+    holds_adapter_copies = False
+    # The llm-d router's flow control keeps the tenants fair (the front sends the tenant as
+    # its fairness id): the front admits first come, first served.
+    admission = FcfsAdmission()
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+
+    @asynccontextmanager
+    async def open(
+        self, constraints: OutputConstraints, tool_parser: type[ToolParser] | None
+    ) -> AsyncIterator[Front]:
+        """The front's tokenizer and its upstream connection, closed on exit."""
+        model = await asyncio.to_thread(TokenizerModel.load, self._settings)
+        await asyncio.to_thread(warm_tokenizer, model.tokenizer, constraints)
+        async with open_upstream(self._settings) as upstream:
+            logger.info("front ready: forwarding to %s", self._settings.upstream_url)
+            yield Front(model, upstream, constraints, tool_parser)

@@ -1,0 +1,122 @@
+"""A request run on the engine inside this process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from vllm import RequestOutput
+
+from app.engine.base import Engine
+from app.errors import GenerationFailedError
+from app.quota import Reservation
+from app.serving.in_process.token_meter import TokenMeter
+from app.serving.lifecycle.tracking import Outcome
+from app.serving.preparation.generation import Generation
+
+logger = logging.getLogger(__name__)
+
+DRAIN_SECONDS = 2.0
+"""How long an aborted request's last output may take to arrive: it carries the tokens the
+engine produced that the client had not read yet, which are charged too."""
+
+
+class EngineRun:
+    """One admitted request on the in-process engine. :meth:`outputs` opens its engine
+    stream (once); the tracker closes it."""
+
+    def __init__(
+        self, engine: Engine, generation: Generation, reservation: Reservation | None
+    ) -> None:
+        self.generation = generation
+        self.reservation = reservation
+        tenant = generation.principal.tenant.id
+        self.meter = TokenMeter(tenant, generation.target.model)
+        self._engine = engine
+        self._stream: AsyncIterator[RequestOutput] | None = None
+        self._finished = False
+        self._failed = False
+        self._ended: Callable[[], None] | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The ``x-ratelimit-*`` headers of the response."""
+        return dict(self.reservation.headers) if self.reservation is not None else {}
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.generation.prompt_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.meter.completion_tokens
+
+    async def outputs(self) -> AsyncIterator[RequestOutput]:
+        """The engine's deltas, as it produces them."""
+        if self._stream is not None:
+            raise RuntimeError("a request's engine stream is read once")
+        generation = self.generation
+        self._stream = self._engine.generate(
+            generation.prompt_token_ids,
+            generation.params,
+            generation.request_id,
+            generation.target.adapter,
+            # A tenant's cached prefixes never serve another tenant (nor a later tenant of
+            # the same id): no timing side channel reveals what others have asked.
+            cache_salt=generation.principal.tenant.cache_salt,
+        )
+        try:
+            async for output in self._stream:
+                self._observe(output)
+                if any(choice.finish_reason == "error" for choice in output.outputs):
+                    # As vLLM's own server: an end the engine calls an error is a 500, not
+                    # "stop" (e.g. a grammar llguidance gave up on mid-way).
+                    raise GenerationFailedError(
+                        "The engine ended this request with an error; what it produced "
+                        "until then is charged."
+                    )
+                yield output
+        except Exception:
+            self._failed = True
+            raise
+
+    def outcome(self) -> Outcome:
+        if self._failed:
+            return "error"
+        return "ok" if self._finished else "cancelled"
+
+    def when_ended(self, callback: Callable[[], None]) -> None:
+        self._ended = callback
+
+    def _observe(self, output: RequestOutput) -> None:
+        self.meter.observe(output)
+        if output.finished:
+            self._finished = True
+            if self._ended is not None:
+                ended, self._ended = self._ended, None
+                ended()
+
+    async def _drain(self, stream: AsyncIterator[RequestOutput]) -> None:
+        async for output in stream:
+            self._observe(output)
+
+    async def close(self) -> None:
+        """Abort an unfinished engine request, count what it produced until then, and close
+        the stream."""
+        stream = self._stream
+        if stream is None:
+            return
+        try:
+            if not self._finished and not self._failed:
+                await self._engine.abort(self.generation.request_id)
+                await asyncio.wait_for(self._drain(stream), DRAIN_SECONDS)
+        except Exception:
+            logger.warning(
+                "could not drain aborted request %s", self.generation.request_id, exc_info=True
+            )
+        finally:
+            # The gaps counted since the last flush: a drain that failed never reached the
+            # last output, which flushes them.
+            self.meter.flush()
+            await stream.aclose()  # type: ignore[attr-defined]

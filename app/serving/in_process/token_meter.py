@@ -1,0 +1,71 @@
+"""What an in-process request produced, counted as the engine's deltas arrive: completion
+tokens, time to first token, queue wait and inter-token latency."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from vllm import RequestOutput
+
+from app import metrics
+
+ITL_FLUSH_SECONDS = 1.0
+"""How stale the inter-token latency histogram may be while a stream runs."""
+
+
+@dataclass
+class TokenMeter:
+    """Completion tokens the engine produced, and their timing metrics as they come.
+
+    Inter-token latency is one observation per token after the first delta (a delta of
+    several tokens spreads its gap evenly over them), counted in a
+    :class:`~app.metrics.HistogramTally` and written to the histogram every
+    :data:`ITL_FLUSH_SECONDS` and when the request's last output arrives (or on
+    :meth:`flush`)."""
+
+    tenant: str
+    model: str
+    started: float = field(default_factory=time.monotonic)
+    completion_tokens: int = 0
+    last_token_at: float | None = None
+    _gaps: metrics.HistogramTally | None = field(default=None, init=False, repr=False)
+    _flushed_at: float = field(default=0.0, init=False, repr=False)
+
+    def observe(self, output: RequestOutput) -> None:
+        new = 0
+        for choice in output.outputs:
+            new += len(choice.token_ids)
+        if new:
+            self.completion_tokens += new
+            now = time.monotonic()
+            if self.last_token_at is None:
+                self._first_token(output, now)
+                self._flushed_at = now
+            else:
+                self._tally().observe((now - self.last_token_at) / new, new)
+                if now - self._flushed_at >= ITL_FLUSH_SECONDS:
+                    self.flush()
+                    self._flushed_at = now
+            self.last_token_at = now
+        if output.finished:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the inter-token gaps counted so far to the histogram."""
+        if self._gaps is not None:
+            self._gaps.flush()
+
+    def _tally(self) -> metrics.HistogramTally:
+        if self._gaps is None:
+            child = metrics.INTER_TOKEN_LATENCY.labels(self.tenant, self.model)
+            self._gaps = metrics.HistogramTally(child)
+        return self._gaps
+
+    def _first_token(self, output: RequestOutput, now: float) -> None:
+        metrics.TIME_TO_FIRST_TOKEN.labels(self.tenant, self.model).observe(now - self.started)
+        stats = output.metrics
+        if stats is not None and stats.scheduled_ts >= stats.queued_ts > 0:
+            # Both on the engine core's clock.
+            wait = stats.scheduled_ts - stats.queued_ts
+            metrics.QUEUE_WAIT.labels(self.tenant, self.model).observe(wait)

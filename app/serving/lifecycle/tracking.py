@@ -1,0 +1,451 @@
+"""One owner for each completion request's lifecycle.
+
+:meth:`RequestTracker.track` is the whole of it, as one ``async with``: resolve the request's
+``model`` for its tenant, check the request-rate limits that need no token count, tokenise off
+the event loop, reserve the worst case against the quotas, wait for an engine slot
+(:mod:`app.scheduling`), then hand the caller a :class:`Run` whose answer it may read. However
+the block ends (it finished, the client left, an error, a shutdown), the exit closes the run
+(an unfinished request is aborted and what it produced up to then is counted), settles the
+reservation exactly once with that count, counts the outcome and writes the usage record, and
+only then gives the engine slot back. The JSON and the SSE response both run inside it.
+
+What a request runs on is its service's choice (:meth:`Service.start`): the in-process engine
+(``EngineRun``, :mod:`app.serving.in_process.engine_run`) or, in the front role, an upstream
+OpenAI server (``UpstreamRun``, :mod:`app.serving.front.upstream_run`). The tracker only needs
+a :class:`Run`'s headers, outcome and token counts, and its :meth:`Run.close`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import AbstractContextManager, ExitStack, asynccontextmanager
+from dataclasses import replace
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal, Protocol, TypeVar
+
+from pydantic import BaseModel
+
+from app import metrics
+from app.errors import GatewayError
+from app.protocol import SamplingFields
+from app.quota import Limits, QuotaBackend, QuotaExceeded, QuotaTooLarge, Reservation
+from app.scheduling import Admission, AdmissionRefused, FcfsAdmission, Slot, Ticket
+from app.serving.lifecycle.fair_worker import FairWorker
+from app.serving.lifecycle.inflight import InFlight
+from app.serving.preparation.generation import Generation
+from app.tenancy.adapters import Adapter
+from app.tenancy.registry import TenantRegistry
+from app.tenancy.tenants import ApiKey, ModelTarget, Principal, Tenant
+from app.usage import UsageLedger, UsageRecord
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Request = TypeVar("Request", bound=SamplingFields)
+RequestContra = TypeVar("RequestContra", bound=SamplingFields, contravariant=True)
+Outcome = Literal["ok", "cancelled", "error"]
+Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
+
+
+class ClientDisconnected(Exception):
+    """The client left before its response was complete."""
+
+
+class Run(Protocol):
+    """One admitted request, running. The service that started it reads its answer; the
+    tracker closes it, then settles with its token counts."""
+
+    generation: Generation
+    reservation: Reservation | None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The response's headers (``x-ratelimit-*``)."""
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens to charge."""
+
+    @property
+    def completion_tokens(self) -> int:
+        """Completion tokens to charge: what was produced, as far as it is known once
+        :meth:`close` has returned."""
+
+    def outcome(self) -> Outcome:
+        """``ok`` when the answer was complete, ``error`` when it failed, else ``cancelled``."""
+
+    def when_ended(self, callback: Callable[[], None]) -> None:
+        """Have ``callback`` called once, as the request's last output arrives with its
+        token counts, while the answer may still be on its way to the client. A run whose
+        end is not its to see (another tier runs it) never calls it."""
+
+    async def close(self) -> None:
+        """Stop whatever still runs for the request and count what it produced."""
+
+
+RunT = TypeVar("RunT", bound=Run)
+
+
+class Service(Protocol[RequestContra, RunT]):
+    """An endpoint (chat, completions): how its requests are prepared, run and answered."""
+
+    endpoint: str
+    fails_before_streaming: bool
+    """Whether :meth:`stream` raises a failure that comes before its first event (to be
+    answered with the error's own status, the response not started until that event), rather
+    than streaming every failure as an error event."""
+
+    def prepare(
+        self, request: RequestContra, principal: Principal, target: ModelTarget, request_id: str
+    ) -> Generation:
+        """Tokenise and build the sampling parameters (CPU work, run off the event loop)."""
+
+    def start(
+        self, request: RequestContra, generation: Generation, reservation: Reservation | None
+    ) -> RunT:
+        """The run of an admitted request; nothing is sent anywhere until it is read."""
+
+    async def complete(self, request: RequestContra, run: RunT) -> BaseModel:
+        """The whole response, once the request has finished."""
+
+    def stream(self, request: RequestContra, run: RunT) -> AsyncIterator[str]:
+        """The response as server-sent events, as it is produced."""
+
+
+INLINE_PREPARE_BYTES = 2048
+"""A request body up to this size is tokenised on the event loop when the tokenizer thread is
+idle: handing it to the thread and back costs more CPU than tokenising it."""
+
+
+def ticket_of(generation: Generation) -> Ticket:
+    """What the scheduler weighs a request by: its tenant, worst-case tokens, adapter,
+    output constraint."""
+    tenant, params, adapter = (
+        generation.principal.tenant,
+        generation.params,
+        generation.target.adapter,
+    )
+    return Ticket(
+        request_id=generation.request_id,
+        tenant=tenant.id,
+        weight=tenant.weight,
+        cost=generation.worst_case_tokens,
+        adapter=adapter.lora_id if adapter is not None else None,
+        seqs=params.n,
+        interactive=tenant.priority == "interactive",
+        constrained=params.structured_outputs is not None,
+    )
+
+
+def key_subject(key: ApiKey) -> str:
+    """The quota subject of a key's own limits; a tenant's is :attr:`Tenant.quota_subject`."""
+    return f"{key.tenant_id}/{key.id}"
+
+
+def quota_subjects(principal: Principal) -> list[tuple[str, Limits]]:
+    """The subjects a request is charged to: its tenant, and its key where it has limits."""
+    tenant, key = principal.tenant, principal.key
+    return [
+        (subject, limits)
+        for subject, limits in (
+            (tenant.quota_subject, tenant.limits),
+            (key_subject(key), key.limits),
+        )
+        if not limits.unlimited
+    ]
+
+
+def _exit_once_entered(copy: AbstractContextManager[Path], entering: asyncio.Future[Path]) -> None:
+    if not entering.cancelled() and entering.exception() is None:
+        copy.__exit__(None, None, None)
+
+
+class RequestTracker:
+    def __init__(
+        self,
+        registry: Callable[[], TenantRegistry],
+        in_flight: InFlight,
+        ledger: UsageLedger,
+        quota: QuotaBackend,
+        spawn: Spawn,
+        *,
+        lease_seconds: float,
+        held_copy: Callable[[str], AbstractContextManager[Path]] | None,
+        admission: Admission | None = None,
+    ) -> None:
+        """``held_copy`` gives this host's copy of an adapter's content (by digest) for an
+        engine in this process to load, kept in place while the request runs; ``None`` where
+        the engine is elsewhere (the front role), which names adapters by their global name
+        and never needs their content.
+        ``admission`` decides when an admitted request may enter the engine (default: at once).
+        """
+        self._admission = admission or FcfsAdmission()
+        self.in_flight = in_flight
+        self._registry = registry
+        self._held_copy = held_copy
+        self._ledger = ledger
+        self._quota = quota
+        self._spawn = spawn
+        self._renew_every = lease_seconds / 3
+        # One thread: Hugging Face tokenizers are not safe to share between threads.
+        self._tokenizer = FairWorker("tokenizer")
+        # lora_id -> when a request last started with that adapter version
+        self.last_used: dict[int, datetime] = {}
+
+    def close(self) -> None:
+        self._tokenizer.close()
+
+    @asynccontextmanager
+    async def track(
+        self,
+        service: Service[Request, RunT],
+        request: Request,
+        principal: Principal,
+        request_id: str,
+        *,
+        body_bytes: int | None = None,
+        prechecked: bool = False,
+    ) -> AsyncIterator[RunT]:
+        """Admit the request and yield its :class:`Run`; settle and record it on exit.
+        ``body_bytes``, the size of the request's body where it is known, bounds the work of
+        tokenising it; ``prechecked`` says :meth:`precheck` passed before it was read."""
+        # This host's copy of the request's adapter stays in place until the request ended.
+        with ExitStack() as holds:
+            generation, reservation = await self._admit(
+                service, request, principal, request_id, holds, body_bytes, prechecked
+            )
+            run = service.start(request, generation, reservation)
+            began = time.monotonic()
+            adapter = generation.target.adapter
+            started_at = datetime.now(timezone.utc)
+            if adapter is not None:
+                self.last_used[adapter.lora_id] = started_at
+            lease = asyncio.create_task(self._keep_lease(reservation)) if reservation else None
+            slot = self._admission.admit(ticket_of(generation))
+            refused: AdmissionRefused | None = None
+            outcome: Outcome = "error"
+            with self.in_flight.hold(adapter):
+                try:
+                    # Queued for an engine slot after the reservation, so the queue holds only
+                    # requests the quotas allow, and before the run is read: a refusal is a status.
+                    await slot.acquire()
+                    # The slot goes back as the engine ends the request, not after its
+                    # answer has been written, settled and recorded.
+                    run.when_ended(partial(self._give_back, run, slot))
+                    yield run
+                    outcome = run.outcome()
+                except (asyncio.CancelledError, ClientDisconnected):
+                    outcome = "cancelled"
+                    raise
+                except AdmissionRefused as exc:
+                    refused = exc
+                    raise
+                finally:
+                    if lease is not None:
+                        lease.cancel()
+                    # Shielded: a shutdown that cancels this request still settles and records it.
+                    finish = (
+                        self._finish(run, outcome, began, started_at, request.user)
+                        if refused is None
+                        else self._refused(run, refused)
+                    )
+                    await asyncio.shield(self._spawn(self._released_after(finish, run, slot)))
+
+    async def _admit(
+        self,
+        service: Service[Request, Any],
+        request: Request,
+        principal: Principal,
+        request_id: str,
+        holds: ExitStack,
+        body_bytes: int | None,
+        prechecked: bool,
+    ) -> tuple[Generation, Reservation | None]:
+        """Resolve, pre-check, tokenise and reserve, or raise; a refusal holds nothing (what
+        ``holds`` holds is the caller's to let go)."""
+        tenant = principal.tenant
+        model = metrics.UNKNOWN_MODEL  # until resolved: refused names stay out of the labels
+        try:
+            target = self._registry().resolve(tenant, request.model)
+            model = target.model
+            if target.adapter is not None and self._held_copy is not None:
+                copy = self._held_copy(target.adapter.sha256)
+                target = await self._on_this_host(target, target.adapter, holds, copy)
+            subjects = quota_subjects(principal)
+            if subjects and not prechecked:
+                # The limits that need no token count, before the prompt is tokenised.
+                await self._checked(self._quota.precheck(subjects), tenant)
+            generation = await self._prepare(
+                service, request, principal, target, request_id, body_bytes
+            )
+            reservation = None
+            if subjects:
+                reservation = await self._checked(
+                    self._quota.reserve(subjects, generation.worst_case_tokens, request_id),
+                    tenant,
+                )
+                if reservation.unchecked:
+                    metrics.QUOTA_UNCHECKED.labels(tenant.id).inc()
+        except GatewayError as exc:
+            status = exc.code or exc.error_type
+            metrics.REQUESTS.labels(tenant.id, model, service.endpoint, status).inc()
+            if exc.status_code in (400, 404):  # refused once parsed or tokenised
+                await self.charge_refused(principal)
+            raise
+        return generation, reservation
+
+    async def precheck(self, principal: Principal, endpoint: str) -> None:
+        """Refuse, before the request's body is read, a request its rate or concurrency
+        limits would refuse whatever its body (429): a tenant at its limit cannot make the
+        gateway read and parse bodies it will refuse anyway. Counted like any refusal."""
+        subjects = quota_subjects(principal)
+        if not subjects:
+            return
+        tenant = principal.tenant.id
+        try:
+            await self._checked(self._quota.precheck(subjects), principal.tenant)
+        except GatewayError as exc:
+            status = exc.code or exc.error_type
+            metrics.REQUESTS.labels(tenant, metrics.UNKNOWN_MODEL, endpoint, status).inc()
+            raise
+
+    async def charge_refused(self, principal: Principal) -> None:
+        """Count a request refused after its body was parsed or its prompt tokenised (a 400,
+        or a 404 for a model not its tenant's) as one request against its requests-per-minute
+        limits, with no tokens: that work is not free, so a tenant cannot have the gateway do
+        it faster than its limit."""
+        subjects = quota_subjects(principal)
+        if subjects:
+            await self._quota.charge_refused(subjects)
+
+    async def _prepare(
+        self,
+        service: Service[Request, Any],
+        request: Request,
+        principal: Principal,
+        target: ModelTarget,
+        request_id: str,
+        body_bytes: int | None,
+    ) -> Generation:
+        """``service.prepare``, off the event loop unless the body is small, in the tenant's
+        turn on the tokenizer's thread (:class:`FairWorker`). The tokenizer is never used by
+        two threads at once: the loop uses it only while its thread is idle."""
+        small = body_bytes is not None and body_bytes <= INLINE_PREPARE_BYTES
+        if small and self._tokenizer.idle:
+            return service.prepare(request, principal, target, request_id)
+        prepare = partial(service.prepare, request, principal, target, request_id)
+        return await self._tokenizer.run(principal.tenant.id, prepare)
+
+    @staticmethod
+    async def _on_this_host(
+        target: ModelTarget,
+        adapter: Adapter,
+        holds: ExitStack,
+        copy: AbstractContextManager[Path],
+    ) -> ModelTarget:
+        """``target`` with its adapter at this host's copy of the content (held in
+        ``holds``), fetched first when the adapter store keeps it elsewhere (another replica
+        registered it)."""
+        entering = asyncio.ensure_future(asyncio.to_thread(copy.__enter__))
+        try:
+            path = await asyncio.shield(entering)
+        except asyncio.CancelledError:
+            # The fetch runs on in its thread; what it holds once done is let go then.
+            entering.add_done_callback(partial(_exit_once_entered, copy))
+            raise
+        holds.push(copy.__exit__)
+        return (
+            target if path == adapter.path else replace(target, adapter=replace(adapter, path=path))
+        )
+
+    @staticmethod
+    async def _checked(check: Coroutine[Any, Any, T], tenant: Tenant) -> T:
+        """``check``'s result; a quota refusal is counted by limit and by whose it was."""
+        try:
+            return await check
+        except (QuotaExceeded, QuotaTooLarge) as exc:
+            limit = "too_large" if isinstance(exc, QuotaTooLarge) else exc.limit
+            scope = "tenant" if exc.subject == tenant.quota_subject else "key"
+            metrics.QUOTA_REJECTIONS.labels(tenant.id, limit, scope).inc()
+            raise
+
+    async def _keep_lease(self, reservation: Reservation) -> None:
+        while True:
+            await asyncio.sleep(self._renew_every)
+            try:
+                await self._quota.renew(reservation)
+            except Exception:
+                logger.warning("could not renew lease %s", reservation.id, exc_info=True)
+
+    async def _refused(self, run: Run, refusal: AdmissionRefused) -> None:
+        """A request the scheduler refused never ran: its reservation is returned whole and
+        it is counted as refused, with no usage record (like any refusal)."""
+        await run.close()
+        generation = run.generation
+        if run.reservation is not None:
+            self._spawn(self._quota.reconcile(run.reservation, 0))
+        status = refusal.code or refusal.error_type
+        metrics.REQUESTS.labels(
+            generation.principal.tenant.id, generation.target.model, generation.endpoint, status
+        ).inc()
+
+    @classmethod
+    async def _released_after(cls, finish: Coroutine[Any, Any, None], run: Run, slot: Slot) -> None:
+        """``finish``, then the engine slot back unless the request's end gave it back."""
+        try:
+            await finish
+        finally:
+            cls._give_back(run, slot)
+
+    @staticmethod
+    def _give_back(run: Run, slot: Slot) -> None:
+        """The engine slot back, charged what the request really used (once: a slot
+        already given back stays so)."""
+        slot.settle(run.prompt_tokens + run.completion_tokens)
+        slot.release()
+
+    async def _finish(
+        self, run: Run, outcome: Outcome, began: float, started_at: datetime, user: str | None
+    ) -> None:
+        """Close the run, then settle and record with what it produced."""
+        await run.close()
+        generation = run.generation
+        prompt_tokens, completion_tokens = run.prompt_tokens, run.completion_tokens
+        if run.reservation is not None:
+            actual = prompt_tokens + completion_tokens
+            self._spawn(self._quota.reconcile(run.reservation, actual))
+        tenant, model, endpoint = (
+            generation.principal.tenant.id,
+            generation.target.model,
+            (generation.endpoint),
+        )
+        elapsed = time.monotonic() - began
+        metrics.REQUESTS.labels(tenant, model, endpoint, outcome).inc()
+        metrics.PROMPT_TOKENS.labels(tenant, model).inc(prompt_tokens)
+        metrics.COMPLETION_TOKENS.labels(tenant, model).inc(completion_tokens)
+        metrics.REQUEST_DURATION.labels(tenant, model, endpoint).observe(elapsed)
+        adapter = generation.target.adapter
+        self._ledger.record(
+            UsageRecord(
+                request_id=generation.request_id,
+                tenant_id=tenant,
+                tenant_uid=generation.principal.tenant.uid,
+                key_id=generation.principal.key_id,
+                endpoint=endpoint,
+                model=model,
+                adapter=adapter.name if adapter else None,
+                adapter_version=adapter.version if adapter else None,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                status=outcome,
+                latency_ms=round(elapsed * 1000),
+                started_at=started_at,
+                finished_at=datetime.now(timezone.utc),
+                user=user,
+            )
+        )

@@ -1,0 +1,278 @@
+"""Constrained output (``response_format``, vLLM's ``structured_outputs``) as vLLM's
+:class:`StructuredOutputsParams`, within the gateway's limits on what a request may ask the
+engine to compile.
+
+The engine builds the grammar (xgrammar, falling back to guidance or outlines); a schema that
+is not JSON Schema at all, or too large or too deep, is refused here first, with a 400 that
+names the field: this runs in the tokenizer thread, so the event loop never walks a schema.
+Regular expressions (``structured_outputs.regex``, a schema's ``pattern`` and
+``patternProperties``) are bounded in how deep their groups nest, and whatever checking a
+schema raises for a pathological one (Python's ``re`` recurses per group) is a 400 too, never
+a 500.
+
+With llguidance, the engine's backend for compact JSON, the constraint is then compiled here
+once as the engine will compile it, and its first token mask computed, within llguidance's
+own limits: what llguidance refuses is a 400 naming the field, not an empty 200 from the
+engine. GBNF grammars reach the engine already converted to Lark
+(:mod:`app.serving.preparation.gbnf`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema.exceptions import SchemaError
+from jsonschema.validators import Draft202012Validator, validator_for
+from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
+from llguidance.gbnf_to_lark import is_lark_syntax
+from llguidance.hf import from_tokenizer
+from vllm.sampling_params import StructuredOutputsParams
+from vllm.v1.structured_output.backend_guidance import serialize_guidance_grammar
+from vllm.v1.structured_output.request import get_structured_output_key
+
+from app.errors import BadRequestError
+from app.protocol import ChatCompletionRequest, SamplingFields
+from app.serving.preparation.gbnf import gbnf_to_lark
+from app.serving.preparation.per_tokenizer import per_tokenizer
+from app.serving.preparation.tools import forced_call_schema
+from app.settings import Settings
+
+
+@dataclass(frozen=True)
+class OutputConstraints:
+    """The gateway-wide bounds on one request's output constraint."""
+
+    max_bytes: int = 32_768
+    max_depth: int = 32
+    # Python's ``re`` (which checks a schema's patterns) recurses per group and gives out
+    # near 500; no real pattern nests a tenth of that.
+    max_regex_depth: int = 32
+    # The engine decodes under llguidance (``structured_outputs_compact``), not xgrammar.
+    guidance: bool = True
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> OutputConstraints:
+        return cls(
+            max_bytes=settings.max_structured_output_bytes,
+            max_depth=settings.max_json_schema_depth,
+            guidance=settings.structured_outputs_compact,
+        )
+
+    def params(
+        self, request: SamplingFields, tokenizer: Any = None
+    ) -> StructuredOutputsParams | None:
+        """The request's constraint for the engine; ``None`` for free text. With the model's
+        ``tokenizer`` (a Hugging Face one) and llguidance, the constraint is also compiled."""
+        checked = self._checked(request)
+        if checked is None:
+            return None
+        params, param = checked
+        if self.guidance and params.grammar is not None and not is_lark_syntax(params.grammar):
+            params = StructuredOutputsParams(grammar=_as_lark(params.grammar, param))
+        if self.guidance and tokenizer is not None:
+            _refuse_if_unenforceable(params, tokenizer, param)
+        return params
+
+    def _checked(self, request: SamplingFields) -> tuple[StructuredOutputsParams, str] | None:
+        """The request's constraint within the bounds, and the field it came from."""
+        if isinstance(request, ChatCompletionRequest):
+            call = forced_call_schema(request)
+            if call is not None:
+                self._check_tools(request, call)
+                return StructuredOutputsParams(json=call), "tools"
+        response_format = request.response_format
+        if response_format is not None and response_format.type == "json_object":
+            return StructuredOutputsParams(json_object=True), "response_format"
+        if response_format is not None and response_format.json_schema is not None:
+            param = "response_format.json_schema.schema"
+            schema = response_format.json_schema.json_schema
+            self._check_schema(schema, param)
+            return StructuredOutputsParams(json=schema), param
+        wanted = request.structured_outputs
+        if wanted is None:
+            return None
+        if wanted.json_object:
+            return StructuredOutputsParams(json_object=True), "structured_outputs.json_object"
+        if wanted.json_schema is not None:
+            self._check_schema(wanted.json_schema, "structured_outputs.json")
+            return StructuredOutputsParams(json=wanted.json_schema), "structured_outputs.json"
+        if wanted.regex is not None:
+            self._check_size(wanted.regex, "structured_outputs.regex")
+            self._check_regex(wanted.regex, "structured_outputs.regex", "it")
+            return StructuredOutputsParams(regex=wanted.regex), "structured_outputs.regex"
+        if wanted.grammar is not None:
+            self._check_size(wanted.grammar, "structured_outputs.grammar")
+            return StructuredOutputsParams(grammar=wanted.grammar), "structured_outputs.grammar"
+        assert wanted.choice is not None  # the protocol requires exactly one constraint
+        self._check_size(json.dumps(wanted.choice), "structured_outputs.choice")
+        return StructuredOutputsParams(choice=list(wanted.choice)), "structured_outputs.choice"
+
+    def _check_size(self, text: str, param: str) -> None:
+        size = len(text.encode())
+        if size > self.max_bytes:
+            raise BadRequestError(
+                f"`{param}` is {size} bytes; this server compiles at most "
+                f"{self.max_bytes} bytes per request.",
+                param=param,
+            )
+
+    def _check_tools(self, request: ChatCompletionRequest, call: dict[str, Any]) -> None:
+        """Each function a forced call may decode under, named by its place in ``tools``;
+        then ``call``, the whole constraint (``required`` joins every function's)."""
+        forced = request.forced_tool
+        for index, tool in enumerate(request.tools or []):
+            parameters = tool.function.parameters
+            if parameters is not None and forced in ("required", tool.function.name):
+                self._check_schema(parameters, f"tools[{index}].function.parameters")
+        self._check_size(json.dumps(call, separators=(",", ":")), "tools")
+        self._check_depth(call, "tools")
+
+    def _check_depth(self, schema: dict[str, Any], param: str) -> None:
+        depth = _depth(schema)
+        if depth > self.max_depth:
+            raise BadRequestError(
+                f"`{param}` nests objects and arrays {depth} levels deep; this server "
+                f"allows at most {self.max_depth}.",
+                param=param,
+            )
+
+    def _check_regex(self, regex: str, param: str, what: str) -> None:
+        depth = _group_depth(regex)
+        if depth > self.max_regex_depth:
+            raise BadRequestError(
+                f"`{param}`: {what} nests regular-expression groups {depth} levels deep; "
+                f"this server allows at most {self.max_regex_depth}.",
+                param=param,
+            )
+
+    def _check_schema(self, schema: dict[str, Any], param: str) -> None:
+        # Depth first: it is measured without recursion, and bounds what recurses after it.
+        self._check_depth(schema, param)
+        self._check_size(json.dumps(schema, separators=(",", ":")), param)
+        for keyword, pattern in _patterns(schema):
+            self._check_regex(pattern, param, f"a `{keyword}`")
+        dialect = schema.get("$schema")
+        if dialect is not None and not isinstance(dialect, str):
+            raise BadRequestError(
+                f"`{param}` is not a valid JSON Schema: `$schema` must be a URI string.",
+                param=param,
+            )
+        try:
+            validator_for(schema, default=Draft202012Validator).check_schema(schema)
+        except SchemaError as exc:
+            where = "/".join(str(part) for part in exc.path)
+            at = f" at `{where}`" if where else ""
+            raise BadRequestError(
+                f"`{param}` is not a valid JSON Schema{at}: {exc.message}", param=param
+            ) from exc
+        except RecursionError as exc:
+            # The bounds above should leave nothing this deep; a 500 would be worse.
+            raise BadRequestError(
+                f"`{param}` nests too deeply to be checked.", param=param
+            ) from exc
+        except (OverflowError, ValueError, re.error) as exc:
+            # What a format check raises past jsonschema for a value it cannot even read
+            # (``re`` refuses a repeat count over 2**32 with ``OverflowError``).
+            raise BadRequestError(
+                f"`{param}` is not a valid JSON Schema: {exc}", param=param
+            ) from exc
+
+
+def _as_lark(grammar: str, param: str) -> str:
+    try:
+        return gbnf_to_lark(grammar)
+    except RecursionError as exc:
+        raise BadRequestError(f"`{param}` nests too deeply to be read.", param=param) from exc
+    except Exception as exc:  # llguidance's parser raises plain Exception for a bad grammar
+        raise BadRequestError(f"`{param}` is not a valid grammar: {exc}", param=param) from exc
+
+
+def _refuse_if_unenforceable(params: StructuredOutputsParams, tokenizer: Any, param: str) -> None:
+    """Compile ``params`` as the engine's llguidance backend will and compute its first token
+    mask, each within llguidance's limits; what fails is the tenant's 400, with llguidance's
+    reason (its first line: the rest dumps parser state)."""
+    try:
+        grammar = serialize_guidance_grammar(
+            *get_structured_output_key(params), disable_any_whitespace=True
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BadRequestError(f"`{param}` cannot be compiled: {exc}", param=param) from exc
+    matcher = LLMatcher(guidance_tokenizer(tokenizer), grammar, log_level=0)
+    if not matcher.is_error():
+        matcher.compute_bitmask()
+    if matcher.is_error():
+        reason = matcher.get_error().strip().splitlines()[0]
+        raise BadRequestError(f"`{param}` cannot be enforced: {reason}", param=param)
+
+
+@per_tokenizer
+def guidance_tokenizer(tokenizer: Any) -> LLTokenizer:
+    """llguidance's view of ``tokenizer``: a Hugging Face fast tokenizer's, as vLLM's engine
+    builds it, or one that lists its tokens' bytes itself (the stand-in engines' do)."""
+    if hasattr(tokenizer, "backend_tokenizer"):
+        return from_tokenizer(tokenizer, len(tokenizer))
+    return LLTokenizer(TokenizerWrapper(tokenizer))
+
+
+def _depth(value: Any) -> int:
+    """How deep objects and arrays nest in ``value`` (a scalar is 0), without recursion: the
+    request's size bounds the walk, not Python's stack."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth + 1)
+            pending.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _patterns(schema: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """The regular expressions in ``schema`` (``pattern`` values, ``patternProperties``
+    keys) with their keyword, found without recursion."""
+    pending: list[Any] = [schema]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, list):
+            pending.extend(item)
+        if not isinstance(item, dict):
+            continue
+        pattern = item.get("pattern")
+        if isinstance(pattern, str):
+            yield "pattern", pattern
+        properties = item.get("patternProperties")
+        if isinstance(properties, dict):
+            yield from (("patternProperties", key) for key in properties)
+        pending.extend(item.values())
+
+
+def _group_depth(regex: str) -> int:
+    """How deep groups nest in ``regex``, read without compiling it: an escaped parenthesis
+    or one in a character class opens nothing (as ``re`` reads them: ``]`` first in a class
+    is a literal)."""
+    deepest = depth = 0
+    escaped = False
+    class_from: int | None = None  # where the open character class's members start
+    for index, char in enumerate(regex):
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif class_from is not None:
+            if char == "^" and index == class_from:
+                class_from += 1
+            elif char == "]" and index > class_from:
+                class_from = None
+        elif char == "[":
+            class_from = index + 1
+        elif char == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char == ")":
+            depth = max(depth - 1, 0)
+    return deepest

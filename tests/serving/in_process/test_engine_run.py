@@ -1,0 +1,125 @@
+"""Closing an engine run counts what its stream produced, even when the drain fails."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from prometheus_client import REGISTRY
+from vllm import CompletionOutput, RequestOutput, SamplingParams
+
+from app.serving.in_process.engine_run import EngineRun
+from app.serving.preparation.generation import Generation
+from app.tenancy.adapters import Adapter
+from app.tenancy.tenants import ApiKey, ModelTarget, Principal, Tenant
+
+
+def output(tokens: int) -> RequestOutput:
+    choice = CompletionOutput(
+        index=0,
+        text="x" * tokens,
+        token_ids=list(range(tokens)),
+        cumulative_logprob=None,
+        logprobs=None,
+        finish_reason=None,
+    )
+    return RequestOutput("r", None, [1], None, [choice], finished=False)
+
+
+class AbortFailsEngine:
+    """Streams a few tokens, then never finishes; aborting it fails."""
+
+    max_model_len = 64
+    tokenizer: Any = None
+
+    async def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str,
+        adapter: Adapter | None,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        for _ in range(4):
+            await asyncio.sleep(0.001)
+            yield output(1)
+        await asyncio.Event().wait()
+
+    async def abort(self, request_id: str) -> None:
+        raise ConnectionError("the engine is gone")
+
+    async def remove_adapter(self, adapter: Adapter) -> None:
+        pass
+
+    async def check_health(self) -> None:
+        pass
+
+    def num_unfinished_requests(self) -> int:
+        return 1
+
+
+def itl_count(tenant: str) -> float:
+    value = REGISTRY.get_sample_value(
+        "lora_gateway_inter_token_latency_seconds_count", {"tenant": tenant, "model": "m"}
+    )
+    return value or 0.0
+
+
+async def test_close_writes_the_gaps_counted_when_the_drain_fails() -> None:
+    run = EngineRun(AbortFailsEngine(), chat_generation("run-drain-fails"), None)
+    outputs = run.outputs()
+    for _ in range(4):
+        await anext(outputs)
+    # Four tokens within a second: three gaps counted, none written yet.
+    assert run.completion_tokens == 4
+    assert itl_count("run-drain-fails") == 0
+    await run.close()
+    assert run.outcome() == "cancelled"
+    assert itl_count("run-drain-fails") == 3
+
+
+class FinishingEngine(AbortFailsEngine):
+    """Streams three tokens, the last one finishing the request."""
+
+    async def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str,
+        adapter: Adapter | None,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        for number in range(3):
+            last = output(1)
+            last.finished = number == 2
+            yield last
+
+
+def chat_generation(tenant_id: str) -> Generation:
+    tenant = Tenant(id=tenant_id, name="t")
+    principal = Principal(tenant=tenant, key=ApiKey(id="k", tenant_id=tenant.id, sha256="0"))
+    target = ModelTarget(model="m", adapter=None)
+    return Generation("r", "chat", principal, target, [1, 2], SamplingParams())
+
+
+async def test_the_end_is_told_as_the_last_output_arrives_with_its_counts() -> None:
+    run = EngineRun(FinishingEngine(), chat_generation("run-ends"), None)
+    told: list[int] = []
+    run.when_ended(lambda: told.append(run.completion_tokens))
+    read = []
+    async for out in run.outputs():
+        read.append(out)
+        assert told == ([3] if out.finished else [])
+    await run.close()
+    assert told == [3] and len(read) == 3
+
+
+async def test_a_request_cut_short_never_tells_its_end() -> None:
+    run = EngineRun(AbortFailsEngine(), chat_generation("run-cut"), None)
+    told: list[int] = []
+    run.when_ended(lambda: told.append(run.completion_tokens))
+    outputs = run.outputs()
+    await anext(outputs)
+    await run.close()
+    assert told == []

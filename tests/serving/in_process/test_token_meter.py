@@ -1,0 +1,108 @@
+"""Per-token metrics counted in memory and written in batches record what observing every
+token did: the same buckets, sum and count."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from prometheus_client import REGISTRY, CollectorRegistry, Histogram
+from vllm import CompletionOutput, RequestOutput
+
+from app import metrics
+from app.serving.in_process import token_meter
+from app.serving.in_process.token_meter import TokenMeter
+
+
+def histogram_samples(histogram: Histogram) -> dict[str, float]:
+    return {
+        f"{s.name}{s.labels.get('le', '')}": s.value
+        for family in histogram.collect()
+        for s in family.samples
+        if not s.name.endswith("_created")
+    }
+
+
+def test_a_tally_records_what_observing_each_value_records() -> None:
+    buckets = metrics.TOKEN_GAP_BUCKETS_S
+    direct = Histogram("direct", "d", registry=CollectorRegistry(), buckets=buckets)
+    tallied = Histogram("tallied", "t", registry=CollectorRegistry(), buckets=buckets)
+    tally = metrics.HistogramTally(tallied)
+    values = [random.Random(7).uniform(0, 3) for _ in range(500)]
+    values += list(buckets)  # on a bound: le is inclusive
+    for i, value in enumerate(values):
+        count = 1 + i % 3
+        for _ in range(count):
+            direct.observe(value)
+        tally.observe(value, count)
+        if i % 97 == 0:
+            tally.flush()
+    tally.flush()
+    tally.flush()  # nothing pending: writes nothing
+    expected = {k.replace("direct", "tallied"): v for k, v in histogram_samples(direct).items()}
+    got = histogram_samples(tallied)
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value), key
+
+
+def output(tokens: int, *, finished: bool = False) -> RequestOutput:
+    choice = CompletionOutput(
+        index=0,
+        text="x" * tokens,
+        token_ids=list(range(tokens)),
+        cumulative_logprob=None,
+        logprobs=None,
+        finish_reason="length" if finished else None,
+    )
+    return RequestOutput("r", None, [1], None, [choice], finished=finished)
+
+
+def itl(tenant: str, suffix: str) -> float:
+    value = REGISTRY.get_sample_value(
+        f"lora_gateway_inter_token_latency_seconds_{suffix}", {"tenant": tenant, "model": "m"}
+    )
+    return value or 0.0
+
+
+def test_the_meter_observes_each_token_after_the_first_and_flushes_on_time_and_at_the_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(token_meter.time, "monotonic", lambda: clock[0])
+    meter = TokenMeter("meter-test", "m", started=99.0)
+    meter.observe(output(1))  # the first token: time to first token, no gap
+    clock[0] += 0.02
+    meter.observe(output(1))
+    clock[0] += 0.09
+    meter.observe(output(3))  # merged: three gaps of 0.03
+    assert meter.completion_tokens == 5
+    assert itl("meter-test", "count") == 0, "written before a flush was due"
+    clock[0] += token_meter.ITL_FLUSH_SECONDS
+    meter.observe(output(1))
+    assert itl("meter-test", "count") == 5
+    assert itl("meter-test", "sum") == pytest.approx(0.02 + 0.09 + token_meter.ITL_FLUSH_SECONDS)
+    clock[0] += 0.008
+    meter.observe(output(2, finished=True))
+    assert itl("meter-test", "count") == 7 == meter.completion_tokens - 1
+    bucket = REGISTRY.get_sample_value(
+        "lora_gateway_inter_token_latency_seconds_bucket",
+        {"tenant": "meter-test", "model": "m", "le": "0.005"},
+    )
+    assert bucket == 2  # the last delta's two gaps of 0.004
+    ttft = REGISTRY.get_sample_value(
+        "lora_gateway_time_to_first_token_seconds_sum", {"tenant": "meter-test", "model": "m"}
+    )
+    assert ttft == pytest.approx(1.0)
+
+
+def test_flush_writes_what_an_unfinished_stream_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(token_meter.time, "monotonic", lambda: clock[0])
+    meter = TokenMeter("meter-flush", "m", started=0.0)
+    for _ in range(4):
+        clock[0] += 0.01
+        meter.observe(output(1))
+    assert itl("meter-flush", "count") == 0
+    meter.flush()
+    assert itl("meter-flush", "count") == 3
