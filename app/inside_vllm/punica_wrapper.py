@@ -1,42 +1,15 @@
 """A CPU punica wrapper that plans each step's adapter grouping once.
 
-vLLM's ``PunicaWrapperCPU`` hands every LoRA projection of every layer (about
-120 calls per step for the embedded model, each with up to three slices) to
-free-function ops that re-derive the token-to-adapter layout from index
-tensors: upstream by gathering a copy of the adapter weights for every token,
-our isolation-fixed ops (:mod:`app.inside_vllm.punica_cpu`) by grouping the rows
-again on each call. Since vLLM 0.32 always takes the segmented (``sgmv``)
-path, a decode batch whose adapters interleave becomes one segment, hence one
-matmul, per token.
-
-:class:`PlannedPunicaWrapper` plans once per step, in ``update_metadata``
-(:class:`RowGroups`), and multiplies by weights prepared once per adapter load
-(:mod:`app.inside_vllm.lora_weights`: each slot at its own rank, its slices side by
-side, nothing for a layer its adapter skips). Every projection follows the plan:
-
-* runs of rows sharing an adapter, when they are long (prefill: one per prompt)
-  or few: each run is computed in place, with no gather and no scatter;
-* many small groups (decode over many adapters): the rows laid out by slot,
-  one ``bmm`` per stage over those slots' stacked weights;
-* otherwise (decode) the adapter rows are gathered in slot order, multiplied
-  group by group, and added back with one ``index_add_``.
-
-The gathered and batched paths run a :class:`Program` per layer: its calls
-bound, once per plan, to buffers every layer shares (:class:`StepScratch`)
-and to the layer's weights. A decode batch keeps its plan from step to step
-until a request joins or leaves, so most steps only make those calls.
-
-Rows without an adapter (slot ``-1``) are never touched, which keeps the
-tenant isolation of :mod:`app.inside_vllm.punica_cpu`. Calls whose row count does
-not match the plan (vLLM pads or broadcasts rows in a few paths) fall back to
-vLLM's wrapper methods, which the plugin has pointed at those ops.
-
-Plain PyTorch on purpose: a LoRA step costs the small matmuls' count and the
-weights they read, not the arithmetic, and a compiled extension would cost every
-install a toolchain. The alternatives tried (a ``bmm`` over every slot,
-``torch._grouped_mm``, vLLM's prepacked oneDNN matmul, one masked matmul over all
-adapters, half-precision weights) and what they measured are in
-docs/performance.md.
+vLLM's ``PunicaWrapperCPU`` hands every LoRA projection of every layer to ops that re-derive
+the token-to-adapter layout on each call. :class:`PlannedPunicaWrapper` plans once per step
+(:class:`RowGroups`, in ``update_metadata``): long runs of rows sharing an adapter computed
+in place, many small groups as one ``bmm`` over slot-stacked weights, otherwise rows gathered
+in slot order and added back with one ``index_add_``; each layer's calls bound once per plan
+(:class:`Program`, :class:`StepScratch`) to weights prepared once per adapter load
+(:mod:`app.inside_vllm.lora_weights`). Rows without an adapter are never touched, which keeps
+the tenant isolation of :mod:`app.inside_vllm.punica_cpu`; calls that do not match the plan
+fall back to those ops. Plain PyTorch on purpose (no toolchain to install); the design, the
+alternatives tried and what they measured are in docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,40 +1,11 @@
 """Adapter residency metrics, measured where adapters move: in vLLM's worker.
 
-vLLM keeps LoRA adapters in three tiers: a device slot (``max_loras`` of
-them; the forward pass reads only these), the host cache (``max_cpu_loras``
-adapters, device-resident ones included) and storage. Every engine step the
-worker's ``LRUCacheWorkerLoRAManager._apply_adapters`` calls ``add_adapter``
-once per adapter in the batch, which loads it from storage into the host
-cache if absent (``_load_adapter``; when the cache is full,
-``remove_oldest_adapter`` evicts its least recently used adapter first) and
-activates it into a device slot if it holds none
-(``LRUCacheLoRAModelManager.activate_adapter``, which evicts the least
-recently used slot when all are taken).
-
-One *use* is one request that names an adapter, counted once: in the step
-that first schedules the request (its ``scheduled_new_reqs`` entry), with
-the tier the adapter was in when the worker reached it in that step's
-``add_adapter`` call: ``device`` (hit), ``host`` (activated from the host
-cache) or ``storage`` (loaded, then activated). A request resumed after
-preemption is not counted again; a request whose adapter fails to load is
-not counted. Several requests for one adapter first scheduled in the same
-step are each a use at the same tier, while the adapter moves once.
-
-:func:`install` wraps these vLLM methods (the plugin calls it in every vLLM
-process; only the worker ever calls them):
-
-* ``WorkerWrapperBase.execute_model``: note the new requests' adapters;
-* ``LRUCacheWorkerLoRAManager.add_adapter``: count uses, refresh the gauge;
-* ``LRUCacheWorkerLoRAManager._load_adapter`` (inherited): time ``load``;
-* ``LRUCacheLoRAModelManager.activate_adapter``: time ``activate``, count
-  device evictions;
-* ``LRUCacheLoRAModelManager.remove_oldest_adapter``: count host evictions
-  (and the device slots they free);
-* the worker manager's ``remove_adapter`` and ``remove_all_adapters``:
-  refresh the gauge; its ``dummy_lora_cache``: silence vLLM's warm-up
-  dummies; its ``create_lora_manager``: publish the zero-valued series.
-
-Like vLLM's LRU code, the wrappers rely on the engine loop being
+vLLM keeps LoRA adapters in three tiers (a device slot, the host cache, storage) and moves
+them in its worker's LRU managers. :func:`install` wraps those methods (the plugin calls it in
+every vLLM process; only the worker calls them) to count each request's *use* of an adapter
+once, at the tier it was found in, to time each ``load`` and ``activate``, and to count
+evictions. What one use is, and which vLLM method each wrapper watches, is in
+docs/metrics.md. Like vLLM's LRU code, the wrappers rely on the engine loop being
 single-threaded: they hold no lock.
 """
 

@@ -1,48 +1,12 @@
 """The fair admission policy, as plain data: who goes next into the engine.
 
-Deterministic and synchronous (time is an argument), so every rule is tested without an event
-loop; :mod:`app.scheduling.fair` drives it.
-
-* **Window.** At most ``window`` sequences are in the engine at once. Beyond it requests wait
-  here, in one FIFO queue per tenant.
-* **Deficit round robin on tokens.** Time is cut into passes; in each pass every tenant with
-  waiting requests gets one visit, which credits it ``quantum x weight`` tokens, and during
-  its visit it dispatches its oldest request while its credit covers the request's cost
-  (prompt + n x max_tokens). A pass in which nobody could dispatch only adds credit, so
-  :meth:`FairQueue.pop` skips such passes in one step, whatever the quantum. When a request
-  ends, the difference between its worst case and what it used goes back to its tenant's
-  credit. A tenant with nothing waiting keeps no credit (classic DRR); one that starts waiting
-  joins the current pass.
-* **Adapter affinity.** A request whose adapter cannot run now (every one of the engine's
-  ``max_loras`` slots busy with other adapters' running requests) waits here, not inside
-  vLLM, where it would be passed over for as long as the running adapters get new requests.
-  Its tenant's next request that can run goes in its place (within a tenant, requests go in
-  arrival order among those that can run); a tenant none of whose requests can run is not
-  visited. The order of the visits within a pass is free: every tenant that can dispatch in
-  this pass will. So among them the one whose request's adapter is resident (or the base
-  model) is visited first, then one whose adapter fits beside the running ones, the adapter
-  most requests wait for first (one load serves them all), then the rest, each group in the
-  order the tenants started waiting.
-* **Age bound.** Among the tenants that can dispatch in this pass, a request that waited
-  ``max_adapter_wait`` or longer goes first (the oldest), whatever its adapter. One held back
-  that long for a slot makes one: the running adapter with the fewest requests in the engine
-  takes no more until they end, and the freed slot is kept for the held request's adapter
-  (:meth:`AdapterAffinity.make_room`).
-* **Pacing** (``per_step`` > 0, once :meth:`FairQueue.pace` is on: the engine reports its
-  steps). At most ``per_step`` requests go in per engine step, except that a tenant with
-  nothing in the engine may always send one: a burst (a flood's requests that ended together
-  and came back) then puts its prefills in several short steps instead of one long one that
-  a newcomer's first token would wait for.
-* **Constrained requests.** A tenant has at most ``max_constrained`` requests with an output
-  constraint in the engine at once: the engine builds a request's grammar during the steps
-  that decode it, so each one lengthens every step for the whole batch. One beyond the cap
-  waits here like a request whose adapter cannot run: its tenant's later requests that can
-  run pass it, it gains no credit, and the age bound does not let it through.
-* **Headroom.** The last ``headroom`` slots of the window only go to a tenant below its fair
-  share of the rest (``(window - headroom) x weight / the active tenants' weights``) whose
-  priority class is interactive (a batch tenant can wait for the next free slot): a tenant
-  that floods the engine leaves room for a newcomer, which then never waits for the flood's
-  long streams to end. Alone, a tenant runs at most ``window - headroom`` sequences.
+At most a window of sequences is in the engine; beyond it requests wait here, one queue per
+tenant, and go in by deficit round robin on tokens (``quantum x weight`` a visit), with
+adapter affinity (a request whose adapter cannot run waits here, not inside vLLM), an age
+bound, optional pacing per engine step, a cap on a tenant's constrained requests and headroom
+kept for tenants below their fair share. The rules, their reasons and what they cost are
+written once, in docs/scheduling.md. Deterministic and synchronous (time is an argument), so
+every rule is tested without an event loop; :mod:`app.scheduling.fair` drives it.
 """
 
 from __future__ import annotations
