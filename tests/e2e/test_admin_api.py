@@ -15,7 +15,7 @@ import pytest
 from app.settings import EMBEDDED_MODEL_DIR
 from app.tenancy.storage import STORE_DIR
 from bench.random_adapters import make_random_adapter
-from tests.e2e.conftest import LiveGateway, long_stream
+from tests.support.live_gateway import LiveGateway, long_stream
 
 pytestmark = pytest.mark.slow
 

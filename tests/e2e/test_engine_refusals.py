@@ -8,7 +8,7 @@ import pytest
 from vllm import SamplingParams
 
 from app.errors import BadRequestError
-from tests.e2e.conftest import MAX_MODEL_LEN, LiveGateway
+from tests.support.live_gateway import MAX_MODEL_LEN, LiveGateway
 
 pytestmark = pytest.mark.slow
 

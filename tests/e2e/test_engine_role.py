@@ -27,7 +27,6 @@ import openai
 import pytest
 
 from app.tenancy.storage.s3 import S3Location, s3_client
-from tests.e2e.conftest import LiveGateway
 from tests.support.engine_role import (
     BASE_MODEL_ID,
     EngineProcess,
@@ -35,6 +34,7 @@ from tests.support.engine_role import (
     front_process,
 )
 from tests.support.front_app import ADMIN_TOKEN, admin_call
+from tests.support.live_gateway import LiveGateway
 from tests.support.lora_requests_info import LoraRequestsInfo, parse_lora_requests_info
 from tests.support.s3_server import s3_server, use_s3
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.e2e.conftest import LiveGateway
+from tests.support.live_gateway import LiveGateway
 
 pytestmark = pytest.mark.slow
 

@@ -26,7 +26,7 @@ import yaml
 
 from app.settings import EMBEDDED_MODEL_DIR, Settings
 from bench.random_adapters import make_random_adapter
-from tests.e2e.conftest import (
+from tests.support.live_gateway import (
     LiveGateway,
     borrowed_settings,
     borrowing_gateway,

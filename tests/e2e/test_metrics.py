@@ -25,7 +25,7 @@ from app.cli import register_adapter
 from app.engine.base import Engine, EngineLoad, ReportsLoad
 from app.settings import EMBEDDED_MODEL_DIR
 from bench.random_adapters import make_random_adapter
-from tests.e2e.conftest import (
+from tests.support.live_gateway import (
     ADMIN_TOKEN,
     LiveGateway,
     make_settings,

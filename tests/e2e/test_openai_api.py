@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import MAX_MODEL_LEN, LiveGateway, long_stream
+from tests.support.live_gateway import MAX_MODEL_LEN, LiveGateway, long_stream
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import LiveGateway, long_stream
+from tests.support.live_gateway import LiveGateway, long_stream
 
 pytestmark = pytest.mark.slow
 

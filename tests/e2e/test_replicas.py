@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from app.settings import Settings
-from tests.e2e.conftest import (
+from tests.support.live_gateway import (
     ADMIN_TOKEN,
     LiveGateway,
     borrowed_settings,

@@ -7,7 +7,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import ADMIN_TOKEN, LiveGateway
+from tests.support.live_gateway import ADMIN_TOKEN, LiveGateway
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import asyncio
 import openai
 import pytest
 
-from tests.e2e.conftest import LiveGateway
+from tests.support.live_gateway import LiveGateway
 
 pytestmark = pytest.mark.slow
 

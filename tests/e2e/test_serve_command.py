@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import gateway_process
+from tests.support.live_gateway import gateway_process
 from tests.support.servers import free_port
 from tests.support.tls import self_signed_certificate
 from tools.demo.training import DEMO_ADAPTERS

@@ -15,7 +15,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.e2e.conftest import LiveGateway
+from tests.support.live_gateway import LiveGateway
 
 pytestmark = pytest.mark.slow
 

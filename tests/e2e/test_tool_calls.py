@@ -11,7 +11,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from tests.e2e.conftest import LiveGateway
+from tests.support.live_gateway import LiveGateway
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.fuzz.conftest import ADMIN_TOKEN, FuzzTarget
+from tests.support.fuzz_target import ADMIN_TOKEN, FuzzTarget
 
 
 def _admin(target: FuzzTarget) -> httpx.Client:

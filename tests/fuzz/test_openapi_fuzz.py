@@ -6,8 +6,8 @@ from __future__ import annotations
 from schemathesis import Case
 
 from tests.fuzz.checks import openai_error_problem, openai_shaped_error
-from tests.fuzz.conftest import TALLY, FuzzTarget
 from tests.fuzz.schema import load_schema
+from tests.support.fuzz_target import TALLY, FuzzTarget
 
 schema = load_schema()
 

@@ -8,16 +8,16 @@ the in-process backend's injected clock, or a real sleep for Redis, whose clock 
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
 from app.quota.backend import QuotaBackend
 from app.quota.memory import MemoryBackend
 from app.quota.redis import RedisBackend
+from tests.support.quota import Clock, FakeClock, MakeBackend, RealClock
 from tests.support.redis_server import redis_server
 
 
@@ -30,36 +30,6 @@ def redis_url() -> Iterator[str]:
     are about limits, not timeouts (the unreachable-store tests use a closed port)."""
     with redis_server() as url:
         yield f"{url}?socket_timeout=10&socket_connect_timeout=10"
-
-
-class Clock(Protocol):
-    exact: bool
-    """Whether time moves only when told (waits can be compared exactly)."""
-
-    async def advance(self, seconds: float) -> None: ...
-
-
-class FakeClock:
-    exact = True
-
-    def __init__(self, start: float = 1_767_225_600.0) -> None:  # 2026-01-01T00:00:00Z
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class RealClock:
-    exact = False
-
-    async def advance(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
-
-
-MakeBackend = Callable[..., QuotaBackend]
 
 
 @pytest.fixture(params=["memory", "redis"])

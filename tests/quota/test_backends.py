@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
 
 import pytest
 
@@ -14,35 +13,10 @@ from app.quota import (
     QuotaBackendUnavailable,
     QuotaExceeded,
     QuotaTooLarge,
-    Reservation,
 )
 from app.quota.limits import period_id
 from app.quota.outcomes import Admitted, Refused, Subjects
-from tests.quota.conftest import Clock, FakeClock, MakeBackend
-
-TENANT = "tenant:acme"
-KEY = "key:k1"
-
-
-async def attempt(
-    backend: QuotaBackend, subjects: list[tuple[str, Limits]], tokens: int
-) -> Reservation | QuotaExceeded:
-    try:
-        return await backend.reserve(subjects, tokens)
-    except QuotaExceeded as exc:
-        return exc
-
-
-async def crowd(
-    backends: Sequence[QuotaBackend], subjects: list[tuple[str, Limits]], tokens: int, n: int
-) -> tuple[list[Reservation], list[QuotaExceeded]]:
-    """``n`` simultaneous reservations, spread over ``backends``."""
-    results = await asyncio.gather(
-        *(attempt(backends[i % len(backends)], subjects, tokens) for i in range(n))
-    )
-    admitted = [r for r in results if isinstance(r, Reservation)]
-    refused = [r for r in results if isinstance(r, QuotaExceeded)]
-    return admitted, refused
+from tests.support.quota import KEY, TENANT, Clock, FakeClock, MakeBackend, crowd
 
 
 def tolerance(clock: Clock, seconds: float) -> float:

@@ -20,7 +20,7 @@ from redis.exceptions import ResponseError
 from app.quota import Limits, QuotaBackendUnavailable, QuotaExceeded
 from app.quota.outage import OutageLog
 from app.quota.redis import RedisBackend
-from tests.quota.test_backends import KEY, TENANT
+from tests.support.quota import KEY, TENANT
 from tests.support.redis_server import redis_server
 from tests.support.servers import free_port
 

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from app.quota import Limits, QuotaBackendUnavailable
 from app.quota.redis import RedisBackend
 from tests.quota.latency_proxy import LatencyProxy
-from tests.quota.test_backends import KEY, TENANT
+from tests.support.quota import KEY, TENANT
 
 TENANT_LIMITS = Limits(
     requests_per_minute=100,

@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from app.quota import Limits, QuotaBackendUnavailable, QuotaExceeded
 from app.quota.limits import period_id
 from app.quota.redis import RedisBackend
-from tests.quota.test_backends import TENANT, crowd
+from tests.support.quota import TENANT, crowd
 from tests.support.servers import free_port
 
 

@@ -20,7 +20,7 @@ from app.quota.headers import format_duration, rate_limit_headers, retry_headers
 from app.quota.limits import BudgetPeriod, period_id
 from app.quota.memory import MemoryBackend
 from app.quota.redis import RedisBackend
-from tests.quota.conftest import FakeClock
+from tests.support.quota import FakeClock
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from app.serving.in_process.backend import start_vllm_engine
 from app.settings import Settings
 from app.tenancy.base_model import BaseModelInfo
 from app.usage import UsageRecord, usage_totals
-from tests.store.test_usage import ACME_UID, DAY, record
+from tests.support.usage import ACME_UID, DAY, record
 
 
 async def test_shutdown_leaves_nothing_running_and_nothing_unwritten(

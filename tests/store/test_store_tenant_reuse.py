@@ -14,7 +14,7 @@ from app.store.snapshot import load_registry
 from app.tenancy.manifests import TenantManifest
 from app.tenancy.tenants import Tenant
 from app.usage import UsageLedger, UsageRecord, usage_totals
-from tests.store.test_usage import record
+from tests.support.usage import record
 
 ACTOR = "admin:test"
 

@@ -17,30 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_asyn
 
 from app.usage import UsageLedger, UsageRecord, UsageTotal, store_is_down, usage_totals
 from tests.support.servers import free_port
-
-DAY = datetime(2026, 11, 1, 12, tzinfo=timezone.utc)
-ACME_UID = "uid-of-acme"
-
-
-def record(
-    n: int, *, model: str, key: str, day: datetime, prompt: int, completion: int
-) -> UsageRecord:
-    return UsageRecord(
-        request_id=f"r{n}",
-        tenant_id="acme",
-        tenant_uid=ACME_UID,
-        key_id=key,
-        endpoint="chat.completions",
-        model=model,
-        adapter=None if model == "base" else model,
-        adapter_version=1,
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        status="ok",
-        latency_ms=5,
-        started_at=day,
-        finished_at=day + timedelta(seconds=1),
-    )
+from tests.support.usage import ACME_UID, DAY, record
 
 
 async def test_records_are_written_in_batches_and_totalled(
