@@ -5,6 +5,7 @@ a file name."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from collections import defaultdict
@@ -122,3 +123,19 @@ def test_every_folder_of_tests_is_a_package() -> None:
         and not (folder / "__init__.py").is_file()
     ]
     assert missing == []
+
+
+def test_what_tests_share_is_in_support_not_in_a_conftest_or_a_test_module() -> None:
+    """A conftest holds fixtures and hooks; a test module holds tests: neither is imported."""
+    imports_of_tests = []
+    for path in (ROOT / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            last_parts = {name.rpartition(".")[2] for name in names if name.startswith("tests.")}
+            if any(part == "conftest" or part.startswith("test_") for part in last_parts):
+                imports_of_tests.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert imports_of_tests == []
