@@ -153,6 +153,9 @@ class VLLMEngine:
             refusal = None if produced else _request_refusal(exc)
             if refusal is None:
                 raise
+            # vLLM may have registered the request before refusing it (a seed the engine
+            # core's transport cannot carry): it would count as unfinished for good.
+            await self._llm.abort(request_id)
             raise refusal from exc
 
     async def abort(self, request_id: str) -> None:
@@ -206,14 +209,23 @@ async def start_vllm_engine(settings: Settings) -> AsyncIterator[VLLMEngine]:
     )
     logger.info("CPU punica isolation fix: %s", isolation)
     # Our vLLM plugin runs inside the engine's child processes, which inherit
-    # the environment at spawn: that is how this setting reaches it.
+    # the environment at spawn: that is how this setting reaches it. Put back once
+    # they have spawned: a process that starts another engine, or another
+    # process, later decides afresh.
+    previous = os.environ.get(ISOLATION_FIX_ENV)
     os.environ[ISOLATION_FIX_ENV] = "1" if settings.isolation_fix else "0"
     # Building the engine blocks for as long as the model loads: keep the
     # event loop free meanwhile, so /healthz answers while /readyz says 503.
     reports = LoadReports()
-    llm = await asyncio.to_thread(
-        AsyncLLMEngine.from_engine_args, engine_args(settings), stat_loggers=[reports.logger]
-    )
+    try:
+        llm = await asyncio.to_thread(
+            AsyncLLMEngine.from_engine_args, engine_args(settings), stat_loggers=[reports.logger]
+        )
+    finally:
+        if previous is None:
+            os.environ.pop(ISOLATION_FIX_ENV, None)
+        else:
+            os.environ[ISOLATION_FIX_ENV] = previous
     try:
         yield VLLMEngine(llm, reports)
     finally:

@@ -34,6 +34,7 @@ async def refused_then_served(gateway: LiveGateway) -> None:
                 pass
         assert refused.value.status_code == 400
         assert says in refused.value.message, name
+        assert engine.num_unfinished_requests() == 0, f"{name} left a request in the engine"
     outputs = [
         o async for o in engine.generate([1, 2, 3], SamplingParams(max_tokens=2), "ok", None)
     ]

