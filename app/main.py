@@ -14,7 +14,7 @@ from app.api import health, metrics, openai
 from app.api.admin import router as admin_router
 from app.api.errors import install_error_handlers
 from app.api.middleware import EarlyRefusalMiddleware, RequestIdMiddleware
-from app.api.streaming import GatewayApp
+from app.api.streaming_app import StreamingApp
 from app.gateway import Gateway
 from app.metrics import multiprocess_dir
 from app.serving.backend import backend_factory
@@ -64,7 +64,7 @@ def create_app(
                 await starting
                 gateway.stop_backend()
 
-    app = GatewayApp(
+    app = StreamingApp(
         title="LoRA Gateway",
         version=__version__,
         description="Multi-tenant, OpenAI-compatible LoRA serving over one vLLM engine.",

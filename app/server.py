@@ -1,7 +1,7 @@
 """The HTTP server: uvicorn, which stops when the engine is gone, with an exit that cannot hang.
 
 A gateway whose engine died (its engine core process killed, out of memory...) can only answer
-503: :class:`GatewayServer` checks the engine every ``WATCH_SECONDS`` and, once it is dead,
+503: :class:`GuardedServer` checks the engine every ``WATCH_SECONDS`` and, once it is dead,
 stops the server (in-flight requests end with their error, the stores are closed) and the
 process exits with ``ENGINE_DEAD`` (4), so that systemd or Kubernetes starts a new one. An
 engine that failed to start (a model that cannot load, the isolation fix unavailable) stops it
@@ -9,12 +9,12 @@ the same way with uvicorn's ``STARTUP_FAILURE`` (3).
 
 Once the server has shut down (connections drained, the lifespan's engine and stores
 closed), the process should end at once. If something still holds it, such as a thread a
-library left running, :class:`GatewayServer` writes every thread's stack to stderr and exits
+library left running, :class:`GuardedServer` writes every thread's stack to stderr and exits
 with status 1 after ``EXIT_DEADLINE_SECONDS``: an orchestrator sees a failed stop with its
 cause, not a process that hangs until it is killed.
 
 Connections are served by :class:`~app.connections.GuardedHttpProtocol` (uvicorn's httptools
-protocol with deadlines and caps, app/connections), from a listener :class:`GatewayServer`
+protocol with deadlines and caps, app/connections), from a listener :class:`GuardedServer`
 opens itself: uvicorn's passes neither the protocol its shared counts nor asyncio's TLS
 handshake timeout.
 """
@@ -45,7 +45,7 @@ WATCH_SECONDS = 1.0
 ENGINE_DEAD = 4
 
 
-class GatewayServer(uvicorn.Server):
+class GuardedServer(uvicorn.Server):
     """uvicorn's server, watching the gateway's engine (``app.state.gateway``, once the
     lifespan has made it); ``exit_status`` is what the process should exit with. With
     ``limits``, its connections are held to them (``guard`` counts them)."""
@@ -176,7 +176,7 @@ def connection_limits(settings: Settings) -> ConnectionLimits:
 
 
 def server_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
-    """uvicorn's configuration for serving ``app`` (with :class:`GatewayServer` and
+    """uvicorn's configuration for serving ``app`` (with :class:`GuardedServer` and
     :func:`connection_limits`)."""
     return uvicorn.Config(
         app,
@@ -199,7 +199,7 @@ def run(app: FastAPI, settings: Settings) -> None:
     """Serve ``app`` until SIGINT or SIGTERM; exit with status 3 if it (or its engine) could
     not start, 4 if its engine died."""
     limits = connection_limits(settings)
-    server = GatewayServer(server_config(app, settings), app, limits=limits)
+    server = GuardedServer(server_config(app, settings), app, limits=limits)
     # SIGINT, which uvicorn raises again once it has shut down, is the stop asked for.
     with contextlib.suppress(KeyboardInterrupt):
         server.run()

@@ -151,7 +151,7 @@ async def test_once_started_what_start_up_built_is_kept_out_of_garbage_collectio
 
     app = FastAPI()
     app.state.gateway = SimpleNamespace(backend=Backend(), startup_error=None)
-    watched = server.GatewayServer(uvicorn.Config(app), app)
+    watched = server.GuardedServer(uvicorn.Config(app), app)
     gc.unfreeze()
     monkeypatch.setattr(server, "WATCH_SECONDS", 0.01)
     watchdog = asyncio.create_task(watched._watch_engine())

@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match, Route
 
 from app.admin.service import was_audited
-from app.api.admin.auditing import is_admin_path, record_admin_failure
+from app.api.admin.failure_audit import is_admin_path, record_admin_failure
 from app.errors import BadRequestError, GatewayError, StoreUnavailableError
 
 logger = logging.getLogger(__name__)

@@ -9,13 +9,13 @@ from starlette._utils import get_route_path
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.admin.auditing import (
+from app.api.admin.deps import INVALID_ADMIN_TOKEN
+from app.api.admin.failure_audit import (
     AuthFailureThrottle,
     is_admin_path,
     record_admin_failure,
     record_auth_failure,
 )
-from app.api.admin.deps import INVALID_ADMIN_TOKEN
 from app.api.deps import matches_any, parse_bearer
 from app.api.errors import BODY_CUT_OFF, PRECHECKED, render
 from app.errors import AuthenticationError, GatewayError, RequestTooLargeError

@@ -8,8 +8,8 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
 from app import protocol
+from app.api.completion_response import CompletionResponse
 from app.api.deps import CurrentPrincipal, GatewayDep, RequestId
-from app.api.streaming import CompletionResponse
 from app.protocol import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -66,6 +66,10 @@ async def create_chat_completion(
     principal: CurrentPrincipal,
     request_id: RequestId,
 ) -> Response:
+    # Parsed and authenticated; the rest happens while the response is sent, inside
+    # RequestTracker.track: resolve the model for the tenant, check its limits, prepare
+    # (template, tokenise) in its turn, reserve the worst case, wait for a slot, run on
+    # the backend, answer (JSON or SSE), settle what it used (docs/architecture.md).
     return CompletionResponse(gateway.tracker, gateway.backend.chat, body, principal, request_id)
 
 

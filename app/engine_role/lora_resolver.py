@@ -184,10 +184,10 @@ def register() -> None:
             handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
             logger.addHandler(handler)
             logger.setLevel(logging.INFO)
-        LoRAResolverRegistry.register_resolver(RESOLVER_NAME, GatewayStoreResolver())
+        LoRAResolverRegistry.register_resolver(RESOLVER_NAME, StoreResolver())
 
 
-class GatewayStoreResolver(LoRAResolver):
+class StoreResolver(LoRAResolver):
     """The registered resolver: a :class:`StoreLoRAResolver` built from the environment's
     settings on first use."""
 

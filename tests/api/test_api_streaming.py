@@ -11,7 +11,8 @@ from typing import Any, ClassVar
 import pytest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.streaming import SERVER_SEND, EventStreamResponse, GatewayApp
+from app.api.completion_response import EventStreamResponse
+from app.api.streaming_app import SERVER_SEND, StreamingApp
 from app.main import create_app
 from tests.support.edge_app import edge_settings
 
@@ -48,8 +49,8 @@ class Shouting:
         await self.app(scope, receive, shout)
 
 
-def stream_app(*middleware: type) -> GatewayApp:
-    app = GatewayApp()
+def stream_app(*middleware: type) -> StreamingApp:
+    app = StreamingApp()
 
     async def events() -> AsyncIterator[str]:
         for text in ("one", "two"):
@@ -64,7 +65,7 @@ def stream_app(*middleware: type) -> GatewayApp:
     return app
 
 
-async def call(app: GatewayApp) -> list[Message]:
+async def call(app: StreamingApp) -> list[Message]:
     scope: dict[str, Any] = {
         "type": "http",
         "asgi": {"version": "3.0"},

@@ -1,4 +1,4 @@
-"""A small app served by :class:`~app.server.GatewayServer` on loopback, in the test's event
+"""A small app served by :class:`~app.server.GuardedServer` on loopback, in the test's event
 loop, with the connection limits a test asks for; raw sockets to talk to it."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.server import GatewayServer, connection_limits, server_config
+from app.server import GuardedServer, connection_limits, server_config
 from app.settings import Settings
 from tests.support.servers import free_port
 
@@ -96,7 +96,7 @@ def probe_app(probe: Probe) -> FastAPI:
 @dataclass
 class Running:
     port: int
-    server: GatewayServer
+    server: GuardedServer
     probe: Probe
 
     async def connect(
@@ -185,7 +185,7 @@ def status_of(response: bytes) -> int | None:
 
 @asynccontextmanager
 async def serving(**overrides: Any) -> AsyncIterator[Running]:
-    """The probe app behind a GatewayServer with these settings (defaults otherwise)."""
+    """The probe app behind a GuardedServer with these settings (defaults otherwise)."""
     settings = Settings(
         _env_file=None,
         port=free_port(),
@@ -194,7 +194,7 @@ async def serving(**overrides: Any) -> AsyncIterator[Running]:
     )
     probe = Probe()
     app = probe_app(probe)
-    server = GatewayServer(server_config(app, settings), limits=connection_limits(settings))
+    server = GuardedServer(server_config(app, settings), limits=connection_limits(settings))
     task = asyncio.create_task(server.serve())
     try:
         for _ in range(500):
@@ -206,5 +206,5 @@ async def serving(**overrides: Any) -> AsyncIterator[Running]:
     finally:
         server.should_exit = True
         await task
-        # GatewayServer's exit deadline is for a process that ends with it; this one goes on.
+        # GuardedServer's exit deadline is for a process that ends with it; this one goes on.
         faulthandler.cancel_dump_traceback_later()

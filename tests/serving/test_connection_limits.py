@@ -1,6 +1,6 @@
 """The connection limits (app/connections) in front of the real app: a tenant's client that
 stops reading its stream is dropped after the write timeout, and its concurrency slot with it.
-Served by :class:`~app.server.GatewayServer` as ``lora-gateway serve`` serves it."""
+Served by :class:`~app.server.GuardedServer` as ``lora-gateway serve`` serves it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from app.engine.base import Engine
 from app.main import create_app
-from app.server import GatewayServer, connection_limits, server_config
+from app.server import GuardedServer, connection_limits, server_config
 from app.settings import Settings
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.servers import free_port, wait_until_ready
@@ -45,7 +45,7 @@ async def serve_guarded(
 
     app = create_app(settings, engine_factory=scripted)
     # No app given: the engine watchdog (and its gc.freeze) stays out of the test process.
-    server = GatewayServer(server_config(app, settings), limits=connection_limits(settings))
+    server = GuardedServer(server_config(app, settings), limits=connection_limits(settings))
     task = asyncio.create_task(server.serve())
     base_url = f"http://127.0.0.1:{settings.port}"
     try:
@@ -60,7 +60,7 @@ async def serve_guarded(
     finally:
         server.should_exit = True
         await task
-        # GatewayServer's exit deadline is for a process that ends with it; this one goes on.
+        # GuardedServer's exit deadline is for a process that ends with it; this one goes on.
         faulthandler.cancel_dump_traceback_later()
 
 

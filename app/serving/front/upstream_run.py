@@ -31,7 +31,7 @@ from app import metrics
 from app.errors import GatewayError, UpstreamError
 from app.quota import Reservation
 from app.serving.front.upstream import Upstream, refusal, transport_error
-from app.serving.lifecycle.tracking import Outcome
+from app.serving.lifecycle.tracking import RunBase
 from app.serving.preparation.generation import Generation
 
 
@@ -46,7 +46,7 @@ class UpstreamCall:
     names: Mapping[str, str]
 
 
-class UpstreamRun:
+class UpstreamRun(RunBase):
     """One admitted request, forwarded. :meth:`answer` (JSON) or :meth:`chunks` (SSE) sends
     it, once; the tracker closes it."""
 
@@ -57,25 +57,17 @@ class UpstreamRun:
         generation: Generation,
         reservation: Reservation | None,
     ) -> None:
-        self.generation = generation
-        self.reservation = reservation
+        super().__init__(generation, reservation)
         self.call = call
         self._upstream = upstream
         self._response: httpx.Response | None = None
         self._started = time.monotonic()
         self._first_token_seen = False
         self._sent = False
-        self._finished = False
-        self._failed = False
         self._prompt_tokens: int | None = None
         self._total: int | None = None
         # choice index -> completion tokens so far (continuous usage counts per choice)
         self._per_choice: dict[int, int] = {}
-
-    @property
-    def headers(self) -> dict[str, str]:
-        """The ``x-ratelimit-*`` headers of the response."""
-        return dict(self.reservation.headers) if self.reservation is not None else {}
 
     @property
     def prompt_tokens(self) -> int:
@@ -89,18 +81,13 @@ class UpstreamRun:
             return self._total
         if self._per_choice:
             return sum(self._per_choice.values())
-        if self._sent and not self._finished and not self._failed and not self._streamed:
+        if self._sent and not self.finished and not self.failed and not self._streamed:
             return self.generation.completion_budget
         return 0
 
     @property
     def _streamed(self) -> bool:
         return bool(self.call.body.get("stream"))
-
-    def outcome(self) -> Outcome:
-        if self._failed:
-            return "error"
-        return "ok" if self._finished else "cancelled"
 
     def when_ended(self, callback: Callable[[], None]) -> None:
         # The engine tier's own server schedules the request; the front has no slot to free.
@@ -119,13 +106,13 @@ class UpstreamRun:
                 raise refusal(response.status_code, response.content, call.names, retry_after)
             payload = _object(response.content)
         except httpx.HTTPError as exc:
-            self._failed = True
+            self.failed = True
             raise transport_error(exc) from exc
         except GatewayError:
-            self._failed = True
+            self.failed = True
             raise
         self._observe(payload)
-        self._finished = True
+        self.finished = True
         return payload
 
     async def chunks(self) -> AsyncGenerator[dict[str, Any]]:
@@ -146,7 +133,7 @@ class UpstreamRun:
                 if data is None:
                     continue
                 if data == "[DONE]":
-                    self._finished = True
+                    self.finished = True
                     return
                 payload = _object(data.encode())
                 error = payload.get("error")
@@ -156,14 +143,14 @@ class UpstreamRun:
                 self._time_first_token()
                 yield payload
         except httpx.HTTPError as exc:
-            self._failed = True
+            self.failed = True
             raise transport_error(exc) from exc
         except GatewayError:
-            self._failed = True
+            self.failed = True
             raise
         finally:
             await self.close()
-        self._failed = True
+        self.failed = True
         raise UpstreamError("The upstream ended the stream early.")
 
     def _send_once(self) -> None:

@@ -12,7 +12,7 @@ from app.engine.base import Engine
 from app.errors import GenerationFailedError
 from app.quota import Reservation
 from app.serving.in_process.token_meter import TokenMeter
-from app.serving.lifecycle.tracking import Outcome
+from app.serving.lifecycle.tracking import RunBase
 from app.serving.preparation.generation import Generation
 
 logger = logging.getLogger(__name__)
@@ -22,27 +22,19 @@ DRAIN_SECONDS = 2.0
 engine produced that the client had not read yet, which are charged too."""
 
 
-class EngineRun:
+class EngineRun(RunBase):
     """One admitted request on the in-process engine. :meth:`outputs` opens its engine
     stream (once); the tracker closes it."""
 
     def __init__(
         self, engine: Engine, generation: Generation, reservation: Reservation | None
     ) -> None:
-        self.generation = generation
-        self.reservation = reservation
+        super().__init__(generation, reservation)
         tenant = generation.principal.tenant.id
         self.meter = TokenMeter(tenant, generation.target.model)
         self._engine = engine
         self._stream: AsyncIterator[RequestOutput] | None = None
-        self._finished = False
-        self._failed = False
         self._ended: Callable[[], None] | None = None
-
-    @property
-    def headers(self) -> dict[str, str]:
-        """The ``x-ratelimit-*`` headers of the response."""
-        return dict(self.reservation.headers) if self.reservation is not None else {}
 
     @property
     def prompt_tokens(self) -> int:
@@ -78,13 +70,8 @@ class EngineRun:
                     )
                 yield output
         except Exception:
-            self._failed = True
+            self.failed = True
             raise
-
-    def outcome(self) -> Outcome:
-        if self._failed:
-            return "error"
-        return "ok" if self._finished else "cancelled"
 
     def when_ended(self, callback: Callable[[], None]) -> None:
         self._ended = callback
@@ -92,7 +79,7 @@ class EngineRun:
     def _observe(self, output: RequestOutput) -> None:
         self.meter.observe(output)
         if output.finished:
-            self._finished = True
+            self.finished = True
             if self._ended is not None:
                 ended, self._ended = self._ended, None
                 ended()
@@ -108,7 +95,7 @@ class EngineRun:
         if stream is None:
             return
         try:
-            if not self._finished and not self._failed:
+            if not self.finished and not self.failed:
                 await self._engine.abort(self.generation.request_id)
                 await asyncio.wait_for(self._drain(stream), DRAIN_SECONDS)
         except Exception:

@@ -88,6 +88,26 @@ class Run(Protocol):
         """Stop whatever still runs for the request and count what it produced."""
 
 
+class RunBase:
+    """What every :class:`Run` keeps alike: its generation and reservation, the response's
+    headers, and how it ended (set ``finished`` or ``failed`` as it learns)."""
+
+    def __init__(self, generation: Generation, reservation: Reservation | None) -> None:
+        self.generation = generation
+        self.reservation = reservation
+        self.finished = False
+        self.failed = False
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return dict(self.reservation.headers) if self.reservation is not None else {}
+
+    def outcome(self) -> Outcome:
+        if self.failed:
+            return "error"
+        return "ok" if self.finished else "cancelled"
+
+
 RunT = TypeVar("RunT", bound=Run)
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.api.admin.auditing import AuthFailureThrottle
 from app.api.admin.deps import actor_name
+from app.api.admin.failure_audit import AuthFailureThrottle
 from app.store.tables import AuditRow
 from tests.support.edge_app import ADMIN_TOKEN, TENANT, EdgeApp, call, edge_settings, running
 

@@ -1,5 +1,6 @@
-"""Responses that run a completion request's lifecycle and stop its work when the client
-goes away."""
+"""The response that runs a completion request's lifecycle (:class:`CompletionResponse`: the
+route returns it, and the request is tracked, run and settled while it is sent), and the SSE
+response that stops its work when the client goes away."""
 
 from __future__ import annotations
 
@@ -10,42 +11,16 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Generic, TypeVar
 
 import anyio
-from fastapi import FastAPI
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from app.api.errors import PRECHECKED, render
+from app.api.streaming_app import SERVER_SEND
 from app.errors import GatewayError
 from app.serving.lifecycle.tracking import ClientDisconnected, Request, RequestTracker, Service
 from app.tenancy.tenants import Principal
 
 T = TypeVar("T")
-
-SERVER_SEND = "lora_gateway.server_send"
-"""The scope key of the server's own ``send``, where every layer between it and the
-routes passes response bodies through unchanged (see :class:`GatewayApp`)."""
-
-
-class GatewayApp(FastAPI):
-    """FastAPI, with streamed events sent straight to the server.
-
-    Every layer between the server and a route wraps ``send`` to look at the response's
-    start only: Starlette's error handling (twice, and once more per route), the request
-    id. For a stream, each token would pay for that chain of calls to reach the server
-    unchanged. So where every middleware says it passes bodies through
-    (``passes_bodies_through``), the server's ``send`` is kept in the scope, and
-    :class:`EventStreamResponse` sends its events there once its start has gone through the
-    chain. One middleware that does not say so (one that compresses or rewrites bodies)
-    turns this off for the whole app: it is never bypassed.
-    """
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and all(
-            getattr(middleware.cls, "passes_bodies_through", False)
-            for middleware in self.user_middleware
-        ):
-            scope[SERVER_SEND] = send
-        await super().__call__(scope, receive, send)
 
 
 class CompletionResponse(Response, Generic[Request]):
@@ -106,7 +81,7 @@ class EventStreamResponse(StreamingResponse):
     disconnects, not at the next write, and always closed before this returns.
 
     It has no ``send`` wrapper of its own, and sends its events to the server's ``send``
-    where :class:`GatewayApp` has kept it in the scope: each layer of the ``send`` chain
+    where :class:`StreamingApp` has kept it in the scope: each layer of the ``send`` chain
     would cost once per streamed token.
     """
 
