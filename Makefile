@@ -80,11 +80,15 @@ services:
 		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
+# The fast layer on both cores (pytest-xdist), then the tests that start real engines, one at
+# a time (an engine uses every core); each prints its time, and the whole is printed last.
 test: install model adapters services
-	$(BIN)/python -m pytest -ra
+	@start=$$(date +%s); \
+	$(BIN)/python -m pytest -ra -n 2 -m "not slow" && $(BIN)/python -m pytest -ra -m slow; \
+	status=$$?; echo "make test: $$(( $$(date +%s) - start )) s of tests"; exit $$status
 
 test-fast: install services
-	$(BIN)/python -m pytest -ra -m "not slow"
+	$(BIN)/python -m pytest -ra -n 2 -m "not slow"
 
 # The whole suite with line coverage of app/ (slower than `make test`; the figure to keep).
 coverage: install model adapters services
