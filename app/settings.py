@@ -82,12 +82,12 @@ class Settings(BaseSettings):
         "adapter.",
     )
     scheduler_max_constrained_per_tenant: int = Field(
-        1,
+        8,
         ge=1,
         description="Fair scheduler: requests with an output constraint (structured_outputs, "
         "response_format json, a forced tool call) one tenant may have in the engine at once; "
-        "the engine builds a grammar during the steps that decode it, slowing every request "
-        "in the batch, so the tenant's further ones wait in its queue (docs/scheduling.md).",
+        "the engine core compiles each between its steps, so the tenant's further ones wait "
+        "in its queue (docs/scheduling.md).",
     )
     scheduler_max_queue_depth: int = Field(
         256,
