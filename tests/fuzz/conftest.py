@@ -31,11 +31,11 @@ from tests.support.fuzz_target import (
     FuzzTarget,
     Seeds,
     write_tiny_adapter,
-    write_tiny_model,
 )
 from tests.support.live_gateway import running_gateway
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.servers import free_port
+from tests.support.serving import write_tiny_model
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -70,17 +70,6 @@ class Tally:
 TALLY = Tally()
 
 
-def write_tiny_model(directory: Path) -> None:
-    """What the gateway reads of a base model: config.json and the safetensors header."""
-    directory.mkdir(parents=True)
-    (directory / "config.json").write_text(json.dumps({"num_hidden_layers": 1}))
-    weights = {
-        f"model.layers.0.self_attn.{name}.weight": np.zeros((8, 8), dtype=np.float32)
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj")
-    }
-    save_file(weights, str(directory / "model.safetensors"))
-
-
 def write_tiny_adapter(directory: Path) -> None:
     """A rank-4 PEFT LoRA on the tiny model's q_proj and v_proj."""
     directory.mkdir(parents=True)
