@@ -307,11 +307,13 @@ async def test_the_slot_goes_back_as_the_engine_ends_the_request(
 async def test_a_tenants_second_constrained_request_waits_for_its_first(
     serve: ServeFactory,
 ) -> None:
-    """The output constraint reaches the scheduler: while one of the tenant's constrained
-    requests runs, its next waits in the gateway, and its free-text request goes past it."""
+    """The output constraint reaches the scheduler: with a cap of one, while one of the
+    tenant's constrained requests runs, its next waits in the gateway, and its free-text
+    request goes past it."""
     engine = ScriptedEngine(step_seconds=0.01)
     constraint = {"structured_outputs": {"choice": ["yes", "no"]}}
-    async with serve(engine) as served, served.client() as client:
+    cap = {"scheduler_max_constrained_per_tenant": 1}
+    async with serve(engine, **cap) as served, served.client() as client:
         body = chat(served, max_tokens=3000, stream=True, **constraint)
         holder = asyncio.create_task(hold_stream(client, body))
         await eventually(lambda: len(engine.requests) == 1)
