@@ -2,9 +2,10 @@
 
 Content appears there whole or not at all: it is downloaded into ``<root>/tmp/``, every file
 and the content digest are checked against the manifest, and only then is the directory
-renamed into place (one ``rename``, atomic on one filesystem). A per-digest lock file
-(``<root>/locks/<digest>.lock``, ``flock``) makes processes and threads of one host that ask
-for the same cold content at once wait for one download instead of each fetching it.
+renamed into place (one ``rename``, atomic on one filesystem). Per digest, ``flock`` on
+``<root>/locks/<digest>.fetch`` makes processes and threads of one host that ask for the same
+cold content at once wait for one download instead of each fetching it, and users share
+``<root>/locks/<digest>.lock``, which an eviction must take alone.
 
 The cache holds at most ``max_bytes`` of content: before a download, the least recently
 used entries (by their directory's mtime, touched on every use) are removed until the new
@@ -59,22 +60,24 @@ class AdapterCache:
         if not is_digest(digest):
             raise AdapterContentMissing(f"{digest[:80]!r} is not a sha256 content digest.")
         final = self.path(digest)
-        with self._lock_file(digest) as lock:
-            # Users share the lock; a download and an eviction need it alone. flock converts
-            # a lock by dropping it first, so the entry is checked again after each change.
-            fcntl.flock(lock, fcntl.LOCK_SH)
-            while not final.is_dir():
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                if not final.is_dir():
-                    self._download(source.manifest(digest), source)
-                fcntl.flock(lock, fcntl.LOCK_SH)
+        # Users share the entry's lock (an eviction needs it alone); whoever writes the entry
+        # in holds its fetch lock. Two locks, never one upgraded: a user that holds the entry
+        # (for as long as its process lives) must not keep another from fetching it.
+        with self._flock(digest, "lock", fcntl.LOCK_SH):
+            if not final.is_dir():
+                with self._flock(digest, "fetch", fcntl.LOCK_EX):
+                    if not final.is_dir():
+                        self._download(source.manifest(digest), source)
             os.utime(final)
             yield final
 
     def admit(self, manifest: Manifest, directory: Path) -> Path:
         """Move ``directory``, content this host has just checked and stored, into the cache."""
         final = self.path(manifest.digest)
-        with self._lock(manifest.digest):
+        with (
+            self._flock(manifest.digest, "lock", fcntl.LOCK_SH),
+            self._flock(manifest.digest, "fetch", fcntl.LOCK_EX),
+        ):
             if not final.is_dir():
                 self._make_room(manifest.size_bytes, keep=manifest.digest)
                 temp = self._temp()
@@ -107,23 +110,19 @@ class AdapterCache:
         return temp
 
     @contextmanager
-    def _lock_file(self, digest: str) -> Iterator[int]:
+    def _flock(self, digest: str, kind: str, operation: int) -> Iterator[None]:
+        """``flock(operation)`` on ``<root>/locks/<digest>.<kind>`` until the block ends."""
         locks = self.root / "locks"
         locks.mkdir(parents=True, exist_ok=True)
         # Lock files stay: removing one while another process waits on it would let two
         # processes each believe they hold the lock. Each open is its own lock holder, so
         # threads of one process exclude each other as processes do.
-        fd = os.open(locks / f"{digest}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(locks / f"{digest}.{kind}", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            yield fd
+            fcntl.flock(fd, operation)
+            yield
         finally:
             os.close(fd)
-
-    @contextmanager
-    def _lock(self, digest: str, *, wait: bool = True) -> Iterator[int]:
-        with self._lock_file(digest) as fd:
-            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-            yield fd
 
     def _entries(self) -> list[tuple[float, str, int]]:
         """(last use, digest, bytes) of every complete entry."""
@@ -146,7 +145,7 @@ class AdapterCache:
             if digest == keep:
                 continue
             try:
-                with self._lock(digest, wait=False):
+                with self._flock(digest, "lock", fcntl.LOCK_EX | fcntl.LOCK_NB):
                     self._remove(digest)
             except BlockingIOError:  # in use, or being fetched: never removed under a user
                 continue
