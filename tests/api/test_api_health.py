@@ -14,7 +14,7 @@ import pytest
 
 from app.engine.base import Engine
 from app.main import create_app
-from tests.support.edge_app import edge_settings
+from tests.support.harness import app_settings
 
 SECRET = "/srv/secret-models/acme-finetune: unsupported dtype bf16 on vllm 0.32.0+cpu"
 
@@ -28,7 +28,7 @@ async def failing_engine(_settings: object) -> AsyncIterator[Engine]:
 async def test_readyz_hides_why_the_engine_failed(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    app = create_app(edge_settings(tmp_path), engine_factory=failing_engine)
+    app = create_app(app_settings(tmp_path), engine_factory=failing_engine)
     with caplog.at_level(logging.ERROR):
         async with app.router.lifespan_context(app):
             while app.state.gateway.startup_error is None:

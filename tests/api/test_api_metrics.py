@@ -12,7 +12,8 @@ import pytest
 
 from app import metrics
 from app.main import create_app
-from tests.support.edge_app import ADMIN_TOKEN, TENANT, call, edge_settings, running
+from tests.support.edge_app import TENANT, call, running
+from tests.support.harness import ADMIN_TOKEN, app_settings
 from tests.support.servers import free_port
 
 METRICS_TOKEN = "lgw-metrics-edge-test-token"
@@ -28,7 +29,7 @@ def record_traffic() -> None:
 
 
 async def test_the_api_port_shows_metrics_only_with_credentials(tmp_path: Path) -> None:
-    settings = edge_settings(tmp_path, metrics_token=METRICS_TOKEN)
+    settings = app_settings(tmp_path, metrics_token=METRICS_TOKEN)
     async with running(settings) as edge:
         record_traffic()
         for headers in ({}, bearer("wrong"), bearer(edge.tenant_key)):
@@ -43,7 +44,7 @@ async def test_the_api_port_shows_metrics_only_with_credentials(tmp_path: Path) 
 
 
 async def test_without_a_metrics_token_the_admin_token_reads_them(tmp_path: Path) -> None:
-    async with running(edge_settings(tmp_path)) as edge:
+    async with running(app_settings(tmp_path)) as edge:
         record_traffic()
         refused = await call(edge.app, "GET", "/metrics")
         assert refused.status == 401
@@ -55,7 +56,7 @@ async def test_without_a_metrics_token_the_admin_token_reads_them(tmp_path: Path
 
 async def test_the_metrics_port_serves_the_same_metrics(tmp_path: Path) -> None:
     port = free_port()
-    async with running(edge_settings(tmp_path, metrics_port=port)) as edge:
+    async with running(app_settings(tmp_path, metrics_port=port)) as edge:
         record_traffic()
         assert edge.app.state.metrics_address == ("127.0.0.1", port)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
@@ -78,7 +79,7 @@ async def test_the_metrics_port_serves_the_same_metrics(tmp_path: Path) -> None:
 
 async def test_the_metrics_port_takes_the_metrics_token_when_set(tmp_path: Path) -> None:
     port = free_port()
-    settings = edge_settings(tmp_path, metrics_port=port, metrics_token=METRICS_TOKEN)
+    settings = app_settings(tmp_path, metrics_port=port, metrics_token=METRICS_TOKEN)
     async with running(settings):
         record_traffic()
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
@@ -92,7 +93,7 @@ async def test_the_metrics_port_takes_the_metrics_token_when_set(tmp_path: Path)
 
 async def test_a_taken_metrics_port_stops_the_start(tmp_path: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
-        settings = edge_settings(tmp_path, metrics_port=taken.getsockname()[1])
+        settings = app_settings(tmp_path, metrics_port=taken.getsockname()[1])
         with pytest.raises(RuntimeError, match="cannot serve metrics"):
             async with running(settings):
                 pass
@@ -100,7 +101,7 @@ async def test_a_taken_metrics_port_stops_the_start(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("docs", [True, False])
 async def test_docs_follow_the_setting(tmp_path: Path, docs: bool) -> None:
-    app = create_app(edge_settings(tmp_path, docs=docs))
+    app = create_app(app_settings(tmp_path, docs=docs))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
         for path in ("/docs", "/redoc", "/openapi.json"):

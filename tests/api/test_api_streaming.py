@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.api.completion_response import EventStreamResponse
 from app.api.streaming_app import SERVER_SEND, StreamingApp
 from app.main import create_app
-from tests.support.edge_app import edge_settings
+from tests.support.harness import app_settings
 
 
 class Watching:
@@ -118,7 +118,7 @@ async def test_a_middleware_that_may_rewrite_bodies_sees_every_event() -> None:
 
 
 async def test_the_gateway_keeps_the_servers_send_for_its_streams(tmp_path: Path) -> None:
-    app = create_app(edge_settings(tmp_path))
+    app = create_app(app_settings(tmp_path))
     scopes: list[Scope] = []
 
     async def routes(scope: Scope, receive: Receive, send: Send) -> None:

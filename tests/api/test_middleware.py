@@ -15,15 +15,8 @@ import pytest
 
 from app.admin import schemas
 from app.api.middleware import MULTIPART_OVERHEAD_BYTES
-from tests.support.edge_app import (
-    ADMIN_TOKEN,
-    TENANT,
-    EdgeApp,
-    body_of,
-    call,
-    edge_settings,
-    running,
-)
+from tests.support.edge_app import TENANT, EdgeApp, body_of, call, running
+from tests.support.harness import ADMIN_TOKEN, app_settings
 
 HUGE = 150 << 20
 LIMIT = 64 << 10
@@ -32,7 +25,7 @@ UPLOAD_LIMIT = 256 << 10
 
 @pytest.fixture
 async def edge(tmp_path: Path) -> AsyncIterator[EdgeApp]:
-    settings = edge_settings(tmp_path, max_request_bytes=LIMIT, max_adapter_bytes=UPLOAD_LIMIT)
+    settings = app_settings(tmp_path, max_request_bytes=LIMIT, max_adapter_bytes=UPLOAD_LIMIT)
     async with running(settings) as live:
         yield live
 

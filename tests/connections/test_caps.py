@@ -7,7 +7,7 @@ import asyncio
 import json
 from contextlib import AsyncExitStack
 
-from tests.connections.harness import Running, read_until_closed, serving, status_of
+from tests.connections.probe_server import Running, read_until_closed, serving, status_of
 
 # Long enough that idle connections stay open for the whole test.
 PATIENT = {"request_head_timeout_seconds": 30.0}

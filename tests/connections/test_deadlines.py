@@ -8,7 +8,12 @@ import socket
 import time
 
 from app import metrics
-from tests.connections.harness import read_until_closed, send_until_answered, serving, status_of
+from tests.connections.probe_server import (
+    read_until_closed,
+    send_until_answered,
+    serving,
+    status_of,
+)
 
 FAST = {"request_head_timeout_seconds": 0.5}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.connections.harness import serving, status_of
+from tests.connections.probe_server import serving, status_of
 
 SMUGGLED = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
 SHAPES = {

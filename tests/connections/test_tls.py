@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.connections.harness import read_until_closed, serving
+from tests.connections.probe_server import read_until_closed, serving
 from tests.support.tls import self_signed_certificate
 
 

@@ -53,7 +53,7 @@ def test_onboard_a_tenant_with_an_uploaded_adapter(gateway: LiveGateway, tmp_pat
     source = make_random_adapter(
         EMBEDDED_MODEL_DIR, tmp_path / "src", rank=8, target_modules=("q_proj", "v_proj"), seed=3
     )
-    with gateway.admin() as admin:
+    with gateway.admin_client() as admin:
         created = admin.post("/tenants", json={"id": "newco", "name": "NewCo"})
         assert created.status_code == 201, created.text
         issued = admin.post("/tenants/newco/keys", json={"name": "prod"})
@@ -85,7 +85,7 @@ def test_onboard_a_tenant_with_an_uploaded_adapter(gateway: LiveGateway, tmp_pat
             model="support", messages=MESSAGES, max_tokens=4
         )
 
-    with gateway.admin() as admin:
+    with gateway.admin_client() as admin:
         refused = admin.delete("/adapters/newco-support")
         assert refused.status_code == 409 and error_of(refused)["code"] == "conflict"
         assert admin.delete("/adapters/newco-support", params={"force": "true"}).status_code == 204
@@ -94,7 +94,7 @@ def test_onboard_a_tenant_with_an_uploaded_adapter(gateway: LiveGateway, tmp_pat
 
 
 def test_revoked_keys_and_disabled_tenants_are_refused_at_once(gateway: LiveGateway) -> None:
-    with gateway.admin() as admin:
+    with gateway.admin_client() as admin:
         admin.post("/tenants", json={"id": "revokee", "name": "R", "allow_base_model": True})
         issued = admin.post("/tenants/revokee/keys", json={}).json()
         client = openai.OpenAI(
@@ -135,7 +135,7 @@ def test_malicious_uploads_are_rejected_without_a_trace(
         for name, content in files.items():
             archive.writestr(name, content)
     before = store_entries(gateway)
-    with gateway.admin() as admin:
+    with gateway.admin_client() as admin:
         rejected = admin.post(
             "/adapters",
             data={"name": "evil"},
@@ -150,7 +150,7 @@ def test_malicious_uploads_are_rejected_without_a_trace(
 
 
 def test_admin_errors_are_openai_shaped(gateway: LiveGateway) -> None:
-    with gateway.admin() as admin:
+    with gateway.admin_client() as admin:
         missing = admin.get("/tenants/nobody")
         assert missing.status_code == 404 and error_of(missing)["code"] == "not_found"
         invalid = admin.post("/tenants", json={"id": "Bad Id", "name": "x"})
@@ -177,7 +177,7 @@ def test_changes_made_elsewhere_apply_within_a_second(gateway: LiveGateway) -> N
     """Another replica (here: the CLI's service on the same store) revokes a key."""
     from app.cli import admin_service
 
-    with gateway.admin() as admin:
+    with gateway.admin_client() as admin:
         admin.post("/tenants", json={"id": "elsewhere", "name": "E", "allow_base_model": True})
         issued = admin.post("/tenants/elsewhere/keys", json={}).json()
     client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=issued["key"], max_retries=0)
@@ -201,7 +201,7 @@ def test_changes_made_elsewhere_apply_within_a_second(gateway: LiveGateway) -> N
 def test_usage_ledger_counts_every_request_including_cancelled_ones(
     gateway: LiveGateway,
 ) -> None:
-    with gateway.admin() as admin:
+    with gateway.admin_client() as admin:
         admin.post("/tenants", json={"id": "metered", "name": "M", "allow_base_model": True})
         key = admin.post("/tenants/metered/keys", json={"name": "k"}).json()
     client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=key["key"], max_retries=0)
@@ -222,7 +222,7 @@ def test_usage_ledger_counts_every_request_including_cancelled_ones(
             next(lines)
     assert gateway.wait_idle() == 0
 
-    with gateway.admin() as admin:
+    with gateway.admin_client() as admin:
         report = admin.get("/tenants/metered/usage").json()
         by_key = admin.get("/tenants/metered/usage", params={"group_by": "key"}).json()
         empty = admin.get("/tenants/metered/usage", params={"from": "2100-01-01T00:00:00Z"})

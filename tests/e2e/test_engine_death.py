@@ -24,12 +24,8 @@ import pytest
 
 from app.server import ENGINE_DEAD
 from app.settings import Settings
-from tests.support.live_gateway import (
-    ADMIN_TOKEN,
-    ENGINE_START_TIMEOUT_S,
-    MAX_MODEL_LEN,
-    long_stream,
-)
+from tests.support.harness import ADMIN_TOKEN
+from tests.support.live_gateway import ENGINE_START_TIMEOUT_S, MAX_MODEL_LEN, long_stream
 from tests.support.servers import free_port, wait_until_ready
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from uvicorn.config import STARTUP_FAILURE
 
-from tests.support.live_gateway import ADMIN_TOKEN
+from tests.support.harness import ADMIN_TOKEN
 from tests.support.servers import free_port
 
 

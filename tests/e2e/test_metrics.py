@@ -25,13 +25,8 @@ from app.cli import register_adapter
 from app.engine.base import Engine, EngineLoad, ReportsLoad
 from app.settings import EMBEDDED_MODEL_DIR
 from bench.random_adapters import make_random_adapter
-from tests.support.live_gateway import (
-    ADMIN_TOKEN,
-    LiveGateway,
-    make_settings,
-    prepare_store,
-    running_gateway,
-)
+from tests.support.harness import ADMIN_TOKEN
+from tests.support.live_gateway import LiveGateway, make_settings, prepare_store, running_gateway
 from tests.support.lru_walkthrough import (
     ACTIVATIONS,
     EVICTIONS,
@@ -165,7 +160,7 @@ def test_metrics_follow_the_walkthrough(live: LiveGateway) -> None:
 
 def test_admin_residency_view_per_adapter_version(live: LiveGateway) -> None:
     # Runs after the walkthrough above (same gateway): host (C A), slot [A].
-    with live.admin() as admin:
+    with live.admin_client() as admin:
         response = admin.get("/adapters/residency")
     assert response.status_code == 200, response.text
     view = {(r["name"], r["version"]): r for r in response.json()}

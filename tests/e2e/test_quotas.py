@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 def metered_tenant(gateway: LiveGateway, tenant: str, **quota: Any) -> dict[str, str]:
     """A new tenant (base model allowed) with ``quota``; its key's auth header."""
-    with gateway.admin() as admin:
+    with gateway.admin_client() as admin:
         admin.post("/tenants", json={"id": tenant, "name": tenant, "allow_base_model": True})
         assert admin.put(f"/tenants/{tenant}/quota", json=quota).status_code == 200
         key = admin.post(f"/tenants/{tenant}/keys", json={}).json()["key"]
@@ -108,17 +108,17 @@ def test_a_request_that_can_never_fit_is_a_400_not_a_429(gateway: LiveGateway) -
 def test_quota_changes_apply_at_once(gateway: LiveGateway) -> None:
     headers = metered_tenant(gateway, "changing", requests_per_minute=1)
     assert [chat(gateway, headers).status_code for _ in range(2)] == [200, 429]
-    with gateway.admin() as admin:
+    with gateway.admin_client() as admin:
         admin.put("/tenants/changing/quota", json={"requests_per_minute": 1000})
     assert chat(gateway, headers).status_code == 200
-    with gateway.admin() as admin:
+    with gateway.admin_client() as admin:
         admin.put("/tenants/changing/quota", json={})  # no limits at all
     assert all(chat(gateway, headers).status_code == 200 for _ in range(3))
 
 
 def test_a_key_quota_is_enforced_on_top_of_its_tenants(gateway: LiveGateway) -> None:
     tight = metered_tenant(gateway, "keyed", requests_per_minute=5)
-    with gateway.admin() as admin:
+    with gateway.admin_client() as admin:
         tight_id = admin.get("/tenants/keyed/keys").json()[0]["id"]
         put = admin.put(f"/tenants/keyed/keys/{tight_id}/quota", json={"requests_per_minute": 2})
         assert put.status_code == 200 and put.json()["key_id"] == tight_id
@@ -138,7 +138,7 @@ def test_a_key_quota_is_enforced_on_top_of_its_tenants(gateway: LiveGateway) -> 
     loose_statuses = [chat(gateway, loose, max_tokens=1).status_code for _ in range(4)]
     assert loose_statuses == [200, 200, 200, 429]
 
-    with gateway.admin() as admin:
+    with gateway.admin_client() as admin:
         assert admin.delete(f"/tenants/keyed/keys/{tight_id}/quota").status_code == 204
         cleared = admin.get(f"/tenants/keyed/keys/{tight_id}/quota").json()
         assert cleared["requests_per_minute"] is None

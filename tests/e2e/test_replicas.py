@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from app.settings import Settings
+from tests.support.harness import ADMIN_TOKEN
 from tests.support.live_gateway import (
-    ADMIN_TOKEN,
     LiveGateway,
     borrowed_settings,
     borrowing_gateway,

@@ -7,7 +7,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.live_gateway import ADMIN_TOKEN, LiveGateway
+from tests.support.harness import ADMIN_TOKEN
+from tests.support.live_gateway import LiveGateway
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +33,7 @@ def value(
 
 
 def test_requests_tokens_latency_and_rejections_per_tenant(gateway: LiveGateway) -> None:
-    with gateway.admin() as admin:
+    with gateway.admin_client() as admin:
         admin.post("/tenants", json={"id": "observed", "name": "O", "allow_base_model": True})
         admin.put("/tenants/observed/quota", json={"requests_per_minute": 4})
         key = admin.post("/tenants/observed/keys", json={}).json()["key"]

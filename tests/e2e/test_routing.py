@@ -14,14 +14,19 @@ pytestmark = pytest.mark.slow
 BASE = "SmolLM2-135M-Instruct"
 ADAPTERS = ("legal_advisor", "medical_scribe", "telephony_support")
 QUESTION = "What is the capital of France?"
+# Enough to tell the adapters apart (tests/e2e/test_isolation.py checks batches token by
+# token against PEFT).
+MIXED_TOKENS = 16
 
 
-def ask(gateway: LiveGateway, tenant: str, model: str, question: str = QUESTION) -> str:
+def ask(
+    gateway: LiveGateway, tenant: str, model: str, question: str = QUESTION, max_tokens: int = 32
+) -> str:
     response = gateway.client(tenant).chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": question}],
         temperature=0,
-        max_tokens=32,
+        max_tokens=max_tokens,
     )
     return response.choices[0].message.content or ""
 
@@ -105,7 +110,7 @@ def test_concurrent_mixed_adapter_requests_match_their_solo_answers(
 ) -> None:
     models = [BASE, *ADAPTERS]
     questions = [QUESTION, "Name three colours.", "What should I do if my laptop is stolen?"]
-    solo = {(m, q): ask(gateway, "demo-all", m, q) for m in models for q in questions}
+    solo = {(m, q): ask(gateway, "demo-all", m, q, MIXED_TOKENS) for m in models for q in questions}
 
     async def all_at_once() -> list[str]:
         client = gateway.async_client("demo-all")
@@ -115,7 +120,7 @@ def test_concurrent_mixed_adapter_requests_match_their_solo_answers(
                 model=model,
                 messages=[{"role": "user", "content": question}],
                 temperature=0,
-                max_tokens=32,
+                max_tokens=MIXED_TOKENS,
             )
             return response.choices[0].message.content or ""
 

@@ -12,19 +12,15 @@ the run is small and derandomised, for the normal suite (see ``tests/fuzz/schema
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from app.engine.base import Engine
-from app.settings import Settings
 from tests.fuzz.schema import KNOWN_MODELS, KNOWN_PATH_PARAMETERS, openapi_document
 from tests.support.fuzz_target import (
     ADAPTER,
-    ADMIN_TOKEN,
     ALIAS,
     MAX_MODEL_LEN,
     TALLY,
@@ -32,9 +28,8 @@ from tests.support.fuzz_target import (
     Seeds,
     write_tiny_adapter,
 )
-from tests.support.live_gateway import running_gateway
+from tests.support.harness import ADMIN_TOKEN, app_settings, scripted, serve_on_thread
 from tests.support.scripted_engine import ScriptedEngine
-from tests.support.servers import free_port
 from tests.support.serving import write_tiny_model
 
 
@@ -50,22 +45,9 @@ def fuzz_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzTarget
     root = tmp_path_factory.mktemp("fuzz")
     write_tiny_model(root / "model")
     write_tiny_adapter(root / "adapters" / ADAPTER)
-    settings = Settings(
-        _env_file=None,  # type: ignore[call-arg]
-        model=str(root / "model"),
-        database_url=f"sqlite+aiosqlite:///{root / 'gateway.db'}",
-        adapter_root=root / "adapters",
-        admin_token=ADMIN_TOKEN,
-        port=free_port(),
-        docs=True,
-    )
+    settings = app_settings(root, model=str(root / "model"), docs=True)
     engine = ScriptedEngine(max_model_len=MAX_MODEL_LEN)
-
-    @asynccontextmanager
-    async def scripted(_: Settings) -> AsyncIterator[Engine]:
-        yield engine
-
-    with running_gateway(settings, {}, engine_factory=scripted, start_timeout=30) as served:
+    with serve_on_thread(settings, scripted(engine), timeout=30) as (served, _):
         base_url = served.base_url
         headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         with httpx.Client(base_url=f"{base_url}/admin/v1", headers=headers, timeout=30) as admin:

@@ -4,6 +4,7 @@ the generated cases at objects that exist."""
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import schemathesis
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from app.main import create_app
 from app.settings import Settings
+from app.tenancy.manifests import ADAPTER_NAME_PATTERN
 
 DEFAULT_EXAMPLES = 8
 MAX_EXAMPLES_ENV = "FUZZ_MAX_EXAMPLES"
@@ -77,8 +79,12 @@ def load_schema() -> Any:
     @schema.hook
     def flatmap_body(context: Any, body: Any) -> Any:
         # Most generated models do not exist (404): name real ones, and stream some of them.
-        # A grant's adapter likewise.
+        # A grant's adapter likewise, where the name generated is valid: an invalid one is
+        # what makes a negative case negative.
         if isinstance(body, dict) and "adapter" in body:
+            adapter = body["adapter"]
+            if not (isinstance(adapter, str) and re.match(ADAPTER_NAME_PATTERN, adapter)):
+                return st.just(body)
             return st.sampled_from([body, {**body, "adapter": KNOWN_PATH_PARAMETERS["name"]}])
         if not isinstance(body, dict) or "model" not in body:
             return st.just(body)

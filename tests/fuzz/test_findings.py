@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from tests.support.fuzz_target import ADMIN_TOKEN, FuzzTarget
+from tests.support.fuzz_target import FuzzTarget
+from tests.support.harness import ADMIN_TOKEN
 
 
 def _admin(target: FuzzTarget) -> httpx.Client:

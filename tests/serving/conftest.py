@@ -1,4 +1,4 @@
-"""The serving layer's fixtures: the harness itself is tests/support/serving.py."""
+"""The serving layer's fixtures (its harness: tests/support/serving.py)."""
 
 from __future__ import annotations
 

@@ -19,10 +19,11 @@ import pytest
 from safetensors.numpy import save as save_tensors
 
 from app.tenancy.storage.s3 import S3Location, s3_client
+from tests.support.harness import ADMIN_TOKEN
 from tests.support.s3_server import s3_server, use_s3
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.servers import free_port
-from tests.support.serving import ADMIN_TOKEN, TENANT, ServeFactory
+from tests.support.serving import TENANT, ServeFactory
 
 RANK = 4
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from tests.support.harness import ADMIN_TOKEN
 from tests.support.scripted_engine import ScriptedEngine
-from tests.support.serving import ADMIN_TOKEN, TENANT, ServeFactory
+from tests.support.serving import TENANT, ServeFactory
 
 
 @pytest.mark.parametrize(

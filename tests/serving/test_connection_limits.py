@@ -10,66 +10,42 @@ import json
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
-from app.engine.base import Engine
-from app.main import create_app
+import uvicorn
+from fastapi import FastAPI
+
 from app.server import GuardedServer, connection_limits, server_config
 from app.settings import Settings
 from tests.support.scripted_engine import ScriptedEngine
-from tests.support.servers import free_port, wait_until_ready
-from tests.support.serving import ADMIN_TOKEN, TENANT, Served
+from tests.support.serving import Served, ServeFactory
+
+
+def guarded(app: FastAPI, settings: Settings) -> uvicorn.Server:
+    # No app given: the engine watchdog (and its gc.freeze) stays out of the test process.
+    return GuardedServer(server_config(app, settings), limits=connection_limits(settings))
 
 
 @asynccontextmanager
 async def serve_guarded(
-    model_dir: Path, root: Path, engine: ScriptedEngine, **overrides: Any
+    serve: ServeFactory, engine: ScriptedEngine, **overrides: Any
 ) -> AsyncIterator[Served]:
-    settings = Settings(
-        _env_file=None,
-        **{
-            "model": str(model_dir),
-            "database_url": f"sqlite+aiosqlite:///{root / 'gateway.db'}",
-            "adapter_root": root / "adapters",
-            "admin_token": ADMIN_TOKEN,
-            "port": free_port(),
-            "log_level": "warning",
-            **overrides,
-        },
-    )
-
-    @asynccontextmanager
-    async def scripted(_: Settings) -> AsyncIterator[Engine]:
-        yield engine
-
-    app = create_app(settings, engine_factory=scripted)
-    # No app given: the engine watchdog (and its gc.freeze) stays out of the test process.
-    server = GuardedServer(server_config(app, settings), limits=connection_limits(settings))
-    task = asyncio.create_task(server.serve())
-    base_url = f"http://127.0.0.1:{settings.port}"
     try:
-        await asyncio.to_thread(
-            wait_until_ready, f"{base_url}/readyz", alive=lambda: not task.done(), timeout=30
-        )
-        served = Served(base_url, app.state.gateway, engine, "", app.state.metrics_dir)
-        tenant = {"id": TENANT, "name": "Tenant A", "allow_base_model": True}
-        await served.admin("POST", "/tenants", tenant)
-        served.key = (await served.admin("POST", f"/tenants/{TENANT}/keys", {"name": "k"}))["key"]
-        yield served
+        async with serve(
+            engine, server_factory=guarded, log_level="warning", **overrides
+        ) as served:
+            yield served
     finally:
-        server.should_exit = True
-        await task
         # GuardedServer's exit deadline is for a process that ends with it; this one goes on.
         faulthandler.cancel_dump_traceback_later()
 
 
 async def test_a_stream_left_unread_is_dropped_and_frees_its_concurrency_slot(
-    tiny_model_dir: Path, tmp_path: Path
+    serve: ServeFactory,
 ) -> None:
     engine = ScriptedEngine()
     settings = {"response_write_timeout_seconds": 0.5, "max_model_len": 1_000_000}
-    async with serve_guarded(tiny_model_dir, tmp_path, engine, **settings) as served:
+    async with serve_guarded(serve, engine, **settings) as served:
         await served.set_quota(max_concurrent_requests=1)
         body = json.dumps(
             {"model": served.model, "prompt": "hi", "max_tokens": 500_000, "stream": True}

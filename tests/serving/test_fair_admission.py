@@ -80,7 +80,7 @@ async def test_a_neighbours_request_starts_while_a_tenant_floods_the_engine(
                     return
                 # The flood waits in the gateway, at most window - headroom of it in the engine.
                 assert engine.peak == seats - 2
-                assert served.counter("lora_gateway_scheduler_queue_depth", tenant=TENANT) >= 90
+                assert served.samples("lora_gateway_scheduler_queue_depth", tenant=TENANT) >= 90
                 ttft = await first_content_after(neighbour, chat(served, max_tokens=5, stream=True))
                 assert ttft < 0.5, ttft
                 assert engine.peak <= seats
@@ -121,7 +121,7 @@ async def test_requests_waiting_inside_the_engine_shrink_the_window_so_a_newcome
                 if quick:
                     await eventually(
                         lambda: (
-                            served.counter("lora_gateway_scheduler_slots", state="window") == seats
+                            served.samples("lora_gateway_scheduler_slots", state="window") == seats
                         )
                     )
                     # What the larger window let in drains; then nothing waits in the engine.
@@ -132,11 +132,11 @@ async def test_requests_waiting_inside_the_engine_shrink_the_window_so_a_newcome
                 ttft = await first_content_after(neighbour, chat(served, max_tokens=5, stream=True))
                 if quick:
                     assert ttft < 0.3, ttft
-                    assert served.counter("lora_gateway_scheduler_queue_depth", tenant=TENANT) > 0
+                    assert served.samples("lora_gateway_scheduler_queue_depth", tenant=TENANT) > 0
                 else:
                     # Behind 10 of the flood's requests, 4 at a time, 0.2 s each.
                     assert ttft > 0.4, ttft
-                    assert served.counter("lora_gateway_scheduler_slots", state="window") == 16
+                    assert served.samples("lora_gateway_scheduler_slots", state="window") == 16
             finally:
                 for task in flood:
                     task.cancel()
@@ -161,12 +161,12 @@ async def test_a_client_that_leaves_while_queued_costs_no_engine_work(
             body = chat(served, max_tokens=3000, stream=stream)
             queued = asyncio.create_task(client.post("/v1/chat/completions", json=body))
             await eventually(
-                lambda: served.counter("lora_gateway_scheduler_queue_depth", tenant=TENANT) == 1
+                lambda: served.samples("lora_gateway_scheduler_queue_depth", tenant=TENANT) == 1
             )
             queued.cancel()
             await asyncio.gather(queued, return_exceptions=True)
             await eventually(
-                lambda: served.counter("lora_gateway_scheduler_queue_depth", tenant=TENANT) == 0
+                lambda: served.samples("lora_gateway_scheduler_queue_depth", tenant=TENANT) == 0
             )
             await served.settled()
             records = await served.usage_records()
@@ -196,7 +196,7 @@ async def test_a_full_queue_is_a_429_with_retry_after_that_holds_nothing(
             body = chat(served, max_tokens=3000, stream=True)
             tasks = [asyncio.create_task(hold_stream(client, body)) for _ in range(2)]
             await eventually(
-                lambda: served.counter("lora_gateway_scheduler_queue_depth", tenant=TENANT) == 1
+                lambda: served.samples("lora_gateway_scheduler_queue_depth", tenant=TENANT) == 1
             )
             for stream in (False, True):
                 refused = await client.post(
@@ -209,12 +209,12 @@ async def test_a_full_queue_is_a_429_with_retry_after_that_holds_nothing(
             assert (await quota_usage(served)).concurrent == 2
             assert len(engine.requests) == 1
             assert (
-                served.counter(
+                served.samples(
                     "lora_gateway_requests_total", tenant=TENANT, status="rate_limit_exceeded"
                 )
                 == 2
             )
-            assert served.counter("lora_gateway_scheduler_rejections_total", reason="queue_full")
+            assert served.samples("lora_gateway_scheduler_rejections_total", reason="queue_full")
             assert await served.usage_records() == []
             for task in tasks:
                 task.cancel()
@@ -261,7 +261,7 @@ async def test_tenants_share_the_engine_by_their_weights(serve: ServeFactory) ->
                 for tenant in (client, neighbour)
             ]
             await eventually(
-                lambda: served.counter("lora_gateway_scheduler_queue_depth") == len(calls)
+                lambda: served.samples("lora_gateway_scheduler_queue_depth") == len(calls)
             )
             holder.cancel()
             await asyncio.gather(holder, return_exceptions=True)
@@ -320,7 +320,7 @@ async def test_a_tenants_second_constrained_request_waits_for_its_first(
         body = chat(served, max_tokens=3, **constraint)
         held = asyncio.create_task(client.post("/v1/chat/completions", json=body))
         await eventually(
-            lambda: served.counter("lora_gateway_scheduler_queue_depth", tenant=TENANT) == 1
+            lambda: served.samples("lora_gateway_scheduler_queue_depth", tenant=TENANT) == 1
         )
         free = await client.post("/v1/chat/completions", json=chat(served, max_tokens=3))
         assert free.status_code == 200, free.text

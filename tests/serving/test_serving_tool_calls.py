@@ -15,7 +15,7 @@ import pytest
 from vllm import CompletionOutput, RequestOutput
 
 from app.main import create_app
-from app.settings import Settings
+from tests.support.harness import app_settings
 from tests.support.scripted_engine import ScriptedEngine, ScriptedRequest
 from tests.support.serving import Served, ServeFactory, sse_events
 
@@ -288,13 +288,7 @@ async def test_auto_streams_each_choice_whole_once_it_ends(serve: ServeFactory) 
 async def test_an_unknown_parser_stops_the_gateway_at_startup(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    settings = Settings(
-        _env_file=None,  # type: ignore[call-arg]
-        model=str(tiny_model_dir),
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}",
-        adapter_root=tmp_path / "adapters",
-        tool_call_parser="no-such-parser",
-    )
+    settings = app_settings(tmp_path, model=str(tiny_model_dir), tool_call_parser="no-such-parser")
     app = create_app(settings)
     with pytest.raises(ValueError, match="unknown tool_call_parser 'no-such-parser'"):
         async with app.router.lifespan_context(app):

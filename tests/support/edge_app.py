@@ -1,12 +1,12 @@
 """The whole app, lifespan and store included but no engine, driven by hand over ASGI
-so a test sees exactly how much of a request body the app read."""
+so a test sees exactly how much of a request body the app read (the harness's settings,
+tests/support/harness.py, without a server)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -18,7 +18,6 @@ from app.gateway import Gateway
 from app.main import create_app
 from app.settings import Settings
 
-ADMIN_TOKEN = "lgw-admin-edge-test-token"
 TENANT = "edge-tenant"
 CHUNK = 1 << 20
 
@@ -28,16 +27,6 @@ async def no_engine(settings: Settings) -> AsyncIterator[Engine]:
     # These tests stop at the edge: nothing reaches the engine.
     raise RuntimeError("no engine in the edge tests")
     yield  # pragma: no cover
-
-
-def edge_settings(root: Path, **overrides: Any) -> Settings:
-    values: dict[str, Any] = {
-        "database_url": f"sqlite+aiosqlite:///{root / 'gateway.db'}",
-        "adapter_root": root / "adapters",
-        "admin_token": ADMIN_TOKEN,
-        **overrides,
-    }
-    return Settings(_env_file=None, **values)
 
 
 @dataclass

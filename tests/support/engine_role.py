@@ -4,7 +4,7 @@ and front-role processes (``LORA_GATEWAY_ROLE=front``) before them. A front runs
 of its own, as in a deployment: in the test process its metrics storage would be switched
 under the session's in-process gateway (prometheus_client's is per process).
 
-    with engine_process({"LORA_GATEWAY_ADAPTER_STORE": "s3://bucket/prefix"}, log_dir) as engine:
+    with engine_processes([{"LORA_GATEWAY_ADAPTER_STORE": "s3://..."}], log_dir) as (engine,):
         httpx.post(f"{engine.base_url}/v1/completions", json={"model": "name@v1", ...})
 
 The process's environment is this process's, plus :data:`SMALL_ENGINE`, plus ``env``; the
@@ -18,7 +18,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,14 +72,15 @@ class EngineProcess:
 
 
 @contextmanager
-def engine_process(
-    env: Mapping[str, str], log_dir: Path, *, timeout: float = ENGINE_START_TIMEOUT_S
-) -> Iterator[EngineProcess]:
-    """Start an engine-role process with ``env`` (on top of :data:`SMALL_ENGINE`), wait
-    until its ``/health`` answers 200, and stop it (SIGTERM, then SIGKILL for whatever of
-    it is left) when the block ends."""
-    with _role_process("engine", {**SMALL_ENGINE, **env}, log_dir, "/health", timeout) as engine:
-        yield engine
+def engine_processes(
+    envs: Sequence[Mapping[str, str]], log_dir: Path, *, timeout: float = ENGINE_START_TIMEOUT_S
+) -> Iterator[list[EngineProcess]]:
+    """Start one engine-role process per ``env`` (each on top of :data:`SMALL_ENGINE`), side
+    by side so that their start-ups overlap, wait until each ``/health`` answers 200, and stop
+    them (SIGTERM, then SIGKILL for whatever is left) when the block ends."""
+    environments = [{**SMALL_ENGINE, **env} for env in envs]
+    with _role_processes("engine", environments, log_dir, "/health", timeout) as engines:
+        yield engines
 
 
 @contextmanager
@@ -94,16 +95,37 @@ def front_process(
         "LORA_GATEWAY_MAX_MODEL_LEN": SMALL_ENGINE["LORA_GATEWAY_MAX_MODEL_LEN"],
         **env,
     }
-    with _role_process("front", front_env, log_dir, "/readyz", timeout) as front:
+    with _role_processes("front", [front_env], log_dir, "/readyz", timeout) as (front,):
         yield front
 
 
 @contextmanager
-def _role_process(
-    role: str, env: Mapping[str, str], log_dir: Path, ready_path: str, timeout: float
-) -> Iterator[EngineProcess]:
-    port = free_port()
+def _role_processes(
+    role: str, envs: Sequence[Mapping[str, str]], log_dir: Path, ready_path: str, timeout: float
+) -> Iterator[list[EngineProcess]]:
     log_dir.mkdir(parents=True, exist_ok=True)
+    started: list[EngineProcess] = []
+    try:
+        for env in envs:
+            started.append(_start(role, env, log_dir))
+        for process in started:
+            wait_until_ready(
+                f"{process.base_url}{ready_path}",
+                alive=lambda process=process: process.process.poll() is None,  # type: ignore[misc]
+                timeout=timeout,
+            )
+        yield started
+    except BaseException:
+        for process in started:
+            print(process.log_text()[-6000:], file=sys.stderr)
+        raise
+    finally:
+        for process in started:
+            stop_engine(process.process)
+
+
+def _start(role: str, env: Mapping[str, str], log_dir: Path) -> EngineProcess:
+    port = free_port()
     log = log_dir / f"{role}-{port}.log"
     environment = {
         **os.environ,
@@ -120,17 +142,7 @@ def _role_process(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    started = EngineProcess(f"http://127.0.0.1:{port}", process, log, environment)
-    try:
-        wait_until_ready(
-            f"{started.base_url}{ready_path}", alive=lambda: process.poll() is None, timeout=timeout
-        )
-        yield started
-    except BaseException:
-        print(started.log_text()[-6000:], file=sys.stderr)
-        raise
-    finally:
-        stop_engine(process)
+    return EngineProcess(f"http://127.0.0.1:{port}", process, log, environment)
 
 
 def stop_engine(process: subprocess.Popen[bytes], timeout: float = 60) -> None:

@@ -14,8 +14,8 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from tests.fuzz.schema import KNOWN_PATH_PARAMETERS, max_examples
+from tests.support.harness import ADMIN_TOKEN
 
-ADMIN_TOKEN = "fuzz-admin-token"
 TENANT = "fuzz-tenant"
 VICTIM = "fuzz-victim"
 ADAPTER = "fuzz_adapter"

@@ -1,6 +1,6 @@
-"""The end-to-end harness: real gateways on loopback (the vLLM engine on the embedded model),
-in this process on a thread of their own (:func:`running_gateway`), borrowing another's
-engine (:func:`borrowing_gateway`), or as ``lora-gateway serve`` processes
+"""The end-to-end suite's gateways: the harness (tests/support/harness.py) on the real vLLM
+engine with the embedded model, on a thread of their own (:func:`running_gateway`) or borrowing
+another's engine (:func:`borrowing_gateway`); ``lora-gateway serve`` processes
 (:func:`gateway_process`); and the settings and store set-up they share."""
 
 from __future__ import annotations
@@ -10,25 +10,22 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 import openai
-import uvicorn
-from fastapi import FastAPI
 
 from app.cli import apply_tenants, create_key, register_adapter
 from app.engine.base import Engine
-from app.main import create_app
 from app.serving.in_process.backend import EngineFactory, start_vllm_engine
 from app.settings import Settings
-from tests.support.servers import free_port, wait_until_ready
+from tests.support.harness import ADMIN_TOKEN, RunningApp, app_settings, serve_on_thread
+from tests.support.servers import wait_until_ready
 
 T = TypeVar("T")
 
@@ -37,12 +34,11 @@ MAX_MODEL_LEN = 1024
 
 
 @dataclass
-class LiveGateway:
-    base_url: str
-    app: FastAPI
-    settings: Settings
-    keys: dict[str, str]
-    loop: asyncio.AbstractEventLoop
+class LiveGateway(RunningApp):
+    """A gateway on the real engine, served on an event loop of its own."""
+
+    keys: dict[str, str] = field(default_factory=dict)
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
     """The event loop the gateway serves on: the engine's, which only it may call."""
 
     def run(self, work: Coroutine[Any, Any, T], timeout: float = 120.0) -> T:
@@ -51,7 +47,7 @@ class LiveGateway:
 
     @property
     def engine(self) -> Engine:
-        return self.app.state.gateway.backend.engine
+        return self.gateway.backend.engine  # type: ignore[attr-defined,no-any-return]
 
     def client(self, tenant: str) -> openai.OpenAI:
         return openai.OpenAI(
@@ -63,7 +59,7 @@ class LiveGateway:
             base_url=f"{self.base_url}/v1", api_key=self.keys[tenant], max_retries=0
         )
 
-    def admin(self) -> httpx.Client:
+    def admin_client(self) -> httpx.Client:
         return httpx.Client(
             base_url=f"{self.base_url}/admin/v1",
             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
@@ -103,23 +99,8 @@ def running_gateway(
     """Serve ``create_app(settings, engine_factory=...)`` on loopback, in a thread with an
     event loop of its own, until the block ends: the real engine by default, or a scripted
     one (the fuzz suite)."""
-    app = create_app(settings, engine_factory=engine_factory)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning")
-    )
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(
-        target=loop.run_until_complete, args=(server.serve(),), name="gateway", daemon=True
-    )
-    thread.start()
-    base_url = f"http://127.0.0.1:{settings.port}"
-    try:
-        wait_until_ready(f"{base_url}/readyz", alive=thread.is_alive, timeout=start_timeout)
-        yield LiveGateway(base_url, app, settings, keys, loop)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=120)
-        loop.close()
+    with serve_on_thread(settings, engine_factory, timeout=start_timeout) as (running, loop):
+        yield LiveGateway(running.base_url, running.app, keys, loop)
 
 
 ENGINE_FIELDS = ("model", "dtype", "max_model_len", "kv_cache_gib", "max_num_seqs", "max_loras")
@@ -143,24 +124,14 @@ def borrowing_gateway(host: LiveGateway, settings: Settings) -> Iterator[LiveGat
         finally:
             await forget_adapters(host.engine)
 
-    app = create_app(settings, engine_factory=lent)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning")
-    )
-    serving = asyncio.run_coroutine_threadsafe(server.serve(), host.loop)
-    base_url = f"http://127.0.0.1:{settings.port}"
-    try:
-        wait_until_ready(f"{base_url}/readyz", alive=lambda: not serving.done(), timeout=60)
-        yield LiveGateway(base_url, app, settings, {}, host.loop)
-    finally:
-        server.should_exit = True
-        serving.result(timeout=120)
+    with serve_on_thread(settings, lent, loop=host.loop) as (running, loop):
+        yield LiveGateway(running.base_url, running.app, {}, loop)
 
 
 def borrowed_settings(host: LiveGateway, state_dir: Path, **overrides: Any) -> Settings:
     """Settings for a gateway borrowing ``host``'s engine (:func:`borrowing_gateway`), with a
     store of its own in ``state_dir`` (shared by gateways given the same one)."""
-    engine = {field: getattr(host.settings, field) for field in ENGINE_FIELDS}
+    engine = {name: getattr(host.settings, name) for name in ENGINE_FIELDS}
     return make_settings(state_dir, **{**engine, **overrides})
 
 
@@ -193,9 +164,6 @@ def gateway_process(
         assert server.wait(timeout=90) == 0
 
 
-ADMIN_TOKEN = "lgw-admin-test-token"
-
-
 def long_stream(model: str) -> dict[str, Any]:
     """A streamed chat request that runs far longer than any test waits for it."""
     return {
@@ -208,14 +176,9 @@ def long_stream(model: str) -> dict[str, Any]:
 
 
 def make_settings(state_dir: Path, **overrides: Any) -> Settings:
-    """Settings for a test gateway: float32 (exact), small, on a free port,
+    """Settings for a gateway on the real engine: float32 (exact), small, on a free port,
     with its own store in ``state_dir``."""
-    defaults: dict[str, Any] = {
-        "dtype": "float32",
-        "max_model_len": MAX_MODEL_LEN,
-        "kv_cache_gib": 1,
-        "database_url": f"sqlite+aiosqlite:///{state_dir / 'gateway.db'}",
-        "admin_token": ADMIN_TOKEN,
-        "port": free_port(),
-    }
-    return Settings(_env_file=None, **{**defaults, **overrides})  # type: ignore[call-arg]
+    engine = {"dtype": "float32", "max_model_len": MAX_MODEL_LEN, "kv_cache_gib": 1}
+    # The demo adapters `make adapters` trained, where `make serve` finds them.
+    adapters = {"adapter_root": Settings.model_fields["adapter_root"].default}
+    return app_settings(state_dir, **{**engine, **adapters, **overrides})

@@ -46,7 +46,7 @@ CHECKS = (
         8,
         "a client leaving the front role aborts the request in vLLM's server",
         (
-            "tests/e2e/test_front.py::"
+            "tests/e2e/scale_out/test_front.py::"
             "test_a_client_that_leaves_stops_the_engine_and_is_charged_what_it_produced",
         ),
     ),

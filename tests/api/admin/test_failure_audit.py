@@ -14,7 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.api.admin.deps import actor_name
 from app.api.admin.failure_audit import AuthFailureThrottle
 from app.store.tables import AuditRow
-from tests.support.edge_app import ADMIN_TOKEN, TENANT, EdgeApp, call, edge_settings, running
+from tests.support.edge_app import TENANT, EdgeApp, call, running
+from tests.support.harness import ADMIN_TOKEN, app_settings
 
 WRONG_TOKEN = "lgw-wrong-token-that-must-never-be-recorded"
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/json"}
@@ -22,7 +23,7 @@ ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/
 
 @pytest.fixture
 async def edge(tmp_path: Path) -> AsyncIterator[EdgeApp]:
-    async with running(edge_settings(tmp_path)) as live:
+    async with running(app_settings(tmp_path)) as live:
         yield live
 
 
@@ -141,7 +142,7 @@ async def test_a_server_error_is_audited_without_its_text(
 
 
 async def test_a_body_over_the_limit_on_an_admin_route_is_audited(tmp_path: Path) -> None:
-    async with running(edge_settings(tmp_path, max_request_bytes=1024)) as edge:
+    async with running(app_settings(tmp_path, max_request_bytes=1024)) as edge:
         declared = {**ADMIN, "content-length": "5000"}
         answer = await call(edge.app, "POST", "/admin/v1/tenants", headers=declared)
         assert answer.status == 413

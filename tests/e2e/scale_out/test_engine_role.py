@@ -1,148 +1,28 @@
-"""The scale-out on one machine: a front and two engine processes (vLLM's OpenAI server with
-our plugins) on the embedded model, beside a real S3 server on loopback (moto's server mode).
-Adapters are uploaded through the front's admin API into the bucket; neither engine is told
-about them. The front forwards to engine 1; engine 2 is asked directly, as the endpoint picker
-may route there.
-
-GETs are counted on the S3 server itself (moto's request recorder: every request it served,
-method and URL), not in our code.
-"""
+"""Engines behind the front (the cluster: tests/support/scale_out.py): adapters resolved from
+the bucket on first use, loaded once, checked against their digests, served token-identically
+by either engine and as the in-process gateway serves them; metrics the endpoint picker reads;
+the routes an engine refuses."""
 
 from __future__ import annotations
 
 import json
-import shutil
-import uuid
-from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import httpx
 import openai
 import pytest
 
-from app.tenancy.storage.s3 import S3Location, s3_client
-from tests.support.engine_role import (
-    BASE_MODEL_ID,
-    EngineProcess,
-    engine_process,
-    front_process,
-)
-from tests.support.front_app import ADMIN_TOKEN, admin_call
+from app.tenancy.storage.s3 import s3_client
+from tests.support.engine_role import BASE_MODEL_ID, EngineProcess
 from tests.support.live_gateway import LiveGateway
 from tests.support.lora_requests_info import LoraRequestsInfo, parse_lora_requests_info
-from tests.support.s3_server import s3_server, use_s3
+from tests.support.scale_out import ADAPTER, ALIAS, COLD, TAMPERED, Cluster
 
 pytestmark = pytest.mark.slow
 
-ADAPTER = "legal_advisor@v1"
-COLD = "telephony@v1"  # asked for by the cold-load test only, whatever order tests run in
-TAMPERED = "tampered@v1"
-ALIAS = "contracts"  # the tenant's name for legal_advisor@v1
 PROMPT = "The contract says"
-# name: the demo adapter it is a copy of
-SOURCES = {
-    "legal_advisor": "legal_advisor",
-    "telephony": "telephony_support",
-    "tampered": "medical_scribe",
-}
-
-
-@dataclass
-class Cluster:
-    s3_endpoint: str
-    location: S3Location
-    recording: Path
-    digests: dict[str, str]
-    engines: list[EngineProcess]
-    front_url: str
-    keys: dict[str, str]
-
-    def tenant(self, tenant: str) -> openai.OpenAI:
-        return openai.OpenAI(
-            base_url=f"{self.front_url}/v1", api_key=self.keys[tenant], max_retries=0
-        )
-
-    def gets(self) -> Counter[str]:
-        """Keys under the prefix the S3 server served GETs for since the recording began."""
-        seen: Counter[str] = Counter()
-        if not self.recording.exists():
-            return seen
-        for line in self.recording.read_text().splitlines():
-            entry = json.loads(line)
-            path = unquote(urlsplit(entry["url"]).path)
-            prefix = f"/{self.location.bucket}/{self.location.prefix}/"
-            if entry["method"] == "GET" and path.startswith(prefix):
-                seen[path.removeprefix(prefix)] += 1
-        return seen
-
-    def record(self, action: str) -> None:
-        """``reset``, ``start`` or ``stop`` moto's request recording."""
-        response = httpx.post(f"{self.s3_endpoint}/moto-api/recorder/{action}-recording")
-        assert response.status_code == 200
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    state = tmp_path_factory.mktemp("engine-role")
-    recording = state / "s3-requests.jsonl"
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("MOTO_RECORDER_FILEPATH", str(recording))  # read by moto's server
-        with s3_server() as endpoint, ExitStack() as stack:
-            use_s3(env, endpoint)
-            location = S3Location(f"adapters-{uuid.uuid4().hex[:12]}", "lgw/adapters")
-            s3_client().create_bucket(Bucket=location.bucket)
-            store = f"s3://{location.bucket}/{location.prefix}"
-            for name, demo in SOURCES.items():
-                shutil.copytree(Path("var/adapters") / demo, state / "adapters" / name)
-            engines = [
-                stack.enter_context(
-                    engine_process(
-                        {
-                            "LORA_GATEWAY_ADAPTER_STORE": store,
-                            # A host each: a cold cache, nothing but the bucket to fetch from.
-                            "LORA_GATEWAY_ADAPTER_CACHE_DIR": str(state / f"engine-{i}-cache"),
-                        },
-                        state / "logs",
-                    )
-                )
-                for i in (1, 2)
-            ]
-            front_env = {
-                "LORA_GATEWAY_DATABASE_URL": f"sqlite+aiosqlite:///{state / 'front.db'}",
-                "LORA_GATEWAY_ADAPTER_ROOT": str(state / "adapters"),
-                "LORA_GATEWAY_ADAPTER_STORE": store,
-                "LORA_GATEWAY_ADAPTER_CACHE_DIR": str(state / "front-cache"),
-                "LORA_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
-            }
-            front = stack.enter_context(
-                front_process(engines[0].base_url, front_env, state / "logs")
-            )
-            front_url = front.base_url
-            digests = {}
-            for name in SOURCES:  # uploaded through the front, as an admin does
-                row = admin_call(front_url, "POST", "/adapters", {"name": name, "path": name})
-                digests[f"{name}@v{row['version']}"] = row["sha256"]
-            keys = {}
-            for tenant in ("acme", "other"):
-                admin_call(front_url, "POST", "/tenants", {"id": tenant, "name": tenant})
-                keys[tenant] = admin_call(front_url, "POST", f"/tenants/{tenant}/keys", {})["key"]
-            admin_call(
-                front_url, "PUT", f"/tenants/acme/adapters/{ALIAS}", {"adapter": "legal_advisor"}
-            )
-            # The upload tampered with in the bucket: one bit of the weights flipped.
-            key_of_weights = location.content_key(digests[TAMPERED], "adapter_model.safetensors")
-            weights = s3_client().get_object(Bucket=location.bucket, Key=key_of_weights)
-            data = weights["Body"].read()
-            s3_client().put_object(
-                Bucket=location.bucket, Key=key_of_weights, Body=data[:-1] + bytes([data[-1] ^ 1])
-            )
-            yield Cluster(endpoint, location, recording, digests, engines, front_url, keys)
 
 
 def test_an_upload_through_the_front_lands_in_the_bucket(cluster: Cluster) -> None:
@@ -160,6 +40,8 @@ def test_a_tenant_is_served_through_the_front_by_engine_1_and_engine_2_answers_t
 ) -> None:
     first, second = cluster.engines
     resolved = f"resolved {ADAPTER} to content"
+    # The cluster's first request for the adapter (test_front.py, on the same cluster, runs
+    # after this module).
     assert resolved not in first.log_text()
     served = cluster.tenant("acme").completions.create(
         model=ALIAS, prompt=PROMPT, max_tokens=8, temperature=0

@@ -1,17 +1,11 @@
-"""The front role in front of a real upstream: one engine-role process (vLLM's OpenAI server
-with our plugins and LoRA resolver, on the embedded model) and a front on one store, through
-the official ``openai`` client. An adapter registered through the front is served by its
+"""The front role in front of real engines (the cluster: tests/support/scale_out.py), through
+the official ``openai`` client: an adapter registered through the front is served by its
 tenant's alias; the OpenAI features that work in-process work through the front too."""
 
 from __future__ import annotations
 
 import json
-import shutil
-import sqlite3
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,110 +15,46 @@ import pytest
 from transformers import AutoTokenizer
 
 from app.settings import EMBEDDED_MODEL_DIR
-from tests.support.engine_role import (
-    BASE_MODEL_ID,
-    EngineProcess,
-    engine_process,
-    front_process,
-)
-from tests.support.front_app import ADMIN_TOKEN, admin_call
+from tests.support.engine_role import BASE_MODEL_ID
+from tests.support.scale_out import ADAPTER, ALIAS, Cluster
 
 pytestmark = pytest.mark.slow
 
-ALIAS = "contracts"
-GLOBAL_NAME = "legal@v1"
 MESSAGES = [{"role": "user", "content": "What should a contract say about payment?"}]
 
 
-@dataclass
-class Deployment:
-    front_url: str
-    engine: EngineProcess
-    database: Path
-    keys: dict[str, str]
-    base_model: str
-
-    def client(self, tenant: str = "tenant-a") -> openai.OpenAI:
-        return openai.OpenAI(
-            base_url=f"{self.front_url}/v1", api_key=self.keys[tenant], timeout=300, max_retries=0
-        )
-
-    def usage_row(self, request_id: str) -> tuple[str, int, int]:
-        """``(status, prompt_tokens, completion_tokens)`` of a request, once recorded."""
-        deadline = time.monotonic() + 10
-        while True:
-            with sqlite3.connect(self.database) as db:
-                row = db.execute(
-                    "SELECT status, prompt_tokens, completion_tokens FROM usage "
-                    "WHERE request_id = ?",
-                    (request_id,),
-                ).fetchone()
-            if row is not None:
-                return (str(row[0]), int(row[1]), int(row[2]))
-            assert time.monotonic() < deadline, f"no usage record for {request_id}"
-            time.sleep(0.05)
-
-
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    state = tmp_path_factory.mktemp("front-e2e")
-    shutil.copytree(Path("var/adapters/legal_advisor"), state / "adapters" / "legal_advisor")
-    database = state / "gateway.db"
-    store = {
-        "LORA_GATEWAY_DATABASE_URL": f"sqlite+aiosqlite:///{database}",
-        "LORA_GATEWAY_ADAPTER_ROOT": str(state / "adapters"),
-    }
-    # The engine reads the store only when a request names an adapter it has not loaded.
-    with engine_process(
-        {**store, "LORA_GATEWAY_ADAPTER_CACHE_DIR": str(state / "engine-cache")}, state / "logs"
-    ) as engine:
-        front_env = {**store, "LORA_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
-        with front_process(engine.base_url, front_env, state / "logs") as front:
-            front_url = front.base_url
-            admin_call(front_url, "POST", "/adapters", {"name": "legal", "path": "legal_advisor"})
-            keys = {}
-            for tenant in ("tenant-a", "tenant-b"):
-                body = {"id": tenant, "name": tenant, "allow_base_model": True}
-                admin_call(front_url, "POST", "/tenants", body)
-                key = admin_call(front_url, "POST", f"/tenants/{tenant}/keys", {"name": "k"})
-                keys[tenant] = key["key"]
-            grant = {"adapter": "legal"}
-            admin_call(front_url, "PUT", f"/tenants/tenant-a/adapters/{ALIAS}", grant)
-            yield Deployment(front_url, engine, database, keys, BASE_MODEL_ID)
-
-
-def greedy(deployment: Deployment, model: str = ALIAS, **extra: Any) -> Any:
-    return deployment.client().chat.completions.with_raw_response.create(
+def greedy(cluster: Cluster, model: str = ALIAS, **extra: Any) -> Any:
+    return cluster.tenant(timeout=300).chat.completions.with_raw_response.create(
         model=model, messages=MESSAGES, max_tokens=12, temperature=0, **extra
     )
 
 
-def test_an_alias_is_served_by_its_adapter_under_the_alias(deployment: Deployment) -> None:
-    raw = greedy(deployment)
+def test_an_alias_is_served_by_its_adapter_under_the_alias(cluster: Cluster) -> None:
+    raw = greedy(cluster)
     answer = raw.parse()
     assert answer.model == ALIAS
     text = answer.choices[0].message.content
     assert text
     # The same as the engine gives for the global name: the adapter served it.
     direct = httpx.post(
-        f"{deployment.engine.base_url}/v1/chat/completions",
-        json={"model": GLOBAL_NAME, "messages": MESSAGES, "max_tokens": 12, "temperature": 0},
+        f"{cluster.engines[0].base_url}/v1/chat/completions",
+        json={"model": ADAPTER, "messages": MESSAGES, "max_tokens": 12, "temperature": 0},
         timeout=300,
     ).json()
     assert direct["choices"][0]["message"]["content"] == text
-    base = greedy(deployment, deployment.base_model).parse()
+    base = greedy(cluster, BASE_MODEL_ID).parse()
     assert base.choices[0].message.content != text, "the adapter changed nothing"
     # Charged what the engine counted.
     assert answer.usage is not None
-    usage_row = deployment.usage_row(raw.headers["x-request-id"])
+    usage_row = cluster.usage_row(raw.headers["x-request-id"])
     assert usage_row == ("ok", answer.usage.prompt_tokens, answer.usage.completion_tokens)
 
 
-def test_a_stream_with_usage(deployment: Deployment) -> None:
-    answer = greedy(deployment).parse()
+def test_a_stream_with_usage(cluster: Cluster) -> None:
+    answer = greedy(cluster).parse()
     whole, usage = answer.choices[0].message.content, answer.usage
     chunks = list(
-        deployment.client().chat.completions.create(
+        cluster.tenant().chat.completions.create(
             model=ALIAS,
             messages=MESSAGES,
             max_tokens=12,
@@ -139,21 +69,21 @@ def test_a_stream_with_usage(deployment: Deployment) -> None:
     assert last.choices == [] and last.usage == usage
     assert all(c.usage is None for c in content)
     unasked = list(
-        deployment.client().chat.completions.create(
+        cluster.tenant().chat.completions.create(
             model=ALIAS, messages=MESSAGES, max_tokens=4, stream=True
         )
     )
     assert all(c.choices and c.usage is None for c in unasked)
 
 
-def test_json_mode_and_schema(deployment: Deployment) -> None:
+def test_json_mode_and_schema(cluster: Cluster) -> None:
     schema = {
         "type": "object",
         "properties": {"answer": {"type": "string", "maxLength": 20}},
         "required": ["answer"],
         "additionalProperties": False,
     }
-    answer = deployment.client().chat.completions.create(
+    answer = cluster.tenant().chat.completions.create(
         model=ALIAS,
         messages=MESSAGES,
         max_tokens=40,
@@ -161,7 +91,7 @@ def test_json_mode_and_schema(deployment: Deployment) -> None:
         response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
     )
     jsonschema.validate(json.loads(answer.choices[0].message.content or ""), schema)
-    mode = deployment.client().chat.completions.create(
+    mode = cluster.tenant().chat.completions.create(
         model=ALIAS,
         messages=MESSAGES,
         max_tokens=40,
@@ -172,8 +102,8 @@ def test_json_mode_and_schema(deployment: Deployment) -> None:
     assert (mode.choices[0].message.content or "").lstrip().startswith("{")
 
 
-def test_logit_bias_n_stop_and_seed(deployment: Deployment) -> None:
-    client = deployment.client()
+def test_logit_bias_n_stop_and_seed(cluster: Cluster) -> None:
+    client = cluster.tenant()
     tokenizer = AutoTokenizer.from_pretrained(EMBEDDED_MODEL_DIR)
     forced_id = tokenizer.encode(" banana", add_special_tokens=False)[0]
     forced = client.chat.completions.create(
@@ -209,23 +139,23 @@ def test_logit_bias_n_stop_and_seed(deployment: Deployment) -> None:
         c.message.content for c in several.choices
     ]
 
-    whole = greedy(deployment).parse().choices[0].message.content or ""
+    whole = greedy(cluster).parse().choices[0].message.content or ""
     stop = whole.split()[1]
-    stopped = greedy(deployment, stop=[stop]).parse().choices[0]
+    stopped = greedy(cluster, stop=[stop]).parse().choices[0]
     assert stopped.finish_reason == "stop" and stop not in (stopped.message.content or "")
 
 
-def test_another_tenant_cannot_reach_the_adapter(deployment: Deployment) -> None:
-    for model in (ALIAS, GLOBAL_NAME):
+def test_another_tenant_cannot_reach_the_adapter(cluster: Cluster) -> None:
+    for model in (ALIAS, ADAPTER):
         with pytest.raises(openai.NotFoundError) as refused:
-            deployment.client("tenant-b").chat.completions.create(
+            cluster.tenant("other").chat.completions.create(
                 model=model, messages=MESSAGES, max_tokens=2
             )
-        assert "tenant-a" not in str(refused.value)
+        assert "acme" not in str(refused.value)
 
 
-def test_text_completions_through_the_front(deployment: Deployment) -> None:
-    answer = deployment.client().completions.create(
+def test_text_completions_through_the_front(cluster: Cluster) -> None:
+    answer = cluster.tenant().completions.create(
         model=ALIAS, prompt="The contract says", max_tokens=5, temperature=0, echo=True
     )
     assert answer.model == ALIAS
@@ -233,8 +163,8 @@ def test_text_completions_through_the_front(deployment: Deployment) -> None:
     assert answer.usage is not None and answer.usage.completion_tokens == 5
 
 
-def test_logprobs_json_and_streamed(deployment: Deployment) -> None:
-    client = deployment.client()
+def test_logprobs_json_and_streamed(cluster: Cluster) -> None:
+    client = cluster.tenant()
     asked: dict[str, Any] = {
         "model": ALIAS,
         "messages": MESSAGES,
@@ -261,16 +191,16 @@ def test_logprobs_json_and_streamed(deployment: Deployment) -> None:
     assert len(text.choices[0].logprobs.tokens or []) == 3
 
 
-def test_a_streamed_text_completion(deployment: Deployment) -> None:
+def test_a_streamed_text_completion(cluster: Cluster) -> None:
     asked: dict[str, Any] = {
         "model": ALIAS,
         "prompt": "The contract says",
         "max_tokens": 5,
         "temperature": 0,
     }
-    whole = deployment.client().completions.create(**asked)
+    whole = cluster.tenant().completions.create(**asked)
     chunks = list(
-        deployment.client().completions.create(
+        cluster.tenant().completions.create(
             stream=True, stream_options={"include_usage": True}, **asked
         )
     )
@@ -281,7 +211,7 @@ def test_a_streamed_text_completion(deployment: Deployment) -> None:
 
 
 def test_a_client_that_leaves_stops_the_engine_and_is_charged_what_it_produced(
-    deployment: Deployment,
+    cluster: Cluster,
 ) -> None:
     # The front closes its upstream connection as its client leaves (against a fake
     # upstream: tests/serving/front/test_serving_front.py); vLLM's server then aborts the
@@ -294,12 +224,12 @@ def test_a_client_that_leaves_stops_the_engine_and_is_charged_what_it_produced(
         "ignore_eos": True,
         "stream": True,
     }
-    headers = {"Authorization": f"Bearer {deployment.keys['tenant-a']}"}
+    headers = {"Authorization": f"Bearer {cluster.keys['acme']}"}
     received = 0
-    engine = deployment.engine
+    engine = cluster.engines[0]
     generated_before = engine.metric("vllm:generation_tokens_total")
     with httpx.stream(
-        "POST", f"{deployment.front_url}/v1/chat/completions", json=body, headers=headers
+        "POST", f"{cluster.front_url}/v1/chat/completions", json=body, headers=headers
     ) as response:
         request_id = response.headers["x-request-id"]
         for line in response.iter_lines():
@@ -316,7 +246,7 @@ def test_a_client_that_leaves_stops_the_engine_and_is_charged_what_it_produced(
     time.sleep(2)
     assert engine.metric("vllm:generation_tokens_total") - generated_before == generated
     assert generated < 900
-    status, _, completion_tokens = deployment.usage_row(request_id)
+    status, _, completion_tokens = cluster.usage_row(request_id)
     assert status == "cancelled"
     # Charged what the front was sent: what the engine produced, but for the tokens on their
     # way to the front as it closed.

@@ -35,7 +35,8 @@ from typing import Any
 import pytest
 
 from tests.support.fake_upstream import FakeUpstream, fake_upstream
-from tests.support.front_app import ADMIN_TOKEN, Front, front_settings, running_front
+from tests.support.front_app import Front, front_settings, running_front
+from tests.support.harness import ADMIN_TOKEN
 from tests.support.redis_server import redis_server
 from tests.support.servers import free_port
 from tests.support.serving import sse_events

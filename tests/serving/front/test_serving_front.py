@@ -24,7 +24,8 @@ import pytest
 from app.protocol import ChatCompletionRequest
 from app.settings import EMBEDDED_MODEL_DIR
 from tests.support.fake_upstream import UPSTREAM_PROMPT_TOKENS, FakeUpstream, Script, fake_upstream
-from tests.support.front_app import ADMIN_TOKEN, Front, front_settings, running_front
+from tests.support.front_app import Front, front_settings, running_front
+from tests.support.harness import ADMIN_TOKEN
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.servers import free_port, wait_until_ready
 from tests.support.serving import TENANT as IN_PROCESS_TENANT

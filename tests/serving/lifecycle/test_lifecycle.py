@@ -77,7 +77,7 @@ async def test_a_client_that_leaves_is_charged_what_was_produced(
         level = await quota_usage(served)
         assert level.concurrent == 0
         assert level.budget_used == record.prompt_tokens + request.produced
-        assert served.counter("lora_gateway_requests_total", tenant=TENANT, status="cancelled") == 1
+        assert served.samples("lora_gateway_requests_total", tenant=TENANT, status="cancelled") == 1
 
 
 async def test_a_stream_the_client_stopped_reading_is_charged_in_full(
@@ -152,7 +152,7 @@ async def test_rate_limited_requests_are_refused_before_tokenisation(
         assert encoded == []
         assert len(engine.requests) == 1
         assert (
-            served.counter(
+            served.samples(
                 "lora_gateway_requests_total", tenant=TENANT, status="rate_limit_exceeded"
             )
             == 1
@@ -164,8 +164,8 @@ async def test_unknown_models_are_counted_without_their_name(serve: ServeFactory
         body = chat(served, max_tokens=2) | {"model": "someone-elses-adapter"}
         response = await client.post("/v1/chat/completions", json=body)
         assert response.status_code == 404
-        assert served.counter("lora_gateway_requests_total", model="(unknown)") == 1
-        assert served.counter("lora_gateway_requests_total", model="someone-elses-adapter") == 0
+        assert served.samples("lora_gateway_requests_total", model="(unknown)") == 1
+        assert served.samples("lora_gateway_requests_total", model="someone-elses-adapter") == 0
 
 
 async def test_an_engine_failure_mid_stream_is_one_error_event(serve: ServeFactory) -> None:

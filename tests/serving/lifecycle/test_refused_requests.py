@@ -78,7 +78,7 @@ async def test_a_tenant_at_its_rate_limit_is_refused_before_its_body_is_read(
         finally:
             writer.close()
         assert status_line.split()[1] == b"429"
-        refused = served.counter(
+        refused = served.samples(
             "lora_gateway_requests_total", tenant="tenant-a", status="rate_limit_exceeded"
         )
         assert refused == 1

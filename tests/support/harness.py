@@ -1,0 +1,179 @@
+"""The one way tests start the app: ``create_app(settings, engine_factory=...)`` served by
+uvicorn on loopback, over a scripted engine (the serving tests, the fuzz suite), as a front
+over any upstream (no engine), or on the real vLLM engine (the e2e suite).
+
+:func:`serve` runs it on the test's event loop; :func:`serve_on_thread` on a thread with an
+event loop of its own (or on another app's loop), for tests that call it from synchronous
+code such as the official ``openai`` client. The edge tests enter the same app's lifespan
+and drive it over ASGI instead (tests/support/edge_app.py), to see how much of a body the
+app read."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import select
+
+from app.engine.base import Engine
+from app.gateway import Gateway
+from app.main import create_app
+from app.metrics import render
+from app.serving.in_process.backend import EngineFactory, start_vllm_engine
+from app.settings import Settings
+from app.store.tables import UsageRow
+from tests.support.servers import free_port, wait_until_ready
+
+ADMIN_TOKEN = "lgw-admin-test-token"
+
+ServerFactory = Callable[[FastAPI, Settings], uvicorn.Server]
+
+
+def app_settings(state_dir: Path, **overrides: Any) -> Settings:
+    """Settings for a test app: its store and adapters in ``state_dir`` (shared by apps given
+    the same one: replicas), the test admin token, a free port, no ``.env``."""
+    defaults: dict[str, Any] = {
+        "database_url": f"sqlite+aiosqlite:///{state_dir / 'gateway.db'}",
+        "adapter_root": state_dir / "adapters",
+        "admin_token": ADMIN_TOKEN,
+        "port": free_port(),
+    }
+    return Settings(_env_file=None, **{**defaults, **overrides})  # type: ignore[call-arg]
+
+
+def scripted(engine: Engine) -> EngineFactory:
+    """An engine factory that hands the app ``engine`` (and leaves it running)."""
+
+    @asynccontextmanager
+    async def factory(_: Settings) -> AsyncIterator[Engine]:
+        yield engine
+
+    return factory
+
+
+@dataclass
+class RunningApp:
+    """An app served on loopback, and what tests read of it beside its HTTP answers."""
+
+    base_url: str
+    app: FastAPI
+
+    @property
+    def gateway(self) -> Gateway:
+        gateway: Gateway = self.app.state.gateway
+        return gateway
+
+    @property
+    def settings(self) -> Settings:
+        return self.gateway.settings
+
+    @property
+    def metrics_dir(self) -> Path:
+        directory: Path = self.app.state.metrics_dir
+        return directory
+
+    def samples(self, name: str, **labels: str) -> float:
+        """The sum of the samples of ``name`` with ``labels`` in the app's /metrics."""
+        body, _ = render(self.metrics_dir)
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(body.decode())
+            for sample in family.samples
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+        )
+
+    async def admin(self, method: str, path: str, body: Any = None) -> Any:
+        """One admin API call, which must succeed; its JSON answer."""
+        async with httpx.AsyncClient(
+            base_url=f"{self.base_url}/admin/v1",
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+            timeout=60,
+        ) as admin:
+            response = await admin.request(method, path, json=body)
+        assert response.status_code < 300, response.text
+        return response.json() if response.content else None
+
+    async def usage_records(self) -> list[UsageRow]:
+        await self.gateway.ledger.flush()
+        async with self.gateway.sessions() as session:
+            return list((await session.scalars(select(UsageRow).order_by(UsageRow.id))).all())
+
+    async def settled(self, timeout: float = 5.0) -> None:
+        """Wait for the reconciliations handed to the background."""
+        for _ in range(int(timeout / 0.01)):
+            if not self.gateway._tasks:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("background work did not finish")
+
+
+def uvicorn_server(app: FastAPI, settings: Settings) -> uvicorn.Server:
+    return uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning")
+    )
+
+
+@asynccontextmanager
+async def serve(
+    settings: Settings,
+    engine_factory: EngineFactory = start_vllm_engine,
+    *,
+    ready: str = "/readyz",
+    timeout: float = 60,
+    server_factory: ServerFactory = uvicorn_server,
+) -> AsyncIterator[RunningApp]:
+    """Serve ``create_app(settings, engine_factory=...)`` on the running event loop until the
+    block ends, once ``ready`` answers 200."""
+    app = create_app(settings, engine_factory=engine_factory)
+    server = server_factory(app, settings)
+    task = asyncio.create_task(server.serve())
+    base_url = f"http://127.0.0.1:{settings.port}"
+    try:
+        await asyncio.to_thread(
+            wait_until_ready, f"{base_url}{ready}", alive=lambda: not task.done(), timeout=timeout
+        )
+        yield RunningApp(base_url, app)
+    finally:
+        server.should_exit = True
+        await task
+
+
+@contextmanager
+def serve_on_thread(
+    settings: Settings,
+    engine_factory: EngineFactory = start_vllm_engine,
+    *,
+    loop: asyncio.AbstractEventLoop | None = None,
+    timeout: float = 60,
+) -> Iterator[tuple[RunningApp, asyncio.AbstractEventLoop]]:
+    """Serve ``create_app(settings, engine_factory=...)`` until the block ends, on ``loop``
+    (another app's, which keeps running) or on a thread with a loop of its own; yields the app
+    and the loop it serves on, the only one that may call its engine."""
+    app = create_app(settings, engine_factory=engine_factory)
+    server = uvicorn_server(app, settings)
+    own_loop = loop is None
+    loop = loop or asyncio.new_event_loop()
+    serving = asyncio.run_coroutine_threadsafe(server.serve(), loop)
+    thread = threading.Thread(target=loop.run_forever, name="gateway", daemon=True)
+    if own_loop:
+        thread.start()
+    base_url = f"http://127.0.0.1:{settings.port}"
+    try:
+        wait_until_ready(f"{base_url}/readyz", alive=lambda: not serving.done(), timeout=timeout)
+        yield RunningApp(base_url, app), loop
+    finally:
+        server.should_exit = True
+        serving.result(timeout=120)
+        if own_loop:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)
+            loop.close()
