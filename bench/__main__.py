@@ -56,6 +56,16 @@ OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "registered_concurrency": (int, "c: closed-loop concurrency"),
     "registered_requests": (int, "c: requests per point"),
     "registered_max_loras": (int, "c: adapters in device slots at once (0: the concurrency)"),
+    "cliff_multiples": (
+        _list(int),
+        "d: adapters as multiples of max_loras, e.g. 1,2,8 (empty skips d)",
+    ),
+    "cliff_popularities": (_list(str), "d: adapter popularities, from zipf,uniform"),
+    "cliff_load": (float, "d: offered rate as a share of saturation over max_loras adapters"),
+    "cliff_concurrency": (int, "d: closed-loop concurrency of that saturation"),
+    "cliff_requests": (int, "d: requests per open-loop point"),
+    "cliff_prompt_tokens": (int, "d: prompt length in tokens, chat template included"),
+    "cliff_output_tokens": (int, "d: max_tokens of every request"),
     "gateway_settings": (
         _settings,
         "more LORA_GATEWAY_* settings for the gateways, e.g. SCHEDULER_HEADROOM_SLOTS=0",

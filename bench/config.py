@@ -33,6 +33,17 @@ def many_adapters_point(count: int) -> str:
     return f"c: {count} adapters"
 
 
+CLIFF_POPULARITIES = ("zipf", "uniform")
+
+
+def cliff_saturation_point(slots: int) -> str:
+    return f"d: saturation, {slots} adapters on {slots} slots"
+
+
+def cliff_point(popularity: str, adapters: int, slots: int) -> str:
+    return f"d: {popularity}, {adapters} adapters on {slots} slots"
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     systems: tuple[str, ...] = SYSTEMS
@@ -67,6 +78,17 @@ class BenchConfig:
     # with (a)'s 4 slots, a batch over Zipf traffic runs about 4 of its 16 requests at once,
     # and (c) would measure vLLM's slot count, not what 1,000 registered adapters cost.
     registered_max_loras: int = 0
+    # (d) the cold-start cliff, on (a)'s engine (max_loras slots, a host cache of
+    # max_cpu_loras): open loops over adapters = slots and multiples of them, at a share of
+    # the saturation rate over adapters = slots that the round's first system measured, the
+    # same absolute rate for every system of the round (empty multiples: skipped)
+    cliff_multiples: tuple[int, ...] = (1, 2, 8)
+    cliff_popularities: tuple[str, ...] = CLIFF_POPULARITIES
+    cliff_load: float = 0.7
+    cliff_concurrency: int = 16  # of the closed loop that measures saturation
+    cliff_requests: int = 48  # per open-loop point
+    cliff_prompt_tokens: int = 128
+    cliff_output_tokens: int = 64
     # More LORA_GATEWAY_* settings for every gateway of the run (name without the prefix).
     gateway_settings: tuple[tuple[str, str], ...] = ()
     timeout_seconds: float = 1800.0  # longest a point may run
@@ -84,6 +106,15 @@ class BenchConfig:
             raise ValueError("the noisy-neighbour tenants need two adapters")
         if any(not 0 < f <= 2 for f in self.curve_fractions):
             raise ValueError("curve fractions are shares of saturation in (0, 2]")
+        if self.cliff_multiples:
+            if 1 not in self.cliff_multiples or min(self.cliff_multiples) < 1:
+                raise ValueError("cliff multiples are whole multiples of the slots, 1 among them")
+            if max(self.cliff_multiples) * self.max_loras > self.adapters:
+                raise ValueError("the cliff's largest multiple of max_loras exceeds the adapters")
+            if set(self.cliff_popularities) - set(CLIFF_POPULARITIES) or not (
+                0 < self.cliff_load <= 2
+            ):
+                raise ValueError(f"cliff popularities among {CLIFF_POPULARITIES}, load in (0, 2]")
 
     @classmethod
     def quick(cls) -> BenchConfig:
@@ -100,6 +131,7 @@ class BenchConfig:
             flood_tokens=16,
             victim_requests=5,
             registered=0,
+            cliff_multiples=(),
         )
 
     def mix(self) -> Mix:
@@ -117,3 +149,14 @@ class BenchConfig:
 
     def registered_mix(self, adapters: int) -> Mix:
         return Mix(adapters, self.zipf, 0.0, self.output_tokens, self.seed)
+
+    def cliff_mix(self, adapters: int, popularity: str = "zipf") -> Mix:
+        zipf = self.zipf if popularity == "zipf" else 0.0  # exponent 0: every adapter alike
+        return Mix(adapters, zipf, 0.0, self.cliff_output_tokens, self.seed)
+
+    def cliff_spec(self, adapters: int, popularity: str, rate: float) -> WorkloadSpec:
+        mix = self.cliff_mix(adapters, popularity)
+        return WorkloadSpec(
+            mix.adapters, mix.zipf, 0.0, mix.output_tokens, mix.seed,
+            rate=rate, duration=self.cliff_requests / rate,
+        )  # fmt: skip

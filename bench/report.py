@@ -13,12 +13,22 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.config import FLOOD, GATEWAY, ONE_ADAPTER, REFERENCE, SOLO, VLLM_SHIPPED
+from bench.config import (
+    CLIFF_POPULARITIES,
+    FLOOD,
+    GATEWAY,
+    ONE_ADAPTER,
+    REFERENCE,
+    SOLO,
+    VLLM_SHIPPED,
+    cliff_point,
+)
 from bench.scenarios import FLOOD_COMPLETED, FLOOD_REFUSED
 from bench.stats import (
     LATENCY_FIGURES,
+    LOADS,
     OUTPUT_TPS,
-    SWAPS_PER_100,
+    SWAP_FIGURES,
     THROUGHPUT_FIGURES,
     TTFT_P50,
     TTFT_P99,
@@ -41,6 +51,11 @@ SHIPPED_NOTE = (
     "vllm-shipped is vLLM's server as shipped (LORA_GATEWAY_ISOLATION_FIX=0): vLLM's CPU "
     "LoRA ops, including the no-adapter slot bug, so its base-model outputs may be wrong "
     "(docs/isolation.md); its speed is what users get today"
+)
+SWAP_NOTE = (
+    "Adapter loads (storage -> the host tier) and activations (host tier -> a device slot), "
+    "and the engine time each took: from the gateway's /metrics "
+    "(lora_gateway_adapter_swap_seconds{stage})."
 )
 NOT_COUNTABLE = (
     "vLLM's server counts no adapter loads or activations (its /metrics shows only "
@@ -84,7 +99,7 @@ def point_table(
     ]  # fmt: skip
     ratios: dict[str, dict[str, Any]] = {}
     for figure in figures:
-        if figure is SWAPS_PER_100 and not any(s.counters for s in mine):
+        if figure in SWAP_FIGURES and not any(LOADS in s.counters for s in mine):
             continue
         cells = [_value(figure, _of(mine, system, point)) for system in systems]
         for other in others:
@@ -136,16 +151,47 @@ def registered_table(samples: Sequence[Sample], point: str, seed: int, draws: in
     estimate = ratio_estimate(
         OUTPUT_TPS, pairs(samples, (GATEWAY, point), (GATEWAY, ONE_ADAPTER)), seed=seed, draws=draws
     )
+    swaps = SWAP_FIGURES if any(LOADS in s.counters for s in one + many) else ()
     lines = [
-        "| traffic | output tok/s | TTFT p99 (ms) | errors / requests |",
-        "|---|---:|---:|---:|",
-    ]
+        "| traffic | output tok/s | TTFT p99 (ms) | "
+        + "".join(f"{f.label} | " for f in swaps) + "errors / requests |",
+        "|---|---:|---:|" + "---:|" * len(swaps) + "---:|",
+    ]  # fmt: skip
     for name, group in ((ONE_ADAPTER, one), (point, many)):
         lines.append(
-            f"| {name} | {_value(OUTPUT_TPS, group)} | {_value(TTFT_P99, group)} "
-            f"| {sum(s.errors for s in group)} / {sum(len(s.records) for s in group)} |"
+            f"| {name} | {_value(OUTPUT_TPS, group)} | {_value(TTFT_P99, group)} | "
+            + "".join(f"{_value(f, group)} | " for f in swaps)
+            + f"{sum(s.errors for s in group)} / {sum(len(s.records) for s in group)} |"
         )
-    lines.append(f"| ratio (many / one) [95%] | {estimate.text()} | | |")
+    lines.append(f"| ratio (many / one) [95%] | {estimate.text()} |" + " |" * (len(swaps) + 2))
+    return lines
+
+
+def cliff_table(samples: Sequence[Sample], slots: int, seed: int, draws: int) -> list[str]:
+    """(d): per popularity and adapter count, every system's TTFT and output tok/s, and the
+    gateway's TTFT p99 against its own over as many adapters as slots."""
+    points = [p for p in _points(samples) if p.startswith("d: ")]
+    systems = _systems([s for s in samples if s.point in points])
+    lines = [
+        "| point | " + " | ".join(f"{n}: TTFT p50 / p99 (ms) | {n}: output tok/s" for n in systems)
+        + f" | {GATEWAY}: p99 / p99 at slots [95%] |",
+        "|---|" + "---:|---:|" * len(systems) + "---:|",
+    ]  # fmt: skip
+    for point in points:
+        cells = [
+            f"{_value(TTFT_P50, group)} / {_value(TTFT_P99, group)} | {_value(OUTPUT_TPS, group)}"
+            for group in (_of(samples, system, point) for system in systems)
+        ]
+        ratio = ""
+        for popularity in CLIFF_POPULARITIES:
+            if point.startswith(f"d: {popularity}, "):
+                at_slots = (GATEWAY, cliff_point(popularity, slots, slots))
+                matched = pairs(samples, (GATEWAY, point), at_slots)
+                ratio = ratio_estimate(TTFT_P99, matched, seed=seed, draws=draws).text()
+        lines.append(f"| {point} | " + " | ".join(cells) + f" | {ratio} |")
+    errors = [f"{sum(s.errors for s in samples if s.system == n and s.point in points)}"
+              for n in systems]  # fmt: skip
+    lines.append("| errors | " + " | ".join(f"{e} | " for e in errors) + " |")
     return lines
 
 
@@ -190,16 +236,13 @@ def render_markdown(
         lines.append(f"- {SHIPPED_NOTE}")
     ratios: dict[str, Any] = {}
     for point in _points(samples):
-        if point in (SOLO, FLOOD) or point in (ONE_ADAPTER, registered_point):
+        if point in (SOLO, FLOOD, ONE_ADAPTER, registered_point) or point.startswith("d: "):
             continue
-        figures = (*THROUGHPUT_FIGURES, SWAPS_PER_100) if "saturation" in point else LATENCY_FIGURES
+        figures = (*THROUGHPUT_FIGURES, *SWAP_FIGURES) if "saturation" in point else LATENCY_FIGURES
         table, ratios[point] = point_table(samples, point, figures, seed, draws)
         lines += ["", f"## {point}", "", *table]
-        if "saturation" in point and any(s.counters for s in samples if s.point == point):
-            lines += [
-                "",
-                f"Adapter loads+activations: from the gateway's /metrics; {NOT_COUNTABLE}.",
-            ]
+        if "saturation" in point and any(LOADS in s.counters for s in samples if s.point == point):
+            lines += ["", f"{SWAP_NOTE} {NOT_COUNTABLE}."]
     if any(s.point == SOLO for s in samples):
         lines += [
             "", "## b: noisy neighbour", "",
@@ -210,8 +253,17 @@ def render_markdown(
     if registered_point:
         lines += ["", f"## {registered_point} against 1 adapter (the gateway only)", ""]
         lines += registered_table(samples, registered_point, seed, draws)
+    if context.get("cliff_rates"):
+        rates = ", ".join(
+            f"round {r + 1}: {rate:.3f} req/s" for r, rate in context["cliff_rates"].items()
+        )
+        lines += [
+            "", "## d: the cold-start cliff", "",
+            f"{context['cliff']}; offered rates: {rates}.", "",
+            *cliff_table(samples, context["config"]["max_loras"], seed, draws),
+        ]  # fmt: skip
     lines += [
-        "", "## Targets (issue #16)", "",
+        "", "## Targets", "",
         "| target | verdict | ratio [95%] | |", "|---|---|---|---|",
         *(t.row() for t in targets), "",
     ]  # fmt: skip
@@ -224,7 +276,7 @@ def summary_json(
     context: dict[str, Any],
     ratios: dict[str, Any],
 ) -> dict[str, Any]:
-    figures = {f.name: f for f in (*THROUGHPUT_FIGURES, *LATENCY_FIGURES, SWAPS_PER_100)}
+    figures = {f.name: f for f in (*THROUGHPUT_FIGURES, *LATENCY_FIGURES, *SWAP_FIGURES)}
     return {
         "context": context,
         "samples": [

@@ -33,9 +33,17 @@ from bench.config import (
     BenchConfig,
     many_adapters_point,
 )
+from bench.prompts import SizedPrompts
 from bench.random_adapters import BenchAdapter, ensure_bench_adapters
 from bench.report import render_markdown, summary_json, write_requests
-from bench.scenarios import curve, noisy_neighbour, registered_adapters, saturation
+from bench.scenarios import (
+    Prompts,
+    cliff,
+    curve,
+    noisy_neighbour,
+    registered_adapters,
+    saturation,
+)
 from bench.stats import REQUESTS_PS, Sample, interleaved
 from bench.status import StatusLine
 from bench.systems import EngineConfig, GatewaySystem, System, VLLMServer
@@ -109,8 +117,13 @@ def planned_requests(config: BenchConfig) -> int:
     """Requests the status line counts (tenant A's flood is open-ended, not counted)."""
     per_visit = config.waves * sum(config.concurrencies)
     per_visit += config.curve_requests * len(config.curve_fractions) + 2 * config.victim_requests
+    total = per_visit * config.rounds * len(config.systems)
+    if config.cliff_multiples:
+        points = len(config.cliff_multiples) * len(config.cliff_popularities)
+        cliff = config.waves * config.cliff_concurrency + config.cliff_requests * points
+        total += cliff * config.rounds * len(set(config.systems) - {VLLM_SHIPPED})
     many = 2 * config.rounds * config.registered_requests if config.registered else 0
-    return per_visit * config.rounds * len(config.systems) + many
+    return total + many
 
 
 async def _visit(
@@ -121,8 +134,11 @@ async def _visit(
     samples: list[Sample],
     out_dir: Path,
     status: StatusLine,
+    cliff_rates: dict[int, float],
+    prompts: Prompts,
 ) -> float:
-    """Start ``system``, run scenarios a and b, stop it; the start-up seconds."""
+    """Start ``system``, run scenarios a, b and d, stop it; the start-up seconds.
+    ``cliff_rates``: d's rate per round, set by the round's first system."""
 
     label = f"round {round_ + 1}"
     status.set(system.name, f"{label}: starting")
@@ -141,6 +157,12 @@ async def _visit(
             samples += await curve(system, adapters, config, rates, round_, status.count)
         status.set(system.name, f"{label}: b, noisy neighbour")
         samples += await noisy_neighbour(system, adapters, config, round_, status.count)
+        if config.cliff_multiples and system.name != VLLM_SHIPPED:  # vLLM's own ops: hours
+            status.set(system.name, f"{label}: d, cold-start cliff")
+            measured, cliff_rates[round_] = await cliff(
+                system, adapters, config, cliff_rates.get(round_), round_, status.count, prompts
+            )
+            samples += measured
         for sample in samples:
             if sample.system == system.name and sample.round == round_:
                 status.note(
@@ -228,6 +250,12 @@ def _context(
         "draws": config.draws,
         "flood_streams": config.flood_streams,
         "registered_max_loras": config.registered_slots,
+        "cliff": f"{', '.join(config.cliff_popularities)} popularity over "
+        f"{', '.join(f'{m}x' for m in config.cliff_multiples)} the slots, "
+        f"{config.cliff_prompt_tokens}-token prompts, {config.cliff_output_tokens} output tokens, "
+        f"{config.cliff_requests} requests per point, open loop at {config.cliff_load:.0%} of "
+        f"the saturation the round's first system measured at concurrency "
+        f"{config.cliff_concurrency} over as many adapters as slots",
         "gateway_settings": [f"{name}={value}" for name, value in config.gateway_settings],
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
     }
@@ -253,14 +281,30 @@ async def run_bench(config: BenchConfig, settings: Settings, command: str) -> Pa
         ensure_bench_adapters, Path(settings.model), config.adapter_cache, config.adapters
     )
     ticker = asyncio.create_task(status.run(0.5))
+    prompts: Prompts = (
+        SizedPrompts(Path(settings.model), config.cliff_prompt_tokens)
+        if config.cliff_multiples
+        else str  # never asked: d is skipped
+    )
     samples: list[Sample] = []
     startups: dict[str, list[float]] = {name: [] for name in config.systems}
     order: list[str] = []
+    cliff_rates: dict[int, float] = {}
     try:
         for round_, name in interleaved(config.systems, config.rounds):
             system = build_system(name, engine, config.adapter_cache, work_dir, config)
             startups[name].append(
-                await _visit(system, round_, adapters, config, samples, out_dir, status)
+                await _visit(
+                    system,
+                    round_,
+                    adapters,
+                    config,
+                    samples,
+                    out_dir,
+                    status,
+                    cliff_rates,
+                    prompts,
+                )
             )
             order.append(name)
         if config.registered:
@@ -276,8 +320,13 @@ async def run_bench(config: BenchConfig, settings: Settings, command: str) -> Pa
     context = _context(config, engine, command, started_at, status, order, startups)
     if config.curve_fractions and samples:
         context["curve_rates"] = curve_rates(config, samples)
+    if cliff_rates:
+        context["cliff_rates"] = cliff_rates
     registered = many_adapters_point(config.registered) if config.registered else None
-    targets = evaluate(samples, config.concurrencies, config.registered, config.seed, config.draws)
+    targets = evaluate(
+        samples, config.concurrencies, config.registered, config.seed, config.draws,
+        cliff=(config.cliff_popularities, engine.settings.max_loras) if cliff_rates else None,
+    )  # fmt: skip
     text, ratios = render_markdown(samples, targets, context, registered)
     write_requests(out_dir / "requests.jsonl", samples)
     (out_dir / "summary.md").write_text(text)

@@ -4,12 +4,15 @@
 concurrencies, then open-loop points at shares of the saturation rate;
 (b) noisy neighbour: tenant B's requests alone, then under tenant A's flood;
 (c) many registered adapters: the same closed loop over 1 adapter and over
-all of them, alternated.
+all of them, alternated;
+(d) the cold-start cliff: open loops over as many adapters as device slots, and
+multiples of that, at one rate below saturation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 
 from bench.client import ClosedLoop, RequestRecord, run_closed_loop, run_workload
@@ -18,12 +21,21 @@ from bench.config import (
     ONE_ADAPTER,
     SOLO,
     BenchConfig,
+    cliff_point,
+    cliff_saturation_point,
     curve_point,
     many_adapters_point,
     saturation_point,
 )
 from bench.random_adapters import BenchAdapter
-from bench.stats import SWAPS, Sample
+from bench.stats import (
+    ACTIVATION_SECONDS,
+    ACTIVATIONS,
+    LOAD_SECONDS,
+    LOADS,
+    REQUESTS_PS,
+    Sample,
+)
 from bench.swap_counters import parse_swap_counters
 from bench.systems import System
 from bench.workload import PlannedRequest, WorkloadSpec, closed_plan, plan, tenant_requests
@@ -38,17 +50,24 @@ FLOOD_REFUSED = "flood_refused"  # ... and those the system turned away (429)
 
 Measure = Callable[[], Awaitable[tuple[list[RequestRecord], float]]]
 Progress = Callable[[RequestRecord], None]
+Prompts = Callable[[str], str]  # a prompt for a request's label (bench.prompts.SizedPrompts)
 
 
 async def _sample(system: System, point: str, round_: int, measure: Measure) -> Sample:
-    """Run ``measure``; with the system's adapter swaps over it, where it counts them."""
+    """Run ``measure``; with the system's adapter loads and activations over it, where it
+    counts them."""
     before = await system.metrics_text()
     records, wall = await measure()
     after = await system.metrics_text()
     counters: dict[str, float] = {}
     if before is not None and after is not None:
         delta = parse_swap_counters(after) - parse_swap_counters(before)
-        counters[SWAPS] = delta.swaps["load"] + delta.swaps["activate"]
+        counters = {
+            LOADS: delta.swaps["load"],
+            ACTIVATIONS: delta.swaps["activate"],
+            LOAD_SECONDS: delta.swap_seconds["load"],
+            ACTIVATION_SECONDS: delta.swap_seconds["activate"],
+        }
     return Sample(system.name, point, round_, tuple(records), wall, counters)
 
 
@@ -192,3 +211,61 @@ async def registered_adapters(
 
             samples.append(await _sample(system, point, round_, measure))
     return samples
+
+
+async def cliff(
+    system: System,
+    adapters: Sequence[BenchAdapter],
+    config: BenchConfig,
+    rate: float | None,
+    round_: int,
+    progress: Progress,
+    prompts: Prompts,
+) -> tuple[list[Sample], float]:
+    """(d) A closed loop over as many adapters as the engine has device slots (its
+    saturation), then, per popularity, an open loop at ``rate`` over 1x, 2x... that many
+    adapters (``config.cliff_multiples``). ``rate`` None: this system is the round's first,
+    and the rate is ``config.cliff_load`` of the saturation it measured. Returns the samples
+    and the rate."""
+    slots = system.engine.settings.max_loras
+
+    def sized(requests: Sequence[PlannedRequest], point: str) -> list[PlannedRequest]:
+        return [dataclasses.replace(r, prompt=prompts(f"{point} #{r.index}")) for r in requests]
+
+    point = cliff_saturation_point(slots)
+    saturating = sized(
+        closed_plan(config.cliff_mix(slots), config.waves * config.cliff_concurrency), point
+    )
+
+    async def saturate() -> tuple[list[RequestRecord], float]:
+        return await run_closed_loop(
+            system.base_url, system.name, point, saturating,
+            lambda p: system.call_for(p, adapters), concurrency=config.cliff_concurrency,
+            timeout_seconds=config.timeout_seconds, on_finished=progress,
+        )  # fmt: skip
+
+    samples = [await _sample(system, point, round_, saturate)]
+    if rate is None:
+        saturated = REQUESTS_PS.of(samples[0])
+        if not saturated:
+            raise RuntimeError(f"{system.name} completed nothing over {slots} adapters")
+        rate = config.cliff_load * saturated
+    for popularity in config.cliff_popularities:
+        for multiple in sorted(config.cliff_multiples):
+            spec = config.cliff_spec(slots * multiple, popularity, rate)
+            point = cliff_point(popularity, spec.adapters, slots)
+            requests = sized(plan(spec), point)
+
+            async def measure(
+                point: str = point,
+                requests: Sequence[PlannedRequest] = requests,
+                spec: WorkloadSpec = spec,
+            ) -> tuple[list[RequestRecord], float]:
+                return await run_workload(
+                    system.base_url, system.name, point, requests,
+                    lambda p: system.call_for(p, adapters),
+                    drain_seconds=max(MIN_DRAIN_SECONDS, spec.duration), on_finished=progress,
+                )  # fmt: skip
+
+            samples.append(await _sample(system, point, round_, measure))
+    return samples, rate

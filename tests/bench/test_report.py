@@ -17,13 +17,15 @@ from bench.config import (
     VLLM,
     VLLM_SHIPPED,
     BenchConfig,
+    cliff_point,
+    cliff_saturation_point,
     curve_point,
     many_adapters_point,
     saturation_point,
 )
 from bench.report import NOT_COUNTABLE, SHIPPED_NOTE, render_markdown, summary_json, write_requests
 from bench.runner import curve_rates, planned_requests, warmup_plan
-from bench.stats import SWAPS, Sample
+from bench.stats import ACTIVATION_SECONDS, ACTIVATIONS, LOAD_SECONDS, LOADS, Sample
 from bench.targets import evaluate
 
 A16 = saturation_point(16)
@@ -43,7 +45,13 @@ def sample(system: str, point: str, round_: int, *, wall: float = 10.0, ttft: fl
                       e2e=ttft + 1.55, output_tokens=32, status=200)
         for i in range(4)
     )  # fmt: skip
-    return Sample(system, point, round_, records, wall, {SWAPS: swaps} if swaps else {})
+    # ``swaps`` loads of 0.5 s and twice as many activations of 10 ms.
+    counters = (
+        {LOADS: swaps, LOAD_SECONDS: swaps * 0.5, ACTIVATIONS: 2 * swaps,
+         ACTIVATION_SECONDS: 2 * swaps * 0.01}
+        if swaps else {}
+    )  # fmt: skip
+    return Sample(system, point, round_, records, wall, counters)
 
 
 def samples() -> list[Sample]:
@@ -73,7 +81,10 @@ def test_the_report_shows_every_figure_with_its_ratio_and_the_targets() -> None:
     assert f"## {A16}" in text
     assert "| figure | gateway | vllm | vllm-shipped | gateway / vllm [95%] " in text
     assert "| output tok/s | 12.80 | 10.00 | 5.00 | 1.280 [1.280, 1.280] | 0.500 [" in text
-    assert "| adapter loads+activations per 100 requests | 50.0 | - | - | - | - |" in text
+    assert "| adapter loads per 100 requests | 50.0 | - | - | - | - |" in text
+    assert "| adapter activations per 100 requests | 100.0 | - | - | - | - |" in text
+    assert "| engine time per adapter load (ms) | 500.0 | - | - | - | - |" in text
+    assert "| engine time per adapter activation (ms) | 10.0 | - | - | - | - |" in text
     assert NOT_COUNTABLE in text and SHIPPED_NOTE in text
     assert (
         "- systems: gateway, vllm, vllm-shipped; 2 round(s), interleaved (run order "
@@ -85,7 +96,7 @@ def test_the_report_shows_every_figure_with_its_ratio_and_the_targets() -> None:
     assert "| gateway | 100.0 | 100.0 | 120.0 | 120.0 | 1.200 [1.200, 1.200] | 0 / 0 | 0 |" in text
     assert "| vllm | 100.0 | 100.0 | 4000.0 | 4000.0 | 40.000 [" in text
     assert "| ratio (many / one) [95%] | 0.800 [0.800, 0.800] | | |" in text
-    assert "## Targets (issue #16)" in text
+    assert "## Targets" in text
     assert (
         "| Noisy neighbour: B's p99 TTFT under A's flood / B's solo p99, scheduler (<= 2x) "
         "| met | 1.200 [1.200, 1.200] (resolved) |" in text
@@ -96,7 +107,8 @@ def test_the_report_shows_every_figure_with_its_ratio_and_the_targets() -> None:
     json.dumps(doc)  # serialisable as written
     first = doc["samples"][0]
     assert first["figures"]["output_tps"] == pytest.approx(12.8)
-    assert first["counters"] == {SWAPS: 2.0}
+    assert first["counters"][LOADS] == 2.0 and first["counters"][ACTIVATIONS] == 4.0
+    assert first["figures"]["activations_per_100"] == pytest.approx(100.0)
     assert [t["verdict"] for t in doc["targets"]][:2] == ["met", "reported"]
 
 
@@ -121,6 +133,10 @@ def test_curve_rates_are_shares_of_the_first_saturation() -> None:
 def test_planned_requests_count_every_visit() -> None:
     quick = BenchConfig.quick()
     assert planned_requests(quick) == 2 * (quick.waves * 16 + 2 * quick.victim_requests)
+    full = BenchConfig(registered=0, curve_fractions=(), rounds=1)
+    a_b = full.waves * 80 + 2 * full.victim_requests
+    d = full.waves * full.cliff_concurrency + full.cliff_requests * 6
+    assert planned_requests(full) == 4 * a_b + 3 * d  # no cliff for vllm-shipped
 
 
 def test_warmup_touches_the_host_cached_adapters_in_order_a_group_at_a_time() -> None:
@@ -128,3 +144,34 @@ def test_warmup_touches_the_host_cached_adapters_in_order_a_group_at_a_time() ->
     assert [r.adapter for r in batches[0]] == [None]
     assert [[r.adapter for r in b] for b in batches[1:]] == [[2, 3, 4, 5], [6, 7, 8, 9]]
     assert [[r.adapter for r in b] for b in warmup_plan(3, 4, 8)[1:]] == [[0, 1, 2]]
+
+
+def test_the_cliff_has_a_table_per_point_with_the_gateways_ratio_to_its_own_at_slots() -> None:
+    data = []
+    for r in range(2):
+        for system, slow in ((GATEWAY, 1.0), (VLLM, 3.0)):
+            data += [
+                sample(system, cliff_saturation_point(4), r, wall=2.0),
+                sample(system, cliff_point("zipf", 4, 4), r, ttft=0.1),
+                sample(system, cliff_point("zipf", 8, 4), r, ttft=0.15 * slow),
+            ]
+    context = {
+        **CONTEXT, "cliff_rates": {0: 1.25, 1: 1.5}, "cliff": "zipf over 1x, 2x the slots",
+        "config": {"max_loras": 4},
+    }  # fmt: skip
+    text, _ = render_markdown(data, [], context, None)
+    assert "## d: the cold-start cliff" in text
+    assert "zipf over 1x, 2x the slots; offered rates: round 1: 1.250 req/s, round 2: 1.500" in text
+    assert (
+        "| point | gateway: TTFT p50 / p99 (ms) | gateway: output tok/s | vllm: TTFT p50 / p99 "
+        "(ms) | vllm: output tok/s | gateway: p99 / p99 at slots [95%] |" in text
+    )
+    assert (
+        f"| {cliff_point('zipf', 4, 4)} | 100.0 / 100.0 | 12.80 | 100.0 / 100.0 | 12.80 | 1.000"
+        in text
+    )
+    assert (
+        f"| {cliff_point('zipf', 8, 4)} | 150.0 / 150.0 | 12.80 | 450.0 / 450.0 | 12.80 | 1.500"
+        in text
+    )
+    assert f"## {cliff_point('zipf', 8, 4)}" not in text  # not a table of its own

@@ -7,9 +7,15 @@ import pytest
 
 from bench.client import RequestRecord
 from bench.stats import (
+    ACTIVATION_MS,
+    ACTIVATION_SECONDS,
+    ACTIVATIONS,
+    ACTIVATIONS_PER_100,
+    LOAD_MS,
+    LOAD_SECONDS,
+    LOADS,
+    LOADS_PER_100,
     OUTPUT_TPS,
-    SWAPS,
-    SWAPS_PER_100,
     TPOT_P50,
     TTFT_P50,
     TTFT_P99,
@@ -70,12 +76,18 @@ def test_figures_count_completed_requests_only() -> None:
     assert OUTPUT_TPS.of(s) == pytest.approx(2.5)  # (3 + 2) tokens in 2 s
     assert TTFT_P50.of(s) == pytest.approx(0.2)  # the failed request's 9 s is left out
     assert TPOT_P50.of(s) == pytest.approx((0.03 + 0.06) / 2)
-    assert SWAPS_PER_100.of(s) is None  # a system that counts no swaps
+    assert LOADS_PER_100.of(s) is None  # a system that counts no swaps
+    assert LOAD_MS.of(s) is None
 
 
-def test_swaps_per_hundred_completed_requests() -> None:
-    s = sample([0.1] * 8, counters={SWAPS: 2.0})
-    assert SWAPS_PER_100.of(s) == pytest.approx(25.0)
+def test_loads_and_activations_per_hundred_completed_requests_and_their_time() -> None:
+    counters = {LOADS: 2.0, ACTIVATIONS: 6.0, ACTIVATION_SECONDS: 0.03}
+    s = sample([0.1] * 8, counters=counters)
+    assert LOADS_PER_100.of(s) == pytest.approx(25.0)
+    assert ACTIVATIONS_PER_100.of(s) == pytest.approx(75.0)
+    assert ACTIVATION_MS.of(s) == pytest.approx(0.005)  # seconds; the report shows ms
+    assert LOAD_MS.of(s) is None  # no load time reported
+    assert LOAD_MS.of(sample([0.1] * 8, counters={LOADS: 0.0, LOAD_SECONDS: 0.0})) is None
 
 
 def test_median_over_rounds() -> None:

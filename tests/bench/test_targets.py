@@ -3,6 +3,8 @@ intervals say whether the verdict is resolved, absent systems are not measured."
 
 from __future__ import annotations
 
+import pytest
+
 from bench.client import RequestRecord
 from bench.config import (
     FLOOD,
@@ -11,10 +13,11 @@ from bench.config import (
     ONE_ADAPTER,
     SOLO,
     VLLM,
+    cliff_point,
     many_adapters_point,
     saturation_point,
 )
-from bench.stats import SWAPS, Sample
+from bench.stats import ACTIVATIONS, LOADS, Sample
 from bench.targets import evaluate, pairs
 
 A16 = saturation_point(16)
@@ -23,7 +26,7 @@ MANY = many_adapters_point(1000)
 
 def sample(
     system: str, point: str, round_: int, *, ttft: float = 0.1, wall: float = 10.0,
-    count: int = 20, swaps: float | None = None, errors: int = 0,
+    count: int = 20, swaps: tuple[float, float] | None = None, errors: int = 0,
 ) -> Sample:  # fmt: skip
     records = tuple(
         RequestRecord(
@@ -33,7 +36,8 @@ def sample(
         )
         for i in range(count)
     )  # fmt: skip
-    return Sample(system, point, round_, records, wall, {SWAPS: swaps} if swaps is not None else {})
+    counters = {LOADS: swaps[0], ACTIVATIONS: swaps[1]} if swaps is not None else {}
+    return Sample(system, point, round_, records, wall, counters)
 
 
 def run(**walls: float) -> list[Sample]:
@@ -41,8 +45,8 @@ def run(**walls: float) -> list[Sample]:
     samples = []
     for r in range(3):
         samples += [
-            sample(GATEWAY, A16, r, wall=walls.get("gateway", 10.0), swaps=5.0),
-            sample(GATEWAY_FCFS, A16, r, swaps=20.0),
+            sample(GATEWAY, A16, r, wall=walls.get("gateway", 10.0), swaps=(3.0, 5.0)),
+            sample(GATEWAY_FCFS, A16, r, swaps=(2.0, walls.get("fcfs_activations", 20.0))),
             sample(VLLM, A16, r, wall=10.0 + (r - 1) * 0.2),
             sample(GATEWAY, SOLO, r, ttft=0.1),
             sample(GATEWAY, FLOOD, r, ttft=walls.get("flood_ttft", 0.15)),
@@ -63,29 +67,34 @@ def test_all_targets_met_and_resolved() -> None:
     assert results[1].verdict == "reported" and "FCFS (gateway-fcfs)" in names[1]
     assert results[1].estimate is not None and results[1].estimate.median is not None
     assert results[1].estimate.median > 20
-    throughput, swaps, many, cost = results[2:]
+    throughput, activations, loads, many, cost = results[2:]
     # vLLM's walls are 9.8, 10, 10.2 s: the gateway's 10 s gives 0.98, 1.0, 1.02.
     assert throughput.estimate is not None and throughput.estimate.median == 1.0
     assert throughput.verdict == "met" and not throughput.resolved
-    assert swaps.verdict == "met" and swaps.resolved and swaps.estimate is not None
-    assert swaps.estimate.median == 0.25
+    assert "activations" in activations.name and "<= 0.7x" in activations.name
+    assert activations.verdict == "met" and activations.resolved
+    assert activations.estimate is not None and activations.estimate.median == 0.25
+    assert loads.verdict == "reported" and loads.estimate is not None
+    assert loads.estimate.median == 1.5
     assert many.verdict == "met" and many.estimate is not None
     assert abs(many.estimate.median - 10 / 12) < 1e-9
     assert cost.verdict == "not measured"
 
 
 def test_targets_missed() -> None:
-    results = evaluate(run(gateway=11.0, flood_ttft=0.3, many=20.0), (16,), 1000, 0, 400)
+    walls = {"gateway": 11.0, "flood_ttft": 0.3, "many": 20.0, "fcfs_activations": 6.0}
+    results = evaluate(run(**walls), (16,), 1000, 0, 400)
     assert results[0].verdict == "missed" and results[0].resolved  # 3x > 2x
     assert results[2].verdict == "missed"  # 10/11 < 1.0
-    assert results[4].verdict == "missed"  # 10/20 < 0.7
+    assert results[3].verdict == "missed"  # 5/6 activations > 0.7
+    assert results[5].verdict == "missed"  # 10/20 < 0.7
     assert "**missed**" in results[0].row()
 
 
 def test_errors_miss_the_many_adapters_target() -> None:
     samples = [s for s in run() if s.point != MANY]
     samples += [sample(GATEWAY, MANY, r, wall=10.0, errors=1 if r == 2 else 0) for r in range(3)]
-    many = evaluate(samples, (16,), 1000, 0, 200)[4]
+    many = evaluate(samples, (16,), 1000, 0, 200)[5]
     assert many.verdict == "missed" and "errors: 1" in many.detail
 
 
@@ -112,7 +121,31 @@ def test_one_round_never_resolves_a_verdict() -> None:
 
 def test_an_undefined_ratio_is_missed_and_says_why() -> None:
     samples = [
-        sample(system, A16, r, swaps=0.0) for r in range(3) for system in (GATEWAY, GATEWAY_FCFS)
+        sample(system, A16, r, swaps=(0.0, 0.0))
+        for r in range(3)
+        for system in (GATEWAY, GATEWAY_FCFS)
     ]
     swaps = evaluate(samples, (16,), 0, 0, 100)[2]
     assert swaps.verdict == "missed" and swaps.detail.startswith("no ratio")
+
+
+def test_the_cliff_targets_compare_the_gateways_p99_with_its_own_at_slots() -> None:
+    samples = []
+    for r in range(3):
+        samples += [
+            sample(GATEWAY, cliff_point("zipf", 4, 4), r, ttft=0.1),
+            sample(GATEWAY, cliff_point("zipf", 8, 4), r, ttft=0.19),  # 1.9x: met
+            sample(GATEWAY, cliff_point("zipf", 32, 4), r, ttft=0.5),  # 5x: missed
+            sample(GATEWAY_FCFS, cliff_point("zipf", 32, 4), r, ttft=0.1),  # not the gateway
+        ]
+    results = evaluate(samples, (16,), 0, 0, 200, cliff=(("zipf", "uniform"), 4))
+    cliff = [r for r in results if r.name.startswith("Cliff")]
+    assert [r.name for r in cliff] == [
+        "Cliff, zipf: TTFT p99 over 2x slots / over adapters = slots, gateway (<= 2x)",
+        "Cliff, zipf: TTFT p99 over 8x slots / over adapters = slots, gateway (<= 4x)",
+        "Cliff, uniform: TTFT p99 over 2x slots / over adapters = slots, gateway (<= 2x)",
+        "Cliff, uniform: TTFT p99 over 8x slots / over adapters = slots, gateway (<= 4x)",
+    ]
+    assert [r.verdict for r in cliff] == ["met", "missed", "not measured", "not measured"]
+    assert cliff[1].estimate is not None and cliff[1].estimate.median == pytest.approx(5.0)
+    assert not any(r.name.startswith("Cliff") for r in evaluate(samples, (16,), 0, 0, 200))
