@@ -1,29 +1,12 @@
-"""Every Prometheus metric the gateway defines, and the multiprocess plumbing
-that exports them from all of the gateway's processes on one endpoint.
+"""Every Prometheus metric the gateway defines, and the multiprocess plumbing that exports
+them from all of the gateway's processes (the gateway, vLLM's engine core and workers) on
+one endpoint, as vLLM's own server does (docs/metrics.md, "Across processes").
 
-Samples are recorded in several processes: the gateway itself (FastAPI and
-vLLM's front end, where vLLM keeps its own ``vllm:*`` metrics) and vLLM's
-engine core and worker processes, where adapters are loaded and swapped
-(:mod:`app.inside_vllm.residency`). prometheus_client's multiprocess mode joins
-them: each process writes its samples to files in ``PROMETHEUS_MULTIPROC_DIR``
-and ``GET /metrics`` merges every file (:func:`collection_registry`), as
-vLLM's own server does (``vllm.v1.metrics.prometheus.get_prometheus_registry``).
-
-Contracts:
-
-* :func:`multiprocess_dir` is entered by the gateway's lifespan before the
-  engine's processes are spawned (they inherit the directory through the
-  environment) and before the gateway records its first sample.
-* Every metric defined here carries at least one label. A labelled metric
-  stores no value until ``.labels(...)`` creates a child, which happens after
-  the directory is set up; an unlabelled one would take its storage at import,
-  before it. ``tests/test_metrics_export.py`` checks this.
-* Every metric is listed in :data:`METRICS`, so that a new directory starts
-  with no children left over from a previous one.
-
-Adding metrics (request counts per tenant, time to first token, ...): define
-them in a new section below, add them to :data:`METRICS`, and document them
-in ``docs/metrics.md``.
+Contracts: :func:`multiprocess_dir` is entered before the engine's processes are spawned
+and before the first sample; every metric carries at least one label (an unlabelled one
+would take its storage at import, before the directory exists; ``tests/test_metrics_export.py``
+checks it); every metric is listed in :data:`METRICS`, so that a new directory starts empty.
+A new metric: define it below, add it to :data:`METRICS`, document it in docs/metrics.md.
 """
 
 from __future__ import annotations

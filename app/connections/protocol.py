@@ -1,24 +1,13 @@
 """uvicorn's httptools protocol, held to :class:`~app.connections.admission.ConnectionLimits`.
 
-* The request head (request line and headers) must be complete within ``head_timeout`` of
-  the connection's opening or of the previous response's end: else 408 (or a silent close
-  if not a byte of it came) and the connection closed. It must also fit in
-  ``max_head_bytes`` (431): the parser itself keeps a header of any length.
-* A body in progress must bring ``body_min_rate`` bytes per second over each window of
-  ``body_rate_window`` seconds, except while the server is not reading it (the app has not
-  asked for it yet, or a ``100 Continue`` is still due): else 408 and closed.
-* A response the client does not read (the transport's buffer stays full) for
-  ``write_timeout`` seconds: the connection is aborted, and the request's handler sees a
-  disconnected client, as if the client had gone.
-* Connections and forwarded requests are admitted by a
-  :class:`~app.connections.admission.ConnectionGuard`.
-
-httptools (llhttp) already refuses the shapes of request smuggling with 400 and closes the
-connection: ``Content-Length`` with ``Transfer-Encoding``, ``Content-Length`` twice (even
-with one value), an unknown transfer coding. h11, uvicorn's other parser, accepts the first
-two: this protocol is why the gateway does not depend on which of them is installed.
-WebSocket upgrades are not served (the server is configured with ``ws="none"``), so a
-connection never leaves this protocol.
+A request head must arrive complete within ``head_timeout`` and fit in ``max_head_bytes``
+(else 408 or 431, and the connection closed); a body being read must keep up
+``body_min_rate`` over each ``body_rate_window``; a response the client leaves unread for
+``write_timeout`` aborts the connection, which the handler sees as a client gone; a
+:class:`~app.connections.admission.ConnectionGuard` admits connections and forwarded
+requests. httptools refuses request-smuggling framing that h11 accepts, which is why the
+gateway pins this protocol, and WebSockets are off (``ws="none"``). The attacks each limit
+answers: docs/reliability.md, "Abuse in front of the engine".
 """
 
 from __future__ import annotations

@@ -1,30 +1,13 @@
 """vLLM LoRA resolver: an engine serves an adapter version by its global name, ``name@vN``.
 
-In the engine role (:mod:`app.engine_role.server`) vLLM's OpenAI server meets a request
-whose ``model`` is neither the base model nor an adapter it has loaded; with
-``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` it takes a lock for that name, asks every registered
-:class:`~vllm.lora.resolver.LoRAResolver`, and loads what one returns with ``add_lora``
-(``OpenAIServingModels.resolve_lora``). vLLM then remembers the name for its lifetime and
-never asks again.
-
-:class:`StoreLoRAResolver` answers from the shared adapter store, without the gateway:
-
-1. ``name@vN`` -> the content digest: the bucket's ``versions/name@vN.json``
-   (:meth:`S3Content.version_digest`); with the local-directory store (front and engine on
-   one host) the store's database, which is then the only index of versions.
-2. the digest -> this host's directory of the content: the host cache downloads it once
-   per host under the digest's file lock and checks every file and the digest before it
-   appears (:mod:`app.tenancy.storage.cache`).
-3. a ``LoRARequest`` for that directory.
-
-An unknown name is ``None``: vLLM answers 404 ``The model ... does not exist``. Content that
-is missing, corrupt (a digest mismatch) or unreachable raises a ``GracefulHTTPError``
-carrying our status (404, 503), which vLLM's exception handler renders as that status with
-our message; nothing is loaded and the name stays unknown, so a later request tries again.
-
-The cache entry of every version this process resolved stays held (shared ``flock``) until
-the process exits: vLLM reloads an adapter from its path whenever its host-memory LRU
-(``max_cpu_loras``) dropped it, so the directory must outlive eviction by the cache.
+When vLLM's server meets a model name it has not loaded, it asks its registered resolvers;
+:class:`StoreLoRAResolver` answers from the shared adapter store without the gateway: the
+version's digest (the bucket's version index, or the local store's database), this host's
+checked copy of that content (:mod:`app.tenancy.storage.cache`), and a ``LoRARequest`` for
+it. An unknown name is ``None`` (vLLM's 404); missing, corrupt or unreachable content is a
+``GracefulHTTPError`` with our status, and nothing is loaded. Every copy served stays held
+while the process lives: vLLM reloads from the path whenever its host LRU dropped the
+adapter. The long story: docs/scale-out.md, "The resolver".
 """
 
 from __future__ import annotations

@@ -1,31 +1,12 @@
 """The engine role: vLLM's own OpenAI server on the configured model, with our plugins.
 
-``LORA_GATEWAY_ROLE=engine lora-gateway serve`` runs
-``python -m vllm.entrypoints.openai.api_server`` (vLLM's server: the surface the llm-d
-router's EPP and llm-d's manifests expect: ``/v1/*``, ``/health``, ``/metrics`` with
-``vllm:lora_requests_info``) in a child process, configured from the one settings object:
-
-* the engine arguments the in-process engine takes (:func:`app.engine.vllm_engine.engine_args`),
-  as command-line flags, the base model served as ``settings.base_model_id``;
-* ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` and ``VLLM_PLUGINS`` naming our two
-  ``vllm.general_plugins``: ``lora_gateway`` (the CPU isolation fix, the residency
-  metrics: :mod:`app.inside_vllm.plugin`) and ``lora_gateway_resolver`` (global adapter
-  names from the shared store: :mod:`app.engine_role.lora_resolver`), and the settings the
-  resolver reads;
-* :class:`app.engine_role.paths.EnginePathsOnly` as vLLM's ``--middleware``: the runtime
-  load/unload endpoints that flag mounts (and every other path but inference, ``/health`` and
-  ``/metrics``) are refused;
-* a fresh ``PROMETHEUS_MULTIPROC_DIR``, so that the residency metrics, written in the engine
-  core's process, reach the server's ``/metrics`` beside vLLM's own; removed at exit.
-
-As the in-process gateway does, it refuses to start when the isolation fix would not be
-active in vLLM's processes (:func:`app.inside_vllm.plugin.require_isolation_fix`).
-SIGTERM and SIGINT are passed on to vLLM's server, which drains and exits; its exit status
-is the role's. vLLM's processes never outlive the role: vLLM's server is sent SIGTERM when
-the role's process dies however it dies (SIGKILL, the OOM killer; see
-:mod:`app.engine_role.parent_death`), and stops its engine core and workers as on any SIGTERM;
-when vLLM's server itself dies (killed outright, it leaves them running), what remains of its
-process group is killed before the role exits.
+``LORA_GATEWAY_ROLE=engine lora-gateway serve`` runs vLLM's OpenAI server (the surface the
+llm-d router's endpoint picker and llm-d's manifests expect) in a child process, with the
+in-process engine's arguments as flags, our two plugins (the isolation fix and residency
+metrics; the store's LoRA resolver), the middleware that refuses runtime adapter loading,
+and a metrics directory of its own. It refuses to start without the isolation fix, passes
+SIGTERM and SIGINT on, and never leaves vLLM's processes behind. Why vLLM's server, and each
+flag and variable: docs/scale-out.md, "Engine role".
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
 """Tenant-isolating CPU implementations of vLLM's punica LoRA ops.
 
-vLLM 0.32's PyTorch-native ops (``vllm.lora.ops.torch_ops.lora_ops``) gather
-``weights[lora_indices]`` per token. A token without an adapter carries slot
-index ``-1``, which torch indexing wraps to the *last* slot, so a base-model
-request batched next to adapter requests is computed with another tenant's
-adapter. The GPU kernels skip ``-1``; these replacements do the same.
-
-Each function keeps the exact signature of its upstream counterpart and its
-semantics for rows with a slot index ``>= 0``:
-
-* ``*_shrink``: ``output[:, :rank] = scaling * (inputs @ A[slot].T)``; rows
-  with slot ``-1`` are set to zero there.
-* ``*_expand``: ``output[:, :n] (+)= inputs @ B[slot].T`` with
-  ``n = min(B.out_dim, output.shape[1])``; rows with slot ``-1`` are left
-  unchanged, whether or not ``add_inputs`` is set.
-* ``*_expand_slice``: as ``*_expand`` but into
-  ``output[:, slice_offset:slice_offset + slice_size]``.
-
-Weights are stacked per slot, ``[max_loras, 1, out, in]`` (or
-``[max_loras, out, in]``). Both inputs and weights are cast to the output
-dtype, as upstream does. Rows are grouped by slot and each group gets one
-matmul against that slot's weights instead of a per-token weight gather;
-the ``sgmv_*`` variants use the contiguous prefill segments directly.
+vLLM 0.32's PyTorch-native ops gather ``weights[lora_indices]`` per token, and a token
+without an adapter carries slot ``-1``, which torch wraps to the *last* slot: a base-model
+request batched beside adapter requests is computed with another tenant's adapter
+(docs/isolation.md). These replacements keep each upstream signature and its semantics for
+rows with a slot ``>= 0`` (``*_shrink`` writes ``scaling * inputs @ A[slot].T``, ``*_expand``
+and ``*_expand_slice`` add ``inputs @ B[slot].T`` into the output or its slice), leave rows
+with slot ``-1`` zero (shrink) or untouched (expand), and multiply each slot's rows as one
+group instead of gathering weights per token.
 """
 
 from __future__ import annotations
