@@ -12,7 +12,8 @@ slice's ``A`` transposed side by side at the adapter's own rank (one matmul shri
 slices) and each slice's ``B`` transposed (one ``addmm_`` per slice, in place), plus, the
 first time a step batches many adapters, every slot stacked for ``bmm``
 (:class:`StackedLoRA`). :class:`PreparedLoRA` keeps one per layer and prepares a slot again
-when vLLM loads another adapter into it.
+when vLLM loads another adapter into it, writing it into the stacked weights in place
+rather than stacking every slot again.
 
 Slots never mix: a slot's weights only ever multiply rows of that slot (batched: its rows
 and zero padding), so a request is computed with its own adapter or none.
@@ -84,6 +85,30 @@ class StackedLoRA:
     shrink: torch.Tensor
     expand: tuple[Expansion, ...]
 
+    def refill(self, slots: Sequence[SlotLoRA | None], changed: Collection[int]) -> bool:
+        """Write the ``changed`` slots of ``slots`` in place, each zeroed first, when the
+        layout holds them (every slice they touch, at no more than its rank); ``False``, and
+        nothing written, when it does not."""
+        at = {columns.start: (ranks, b) for columns, ranks, b in self.expand}
+        for slot in changed:
+            weights = slots[slot]
+            for columns, ranks, _ in weights.expand if weights is not None else ():
+                held = at.get(columns.start)
+                if held is None or ranks.stop - ranks.start > held[1].shape[1]:
+                    return False
+        for slot in changed:
+            self.shrink[slot].zero_()
+            for _, _, b in self.expand:
+                b[slot].zero_()
+            if (weights := slots[slot]) is None:
+                continue
+            for columns, ranks, b in weights.expand:
+                into, stacked_b = at[columns.start]
+                rank = ranks.stop - ranks.start
+                self.shrink[slot, :, into.start : into.start + rank] = weights.shrink[:, ranks]
+                stacked_b[slot, :rank] = b
+        return True
+
 
 @dataclass(frozen=True)
 class LayerLoRA:
@@ -129,14 +154,19 @@ class LayerLoRA:
         changed: Collection[int] = (),
     ) -> LayerLoRA:
         """Prepared from the stacks: every slot, or with ``keep`` only the ``changed`` slots
-        (the rest are taken from ``keep``)."""
+        (the rest are taken from ``keep``, and its stacked weights, once built, are refilled
+        in place for the changed slots where their layout holds them: ``keep`` is spent)."""
         slots = tuple(
             cls._slot(a, b, output_slices, slot)
             if keep is None or slot in changed
             else keep.slots[slot]
             for slot in range(a[0].shape[0])
         )
-        return cls(tuple(output_slices), sum(output_slices), slots)
+        layer = cls(tuple(output_slices), sum(output_slices), slots)
+        stacked = keep.__dict__.get("stacked") if keep is not None else None
+        if stacked is not None and stacked.refill(slots, changed):
+            layer.__dict__["stacked"] = stacked  # what the cached property would have built
+        return layer
 
     @staticmethod
     def _slot(

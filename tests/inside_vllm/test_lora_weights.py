@@ -1,0 +1,100 @@
+"""A layer's stacked weights after vLLM swaps the adapter in a slot: refilled in place for
+that slot when their layout holds it, stacked again when it does not, and always equal to
+weights stacked from scratch (no trace of the slot's previous adapter)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.inside_vllm.lora_weights import LayerLoRA, PreparedLoRA
+
+SLOTS, IN_DIM, MAX_RANK = 6, 16, 8
+SLICES = (12, 8, 8)
+IDS = [1, 2, 3, 4, 5, 6]
+
+
+def stacks(gen: torch.Generator, ranks: list[int], touched: tuple[int, ...] = (0, 1, 2)):
+    """vLLM's stacks, ``[slots, 1, ...]``, slot ``i`` at ``ranks[i]`` on the ``touched``
+    slices (zeros on the others)."""
+    a = tuple(torch.zeros(SLOTS, 1, MAX_RANK, IN_DIM) for _ in SLICES)
+    b = tuple(torch.zeros(SLOTS, 1, size, MAX_RANK) for size in SLICES)
+    for slot, rank in enumerate(ranks):
+        write(gen, a, b, slot, rank, touched)
+    return a, b
+
+
+def write(gen, a, b, slot: int, rank: int, touched: tuple[int, ...]) -> None:
+    """vLLM loading another adapter into ``slot``: the slot overwritten in place."""
+    for i, (a_i, b_i) in enumerate(zip(a, b, strict=True)):
+        a_i[slot] = 0
+        b_i[slot] = 0
+        if i in touched and rank:
+            a_i[slot, 0, :rank] = torch.randn(rank, IN_DIM, generator=gen)
+            b_i[slot, 0, :, :rank] = torch.randn(b_i.shape[2], rank, generator=gen)
+
+
+def assert_stacked_equal(got: LayerLoRA, want: LayerLoRA) -> None:
+    """The same products for every slot: each slot's ``A`` and ``B`` as stacked (the layout
+    may keep more zero rank columns than a fresh stacking would)."""
+    g, w = got.stacked, want.stacked
+    assert [c for c, _, _ in g.expand] == [c for c, _, _ in w.expand]
+    for (_, g_ranks, g_b), (_, w_ranks, w_b) in zip(g.expand, w.expand, strict=True):
+        for slot in range(SLOTS):
+            got_ab = g.shrink[slot][:, g_ranks] @ g_b[slot]
+            want_ab = w.shrink[slot][:, w_ranks] @ w_b[slot]
+            torch.testing.assert_close(got_ab, want_ab, rtol=0, atol=0)
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
+SWAPS = {
+    # (new adapter's rank, slices it touches): refilled in place?
+    "a smaller rank": (2, (0, 1, 2), True),
+    "the largest rank": (8, (0, 1, 2), True),
+    "fewer slices": (4, (1,), True),
+    "no slice of this layer": (0, (), True),
+    "a slice no slot touched": (4, (0, 1, 2), False),
+}
+
+
+@pytest.mark.parametrize(("rank", "touched", "in_place"), SWAPS.values(), ids=SWAPS.keys())
+def test_a_swapped_slot_is_stacked_as_from_scratch(
+    gen: torch.Generator, rank: int, touched: tuple[int, ...], in_place: bool
+) -> None:
+    # Every slot skips slice 2, but for the last case's new adapter.
+    first = (0, 1) if not in_place else (0, 1, 2)
+    a, b = stacks(gen, [8, 4, 6, 2, 8, 3], first)
+    prepared = PreparedLoRA()
+    prepared.assign(IDS)
+    before = prepared.of(a, b, SLICES)
+    old_shrink = before.stacked.shrink
+
+    write(gen, a, b, 0, rank, touched)  # slot 0 held the largest rank
+    prepared.assign([11, 2, 3, 4, 5, 6])
+    after = prepared.of(a, b, SLICES)
+
+    assert (after.stacked.shrink is old_shrink) is in_place
+    assert_stacked_equal(after, LayerLoRA.of(a, b, SLICES))
+    # Slot 0 holds exactly its new adapter: nothing left of the old one's weights.
+    assert (after.slots[0] is None) is (rank == 0)
+    if rank == 0:
+        assert not after.stacked.shrink[0].any()
+        assert not any(stacked_b[0].any() for _, _, stacked_b in after.stacked.expand)
+
+
+def test_two_swaps_in_one_step_and_a_write_no_list_announces(gen: torch.Generator) -> None:
+    a, b = stacks(gen, [8, 4, 6, 2, 8, 3])
+    prepared = PreparedLoRA()
+    prepared.assign(IDS)
+    prepared.of(a, b, SLICES).stacked  # noqa: B018 (built: a decode step batched the slots)
+    write(gen, a, b, 0, 5, (0, 1, 2))
+    write(gen, a, b, 5, 8, (2,))
+    prepared.assign([10, 2, 3, 4, 5, 60])
+    assert_stacked_equal(prepared.of(a, b, SLICES), LayerLoRA.of(a, b, SLICES))
+    # The same ids, new weights (vLLM reloaded an adapter id): stacked again from scratch.
+    write(gen, a, b, 2, 8, (0, 1, 2))
+    assert_stacked_equal(prepared.of(a, b, SLICES), LayerLoRA.of(a, b, SLICES))
