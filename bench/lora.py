@@ -300,6 +300,75 @@ def profile_ops(tokens: int, adapters: int, steps: int = 3) -> str:
     return str(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 
+def profile_swaps(slots: int, swaps: int = 9) -> str:
+    """What one adapter swap costs our ops in a step that batches ``slots`` adapters, over
+    every LoRA projection of the model (the real shapes, rank 16 and 8 alternating on all
+    seven projections): preparing the swapped slot and refilling the stacked weights in
+    place, as the wrapper does, against stacking every slot again after preparing the
+    swapped one, as it did before, timed side by side."""
+    import torch
+
+    from app.inside_vllm.lora_weights import LayerLoRA, PreparedLoRA
+
+    config = json.loads((EMBEDDED_MODEL_DIR / "config.json").read_text())
+    hidden, inner = config["hidden_size"], config["intermediate_size"]
+    kv = config["num_key_value_heads"] * config.get(
+        "head_dim", hidden // config["num_attention_heads"]
+    )
+    rank = max(RANKS)
+    gen = torch.Generator().manual_seed(0)
+    projections = [(hidden, (hidden, kv, kv)), (hidden, (hidden,)), (hidden, (inner, inner))]
+    projections.append((inner, (hidden,)))
+
+    def load(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...], slot: int) -> None:
+        used = RANKS[slot % len(RANKS)]  # vLLM writes an adapter into its slot, zero-padded
+        for a_i, b_i in zip(a, b, strict=True):
+            a_i[slot].zero_()
+            b_i[slot].zero_()
+            a_i[slot, 0, :used] = torch.randn(used, a_i.shape[-1], generator=gen) * 0.01
+            b_i[slot, 0, :, :used] = torch.randn(b_i.shape[2], used, generator=gen) * 0.01
+
+    layers = []
+    for _ in range(config["num_hidden_layers"]):
+        for width, outs in projections:
+            a = tuple(torch.zeros(slots, 1, rank, width) for _ in outs)
+            b = tuple(torch.zeros(slots, 1, out, rank) for out in outs)
+            for slot in range(slots):
+                load(a, b, slot)
+            layers.append((a, b, outs, PreparedLoRA()))
+    ids = list(range(1, slots + 1))
+    torch.set_num_threads(1)  # as the CPU engine's worker runs
+    for a, b, outs, prepared in layers:
+        prepared.assign(ids)
+        prepared.of(a, b, outs).stacked  # noqa: B018 (a step batched every slot)
+    refill, again = [], []
+    for swap in range(swaps):
+        slot = swap % slots
+        ids[slot] += slots
+        before = []
+        for a, b, outs, prepared in layers:
+            layer = prepared.of(a, b, outs)  # as the last step left it
+            before.append(LayerLoRA(layer.output_slices, layer.width, layer.slots))
+            load(a, b, slot)
+            prepared.assign(ids)
+        started = time.perf_counter()
+        for a, b, outs, prepared in layers:
+            prepared.of(a, b, outs).stacked  # noqa: B018
+        refill.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        for (a, b, outs, _), kept in zip(layers, before, strict=True):
+            LayerLoRA.of(a, b, outs, kept, [slot]).stacked  # noqa: B018 (stacked anew)
+        again.append(time.perf_counter() - started)
+    ratios = sorted(r / g for r, g in zip(refill, again, strict=True))
+    return (
+        f"one swap among {slots} slots, {len(layers)} LoRA projections, {swaps} swaps: "
+        f"prepare the slot and refill in place {statistics.median(refill) * 1000:.1f} ms, "
+        f"prepare it and stack every slot again {statistics.median(again) * 1000:.1f} ms "
+        "(medians); "
+        f"ratio {statistics.median(ratios):.3f} [{ratios[0]:.3f}, {ratios[-1]:.3f}]"
+    )
+
+
 # -- the run: adapters, one process per engine, the report -----------------------------------------
 
 
@@ -385,6 +454,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="only time decode steps in the engine, and our LoRA projections in them",
     )
+    parser.add_argument(
+        "--profile-swaps",
+        metavar="SLOTS",
+        type=int,
+        help="only time what one adapter swap costs our ops with SLOTS adapters batched",
+    )
     parser.add_argument("--engine", choices=sorted(ENGINES), help=argparse.SUPPRESS)
     parser.add_argument("--worker-output", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("adapters", nargs="*", type=Path, help=argparse.SUPPRESS)
@@ -396,6 +471,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.profile_steps:
         print(profile_steps(ensure_adapters(args.adapter_root, max(ADAPTER_COUNTS))))
+        return 0
+    if args.profile_swaps:
+        print(profile_swaps(args.profile_swaps))
         return 0
     if args.engine:  # one engine, in this process
         measured = run_engine(args.engine, args.adapters, args.repeats)
