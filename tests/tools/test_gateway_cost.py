@@ -4,6 +4,7 @@ measures a real gateway process and writes its figures."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -11,9 +12,11 @@ from pathlib import Path
 import pytest
 from vllm import RequestOutput, SamplingParams
 
+from tests.support.servers import free_port
 from tools.gateway_cost.__main__ import Phase, main, per_token_us
 from tools.gateway_cost.engine import PacedEngine
-from tools.gateway_cost.load import PhaseResult
+from tools.gateway_cost.load import PhaseResult, run_phase
+from tools.gateway_cost.upstream import Steps, serve_upstream
 
 
 async def read_all(engine: PacedEngine, request_id: str, max_tokens: int) -> list[RequestOutput]:
@@ -105,3 +108,38 @@ def test_a_small_run_measures_the_gateway_process(tmp_path: Path) -> None:
         assert figures["request_us"]["min"] <= figures["request_us"]["median"]
         assert figures["request_us"]["median"] <= figures["request_us"]["max"]
         assert "own_token_us" in figures
+
+
+async def test_the_front_s_upstream_paces_its_streams_and_counts_every_chunk() -> None:
+    steps = Steps(rate=400)
+    port = free_port()
+    server = asyncio.create_task(serve_upstream(port, steps))
+    try:
+        for _ in range(100):
+            with contextlib.suppress(OSError):
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                break
+            await asyncio.sleep(0.02)
+        body = json.dumps(
+            {
+                "model": "m@v1",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_completion_tokens": 20,
+                "stream": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            }
+        ).encode()
+        request = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        started = time.monotonic()
+        # Two streams of two requests each, on kept-alive connections.
+        result = await run_phase("127.0.0.1", port, request, streams=2, requests_per_stream=2)
+        elapsed = time.monotonic() - started
+    finally:
+        server.cancel()
+    assert result.requests == 4 and result.completion_tokens == 80
+    # role + 20 tokens + usage + [DONE] per request, each token with its usage so far
+    assert result.events == 4 * 23
+    assert elapsed >= 80 / 400 * 0.9  # 80 tokens at 400 tokens/s in all

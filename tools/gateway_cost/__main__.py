@@ -19,6 +19,10 @@ which vLLM's own output processing replaces in production. The same two phases r
 each round with the engine read directly in the gateway process, nothing of the gateway
 around it; the gateway's own cost per token is the difference, round by round.
 
+With ``--role front`` the measured process is a front (the front role, the embedded model's
+tokenizer) over :mod:`tools.gateway_cost.upstream`, a paced upstream in a process of its own:
+the front's process holds no engine, so all of its cost per token is its own.
+
 Medians and the spread over rounds are printed and written to
 ``var/gateway-cost/<time>.json``. With ``--profile``, one long phase more runs under cProfile
 and its top entries are printed.
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -89,7 +94,36 @@ def free_port() -> int:
 
 
 @contextmanager
-def gateway(workdir: Path, rate: float, profile: Path | None = None) -> Iterator[Gateway]:
+def upstream(workdir: Path, rate: float) -> Iterator[str]:
+    """The paced upstream of a front (:mod:`tools.gateway_cost.upstream`), until the block
+    ends; its URL."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    command = [sys.executable, "-m", "tools.gateway_cost.upstream", f"--port={port}"]
+    with (workdir / "upstream.log").open("ab") as log:
+        process = subprocess.Popen([*command, f"--rate={rate}"], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection((HOST, port), 1):
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the upstream did not start")
+            time.sleep(0.1)
+        yield f"http://{HOST}:{port}"
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextmanager
+def gateway(
+    workdir: Path, rate: float, profile: Path | None = None, upstream_url: str | None = None
+) -> Iterator[Gateway]:
     workdir.mkdir(parents=True)
     port = free_port()
     command = [
@@ -102,6 +136,8 @@ def gateway(workdir: Path, rate: float, profile: Path | None = None) -> Iterator
     ]
     if profile is not None:
         command.append(f"--profile={profile}")
+    if upstream_url is not None:
+        command.append(f"--upstream-url={upstream_url}")
     log = (workdir / "gateway.log").open("ab")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -265,24 +301,29 @@ def measure_rounds(
     rows: dict[int, dict[str, list[float]]] = {
         n: {name: [] for name in FIGURES} for n in args.streams
     }
+    front = args.role == "front"  # no engine in the measured process: all its cost is its own
     for streams in args.streams:  # warm-up: first connections, lazy imports, caches
         measure(gw, streams, 1, 1)
         measure(gw, streams, args.tokens, 1)
-        measure_engine_alone(gw, streams, args.tokens, 1)
+        if not front:
+            measure_engine_alone(gw, streams, args.tokens, 1)
     for round_number in range(args.rounds):
         for streams in args.streams:
             each = max(1, args.requests // streams)
             short = measure(gw, streams, 1, each)
             long = measure(gw, streams, args.tokens, each)
-            engine_short = measure_engine_alone(gw, streams, 1, each)
-            engine_long = measure_engine_alone(gw, streams, args.tokens, each)
-            phases += [short, long, engine_short, engine_long]
+            phases += [short, long]
+            engine_token = 0.0
+            if not front:
+                engine_short = measure_engine_alone(gw, streams, 1, each)
+                engine_long = measure_engine_alone(gw, streams, args.tokens, each)
+                phases += [engine_short, engine_long]
+                engine_token = per_token_us(engine_short, engine_long)
             row = rows[streams]
             row["request_us"].append(short.cpu_per_request_us)
             row["request_system_us"].append(short.system_per_request_us)
             row["token_us"].append(per_token_us(short, long))
             row["token_system_us"].append(system_per_token_us(short, long))
-            engine_token = per_token_us(engine_short, engine_long)
             row["engine_token_us"].append(engine_token)
             row["own_token_us"].append(per_token_us(short, long) - engine_token)
             row["long_token_us"].append(long.cpu_seconds / long.result.completion_tokens * 1e6)
@@ -290,8 +331,8 @@ def measure_rounds(
             print(
                 f"round {round_number + 1} streams {streams}: "
                 f"{short.cpu_per_request_us:.0f} us/request, "
-                f"{per_token_us(short, long):.1f} us/token, "
-                f"of which the stand-in engine alone {engine_token:.1f}",
+                f"{per_token_us(short, long):.1f} us/token"
+                + ("" if front else f", of which the stand-in engine alone {engine_token:.1f}"),
                 flush=True,
             )
     return rows, phases
@@ -302,6 +343,12 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--streams", type=int, nargs="+", default=[16, 256])
+    parser.add_argument(
+        "--role",
+        choices=("all", "front"),
+        default="all",
+        help="all: the gateway over a paced engine; front: a front over a paced upstream",
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=64, help="max_tokens of a long request")
     parser.add_argument(
@@ -329,17 +376,27 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[int, dict[str, list[float]]] = {}
     phases: list[Phase] = []
     idle_us_per_s = 0.0
-    with tempfile.TemporaryDirectory(prefix="gateway-cost-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="gateway-cost-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
         workdir = Path(tmp)
+        upstream_url = (
+            stack.enter_context(upstream(workdir / "upstream", args.rate))
+            if args.role == "front"
+            else None
+        )
         if args.rounds:
-            with gateway(workdir / "measured", args.rate) as gw:
+            with gateway(workdir / "measured", args.rate, upstream_url=upstream_url) as gw:
                 rows, phases = measure_rounds(gw, args)
                 # After the rounds: just after start-up, the gateway is still settling.
                 idle_us_per_s = gw.idle_cpu_us_per_second(args.idle_seconds)
         top = ""
         if args.profile:
             stats_file = workdir / "gateway.prof"
-            with gateway(workdir / "profiled", args.rate, profile=stats_file) as gw:
+            with gateway(
+                workdir / "profiled", args.rate, profile=stats_file, upstream_url=upstream_url
+            ) as gw:
                 measure(gw, args.profile_streams, args.tokens, 1)
                 each = max(1, args.requests // args.profile_streams)
                 measure(gw, args.profile_streams, args.tokens, each)
@@ -357,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_average_1m": os.getloadavg()[0],
         },
         "settings": {
+            "role": args.role,
             "tokens": args.tokens,
             "requests": args.requests,
             "rate": args.rate,
@@ -393,16 +451,19 @@ def format_table(report: dict[str, Any]) -> str:
             f"{figure['median']:.{digits}f} ({figure['min']:.{digits}f}-{figure['max']:.{digits}f})"
         )
 
+    front = report["settings"].get("role") == "front"  # no engine in the measured process
     for streams, row in report["results"].items():
+        engine = "-" if front else cell(row["engine_token_us"], 1)
         lines.append(
             f"| {streams} | {cell(row['request_us'], 0)} | {cell(row['request_system_us'], 0)} "
             f"| {cell(row['token_us'], 1)} | {cell(row['token_system_us'], 1)} "
-            f"| {cell(row['engine_token_us'], 1)} | {cell(row['own_token_us'], 1)} "
+            f"| {engine} | {cell(row['own_token_us'], 1)} "
             f"| {cell(row['long_token_us'], 1)} | {cell(row['tokens_per_event'], 2)} |"
         )
     lines.append(
         f"\nMedian (min-max) of {report['settings']['rounds']} rounds; "
-        f"gateway idle: {report['idle_us_per_second']:.0f} us CPU per second."
+        f"{'front' if front else 'gateway'} idle: {report['idle_us_per_second']:.0f} us CPU "
+        "per second."
     )
     return "\n".join(lines)
 

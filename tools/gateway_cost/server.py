@@ -1,9 +1,11 @@
 """The measured process: the real gateway app (routes, authentication, quotas, ledger,
-metrics, uvicorn as ``lora-gateway serve`` runs it) over a :class:`PacedEngine`.
+metrics, uvicorn as ``lora-gateway serve`` runs it) over a :class:`PacedEngine`, or, with
+``--upstream-url``, in the front role over that upstream (:mod:`tools.gateway_cost.upstream`;
+the embedded model's tokenizer, as a front has).
 
-``python -m tools.gateway_cost.server --workdir DIR --port P --rate R [--profile FILE]``
-serves until SIGINT; with ``--profile`` it runs under cProfile (the event loop's thread, by
-its CPU time) and writes the statistics to FILE on the way out.
+``python -m tools.gateway_cost.server --workdir DIR --port P --rate R [--upstream-url URL]
+[--profile FILE]`` serves until SIGINT; with ``--profile`` it runs under cProfile (the event
+loop's thread, by its CPU time) and writes the statistics to FILE on the way out.
 
 One route of its own, ``POST /cost/engine-alone``, reads streams from the engine in this
 process with nothing of the gateway around them: what the stand-in engine costs on its own,
@@ -20,6 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from fastapi import FastAPI
@@ -29,7 +32,7 @@ from vllm import SamplingParams
 from app.engine.base import Engine
 from app.main import create_app
 from app.server import run
-from app.settings import Settings
+from app.settings import EMBEDDED_MODEL_DIR, Settings
 from tools.gateway_cost.engine import PacedEngine
 
 ADMIN_TOKEN = "gateway-cost-admin-token"
@@ -47,14 +50,19 @@ def write_tiny_model(directory: Path) -> Path:
     return directory
 
 
-def settings_for(workdir: Path, port: int) -> Settings:
+def settings_for(workdir: Path, port: int, upstream_url: str | None = None) -> Settings:
+    role: dict[str, Any] = (
+        {"role": "front", "upstream_url": upstream_url, "model": str(EMBEDDED_MODEL_DIR)}
+        if upstream_url
+        else {"model": str(write_tiny_model(workdir / "model"))}
+    )
     return Settings(
         _env_file=None,
-        model=str(write_tiny_model(workdir / "model")),
         database_url=f"sqlite+aiosqlite:///{workdir / 'gateway.db'}",
         adapter_root=workdir / "adapters",
         admin_token=ADMIN_TOKEN,
         port=port,
+        **role,
     )
 
 
@@ -82,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--rate", type=float, required=True, help="tokens/s the engine makes")
+    parser.add_argument("--upstream-url", help="serve in the front role over this upstream")
     parser.add_argument("--profile", type=Path, help="write cProfile statistics here")
     args = parser.parse_args(argv)
 
@@ -96,9 +105,10 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             await engine.close()
 
-    settings = settings_for(args.workdir, args.port)
+    settings = settings_for(args.workdir, args.port, args.upstream_url)
     app = create_app(settings, engine_factory=paced)
-    add_engine_alone_route(app, engines)
+    if not args.upstream_url:
+        add_engine_alone_route(app, engines)
     if args.profile is None:
         run(app, settings)
         return
