@@ -30,7 +30,7 @@ from tests.support.fuzz_target import (
 )
 from tests.support.harness import ADMIN_TOKEN, app_settings, scripted, serve_on_thread
 from tests.support.scripted_engine import ScriptedEngine
-from tests.support.serving import write_tiny_model
+from tools.gateway_cost.server import write_tiny_model
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

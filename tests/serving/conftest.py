@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.serving import ServeFactory, serving, write_tiny_model
+from tests.support.serving import ServeFactory, serving
+from tools.gateway_cost.server import write_tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
-import numpy as np
-from safetensors.numpy import save_file
 
 from tests.support.harness import (
     RunningApp,
@@ -29,18 +27,6 @@ from tests.support.harness import (
 from tests.support.scripted_engine import ScriptedEngine
 
 TENANT = "tenant-a"
-
-
-def write_tiny_model(directory: Path) -> Path:
-    """What the gateway reads of a base model (config.json, safetensors headers)."""
-    directory.mkdir(parents=True)
-    (directory / "config.json").write_text(json.dumps({"num_hidden_layers": 1}))
-    weights = {
-        f"model.layers.0.self_attn.{name}.weight": np.zeros((8, 8), dtype=np.float32)
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj")
-    }
-    save_file(weights, str(directory / "model.safetensors"))
-    return directory
 
 
 @dataclass
