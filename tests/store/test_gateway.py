@@ -107,3 +107,35 @@ async def test_a_store_stuck_at_shutdown_cannot_hold_it_and_loses_nothing(
     assert ids == [f"r{n}" for n in range(10)]  # every one, in the log, for replay
     assert gateway.ledger.pending == 0
     assert asyncio.all_tasks() == {asyncio.current_task()}
+
+
+async def test_a_store_that_fails_a_poll_is_logged_and_polled_again(
+    sessions: async_sessionmaker[AsyncSession],
+    base_model: BaseModelInfo,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = Settings(_env_file=None, adapter_root=tmp_path, registry_poll_seconds=0.01)
+    gateway = Gateway(settings, sessions, base_model, backend_factory(settings, start_vllm_engine))
+    polls = []
+    real_revision = gateway_module.revision
+
+    async def flaky_revision(store: async_sessionmaker[AsyncSession]) -> int:
+        polls.append(len(polls))
+        if len(polls) == 1:
+            raise ConnectionError("the store went away")
+        return await real_revision(store)
+
+    monkeypatch.setattr(gateway_module, "revision", flaky_revision)
+    stop = asyncio.Event()
+    with caplog.at_level(logging.ERROR, logger=gateway_module.__name__):
+        watching = asyncio.create_task(gateway.watch_store(stop))
+        for _ in range(200):
+            if len(polls) >= 3:
+                break
+            await asyncio.sleep(0.01)
+        stop.set()
+        await watching
+    assert len(polls) >= 3  # it went on polling after the failure
+    assert [r.getMessage() for r in caplog.records] == ["could not refresh from the store"]

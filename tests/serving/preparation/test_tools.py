@@ -257,3 +257,12 @@ def test_a_template_that_knows_tools_is_used_as_it_is() -> None:
         "content": "18C, sunny",
         "tool_call_id": "call_1",
     }
+
+
+def test_content_parts_render_as_their_text(smollm2: Any) -> None:
+    parts = [{"type": "text", "text": "Weather "}, {"type": "text", "text": "in Paris?"}]
+    as_parts = request(messages=[{"role": "user", "content": parts}])
+    as_text = request(messages=[{"role": "user", "content": "Weather in Paris?"}])
+    assert tools.render_prompt(smollm2, as_parts) == tools.render_prompt(smollm2, as_text)
+    with_tools = request(messages=[{"role": "user", "content": parts}], tools=[WEATHER])
+    assert "Weather in Paris?" in tools.render_prompt(smollm2, with_tools)
