@@ -33,6 +33,9 @@ class FailingLLM:
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
+    async def check_health(self) -> None:
+        raise self.error
+
 
 async def run(llm: FailingLLM) -> list[Any]:
     engine = VLLMEngine(llm)  # type: ignore[arg-type]
@@ -83,3 +86,6 @@ async def test_after_output_it_is_not_the_requests_fault() -> None:
 async def test_a_dead_engine_is_a_503() -> None:
     with pytest.raises(EngineUnavailableError):
         await run(FailingLLM(EngineDeadError(), before=2))
+    # The readiness probe's question, to the same dead engine.
+    with pytest.raises(EngineUnavailableError, match="not running"):
+        await VLLMEngine(FailingLLM(EngineDeadError())).check_health()  # type: ignore[arg-type]
