@@ -191,7 +191,7 @@ def cliff_table(samples: Sequence[Sample], slots: int, seed: int, draws: int) ->
         lines.append(f"| {point} | " + " | ".join(cells) + f" | {ratio} |")
     errors = [f"{sum(s.errors for s in samples if s.system == n and s.point in points)}"
               for n in systems]  # fmt: skip
-    lines.append("| errors | " + " | ".join(f"{e} | " for e in errors) + " |")
+    lines.append("| errors | " + "".join(f"{e} | | " for e in errors) + " |")
     return lines
 
 
