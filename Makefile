@@ -118,7 +118,8 @@ bench-lora: install model
 
 # The gateway's own CPU per request and per streamed token over an engine that costs nothing,
 # 16 and 256 concurrent streams (docs/performance.md, "The gateway's own cost").
-# GATEWAY_COST_ARGS adds options: see `python -m tools.gateway_cost --help`.
+# GATEWAY_COST_ARGS adds options, e.g. `--role front` for a front over an upstream that
+# costs nothing: see `python -m tools.gateway_cost --help`.
 gateway-cost: install
 	$(BIN)/python -m tools.gateway_cost --profile $(GATEWAY_COST_ARGS)
 
