@@ -52,6 +52,9 @@ class EngineProcess:
     log: Path
     env: dict[str, str]
 
+    def running(self) -> bool:
+        return self.process.poll() is None
+
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
 
@@ -111,7 +114,7 @@ def _role_processes(
         for process in started:
             wait_until_ready(
                 f"{process.base_url}{ready_path}",
-                alive=lambda process=process: process.process.poll() is None,  # type: ignore[misc]
+                alive=process.running,
                 timeout=timeout,
             )
         yield started
