@@ -110,7 +110,6 @@ def reference(adapter: Path | None, prompts: list[list[int]]) -> list[ReferenceO
         MAX_TOKENS,
         num_logprobs=LOGPROB_TOKENS,
         eos_token_id=tokenizer().eos_token_id,
-        num_threads=None,  # every core: no engine computes while the references are made
     )
 
 
