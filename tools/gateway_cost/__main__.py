@@ -112,12 +112,7 @@ def upstream(workdir: Path, rate: float) -> Iterator[str]:
             time.sleep(0.1)
         yield f"http://{HOST}:{port}"
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _interrupt(process, 10)
 
 
 @contextmanager
@@ -149,13 +144,18 @@ def gateway(
             raise RuntimeError(f"{error}; the end of its log:\n{tail}") from error
         yield Gateway(process, port, key, model)
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _interrupt(process, 60)
         log.close()
+
+
+def _interrupt(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGINT, then SIGKILL if ``process`` has not exited within ``timeout`` seconds."""
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _set_up(port: int, process: subprocess.Popen[bytes]) -> tuple[str, str]:
