@@ -115,26 +115,21 @@ def test_logit_bias_n_stop_and_seed(cluster: Cluster) -> None:
     )
     assert forced.choices[0].message.content == tokenizer.decode([forced_id] * 3)
 
-    several = client.chat.completions.create(
-        model=ALIAS,
-        messages=MESSAGES,
-        max_tokens=6,
-        temperature=1.0,
-        n=3,
-        seed=7,
-        extra_body={"ignore_eos": True},
-    )
+    def seeded() -> Any:
+        return client.chat.completions.create(
+            model=ALIAS,
+            messages=MESSAGES,
+            max_tokens=6,
+            temperature=1.0,
+            n=3,
+            seed=7,
+            extra_body={"ignore_eos": True},
+        )
+
+    several = seeded()
     assert [c.index for c in several.choices] == [0, 1, 2]
     assert several.usage is not None and several.usage.completion_tokens == 18
-    again = client.chat.completions.create(
-        model=ALIAS,
-        messages=MESSAGES,
-        max_tokens=6,
-        temperature=1.0,
-        n=3,
-        seed=7,
-        extra_body={"ignore_eos": True},
-    )
+    again = seeded()
     assert [c.message.content for c in again.choices] == [
         c.message.content for c in several.choices
     ]
