@@ -87,7 +87,7 @@ test: install model adapters services
 	$(BIN)/python -m pytest -ra -n 2 -m "not slow" && $(BIN)/python -m pytest -ra -m slow; \
 	status=$$?; echo "make test: $$(( $$(date +%s) - start )) s of tests"; exit $$status
 
-test-fast: install services
+test-fast: install model adapters services
 	$(BIN)/python -m pytest -ra -n 2 -m "not slow"
 
 # The whole suite with line coverage of app/ (slower than `make test`; the figure to keep).
