@@ -192,7 +192,7 @@ def prepare_store(settings: dict[str, str], adapter_source: Path) -> dict[str, s
 
     config = Settings(**settings)  # type: ignore[arg-type]
     manifests = load_manifests(config.tenants_dir)
-    adapters = sorted({name for manifest in manifests for name in manifest.adapters.values()})
+    adapters = sorted({g.adapter for manifest in manifests for g in manifest.grants().values()})
     for name in adapters:
         shutil.copytree(adapter_source / name, config.adapter_root / name)
 

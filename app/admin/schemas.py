@@ -17,7 +17,9 @@ from app.tenancy.manifests import (
     GRANT_ALIAS_RULE,
     TENANT_ID_PATTERN,
     AdapterName,
+    GrantSpec,
     PriorityClass,
+    VersionNumber,
     Weight,
 )
 from app.tenancy.tenants import DEFAULT_PRIORITY, DEFAULT_WEIGHT, Priority
@@ -180,21 +182,47 @@ class AdapterOut(BaseModel):
     versions: list[AdapterVersionOut]
 
 
-class GrantPut(Strict):
+class GrantPut(GrantSpec):
     model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"examples": [{"adapter": "legal_advisor", "version": 2}]}
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"adapter": "legal_advisor", "version": 2},
+                {"adapter": "support", "versions": {"3": 90, "4": 10}, "sticky": "user"},
+            ]
+        },
     )
 
-    adapter: AdapterName
-    version: Positive | None = Field(None, description="Pin a version; omit to follow the latest.")
+
+class RolledBack(BaseModel):
+    """The last rollback of a grant: what it replaced, by whom, when."""
+
+    to: int
+    at: datetime
+    actor: str
+    reason: str
+    replaced: str = Field(description="What the alias was served with before, as `describe`d.")
 
 
 class GrantOut(BaseModel):
     tenant_id: str
     alias: str
     adapter: str
-    version: int | None
-    resolved_version: int | None
+    version: int | None = Field(description="The pinned version; null: a split or the latest.")
+    versions: dict[int, int] | None = Field(description="A split: version -> weight.")
+    sticky: Literal["request", "user"]
+    resolved_version: int | None = Field(
+        description="The version a pin or follow-latest grant serves now; null for a split."
+    )
+    rolled_back: RolledBack | None = Field(
+        description="Set by a rollback; cleared when the grant is put again."
+    )
+
+
+class GrantRollback(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"version": 3}]})
+
+    version: VersionNumber = Field(description="The version that takes all of the alias's traffic.")
 
 
 class QuotaPut(Strict):

@@ -37,7 +37,7 @@ from app.store.tables import (
 from app.tenancy import keys
 from app.tenancy.adapters import AdapterError
 from app.tenancy.base_model import BaseModelInfo
-from app.tenancy.manifests import TenantManifest
+from app.tenancy.manifests import GrantSpec, TenantManifest
 from app.tenancy.storage import AdapterStore, open_adapter_store
 from app.tenancy.validation import ValidatedAdapter
 
@@ -74,7 +74,9 @@ class AdminService:
     # -- plumbing ---------------------------------------------------------------
 
     @asynccontextmanager
-    async def _mutation(self, actor: str, action: str, target: str) -> AsyncIterator[AsyncSession]:
+    async def _mutation(
+        self, actor: str, action: str, target: str, detail: str = ""
+    ) -> AsyncIterator[AsyncSession]:
         try:
             async with self._sessions.begin() as session:
                 yield session
@@ -83,7 +85,7 @@ class AdminService:
                     .where(RevisionRow.id == 1)
                     .values(value=RevisionRow.value + 1)
                 )
-                session.add(_audit(actor, action, target, "ok"))
+                session.add(_audit(actor, action, target, "ok", detail))
         except GatewayError as exc:
             await self.audit(actor, action, target, "rejected", exc.message)
             mark_audited(exc)
@@ -279,6 +281,37 @@ class AdminService:
             await session.execute(delete(AdapterVersionRow).where(AdapterVersionRow.name == name))
         return versions
 
+    async def delete_adapter_version(
+        self, actor: str, name: str, version: int
+    ) -> AdapterVersionRow:
+        """Remove one version; refused (409, naming the aliases) while a grant pins it, has
+        it in a split, or follows the latest with no other version to fall back on."""
+        async with self._mutation(actor, "adapter.version.delete", f"{name}@v{version}") as session:
+            rows = {
+                row.version: row
+                for row in await session.scalars(
+                    select(AdapterVersionRow).where(AdapterVersionRow.name == name)
+                )
+            }
+            row = rows.get(version)
+            if row is None:
+                raise NotFoundError(f"Adapter `{name}` has no version {version}.")
+            grants = await session.scalars(select(GrantRow).where(GrantRow.adapter_name == name))
+            holders = sorted(
+                f"{g.tenant_id}:{g.alias}"
+                for g in grants
+                if g.version == version
+                or str(version) in (g.weights or {})
+                or (g.version is None and not g.weights and len(rows) == 1)
+            )
+            if holders:
+                raise ConflictError(
+                    f"Version {version} of adapter `{name}` is granted ({', '.join(holders)}); "
+                    "move those aliases to another version first."
+                )
+            await session.delete(row)
+        return row
+
     async def forget_files(self, removed: Iterable[AdapterVersionRow]) -> None:
         """Delete stored content no remaining version refers to."""
         async with self._sessions() as session:
@@ -289,24 +322,68 @@ class AdminService:
 
     # -- grants -----------------------------------------------------------------
 
-    async def put_grant(
-        self, actor: str, tenant_id: str, alias: str, body: schemas.GrantPut
-    ) -> GrantRow:
-        async with self._mutation(actor, "grant.put", f"{tenant_id}/{alias}") as session:
+    async def put_grant(self, actor: str, tenant_id: str, alias: str, body: GrantSpec) -> GrantRow:
+        """Grant ``alias`` as ``body`` says (a version, the latest, or a split), replacing
+        what it was and any rollback of it."""
+        target = f"{tenant_id}/{alias}"
+        async with self._mutation(actor, "grant.put", target, body.describe()) as session:
             await self._tenant(session, tenant_id)
             query = select(AdapterVersionRow.version).where(AdapterVersionRow.name == body.adapter)
             versions = set(await session.scalars(query))
             if not versions:
                 raise NotFoundError(f"No adapter `{body.adapter}`.", param="adapter")
-            if body.version is not None and body.version not in versions:
-                raise NotFoundError(
-                    f"Adapter `{body.adapter}` has no version {body.version}.", param="version"
+            named, field = (
+                ([body.version], "version")
+                if body.versions is None
+                else (body.versions, "versions")
+            )
+            missing = sorted(v for v in named if v is not None and v not in versions)
+            if missing:
+                raise BadRequestError(
+                    f"Adapter `{body.adapter}` has no version {', '.join(map(str, missing))}.",
+                    param=field,
                 )
             row = await session.get(GrantRow, (tenant_id, alias))
             if row is None:
                 row = GrantRow(tenant_id=tenant_id, alias=alias, created_at=now())
                 session.add(row)
-            row.adapter_name, row.version = body.adapter, body.version
+            row.adapter_name, row.version, row.sticky = (
+                body.adapter,
+                body.version,
+                body.sticky == "user",
+            )
+            row.weights = (
+                None if body.versions is None else {str(v): w for v, w in body.versions.items()}
+            )
+            row.rolled_back = None
+        return row
+
+    async def rollback_grant(
+        self, actor: str, tenant_id: str, alias: str, version: int, *, reason: str = "admin"
+    ) -> GrantRow:
+        """All of ``alias``'s traffic to ``version`` of its adapter; what it replaces is kept
+        in ``rolled_back`` (until the grant is put again)."""
+        target = f"{tenant_id}/{alias}"
+        async with self._mutation(actor, "grant.rollback", target, f"to v{version}") as session:
+            row = await session.get(GrantRow, (tenant_id, alias))
+            if row is None:
+                raise NotFoundError(f"Tenant `{tenant_id}` has no model `{alias}`.")
+            exists = select(AdapterVersionRow.id).where(
+                AdapterVersionRow.name == row.adapter_name, AdapterVersionRow.version == version
+            )
+            if await session.scalar(exists) is None:
+                raise BadRequestError(
+                    f"Adapter `{row.adapter_name}` has no version {version}.", param="version"
+                )
+            replaced = grant_spec(row).describe()
+            row.version, row.weights = version, None
+            row.rolled_back = {
+                "to": version,
+                "at": now().isoformat(),
+                "actor": actor,
+                "reason": reason,
+                "replaced": replaced,
+            }
         return row
 
     async def delete_grant(self, actor: str, tenant_id: str, alias: str) -> None:
@@ -408,13 +485,18 @@ class AdminService:
                 await self.update_tenant(actor, manifest.id, update_)
                 changes.append(f"updated tenant {manifest.id}")
             grants = {g.alias: g for g in await self.list_grants(manifest.id)}
-            for alias, adapter in manifest.adapters.items():
+            for alias, spec in manifest.grants().items():
                 grant = grants.pop(alias, None)
-                if grant is None or grant.adapter_name != adapter or grant.version is not None:
-                    await self.put_grant(
-                        actor, manifest.id, alias, schemas.GrantPut(adapter=adapter)
-                    )
-                    changes.append(f"granted {manifest.id}:{alias} -> {adapter}")
+                if grant is None or grant_spec(grant) != spec or grant.rolled_back:
+                    await self.put_grant(actor, manifest.id, alias, spec)
+                    change = f"granted {manifest.id}:{alias} -> {spec.describe()}"
+                    if grant is not None and grant.rolled_back:
+                        rollback = grant.rolled_back
+                        change += (
+                            f" (overwrites the rollback to v{rollback['to']} of {rollback['at']}"
+                            f" by {rollback['actor']})"
+                        )
+                    changes.append(change)
             for alias in grants:
                 await self.delete_grant(actor, manifest.id, alias)
                 changes.append(f"revoked {manifest.id}:{alias}")
@@ -427,6 +509,16 @@ class AdminService:
 
 
 _AUDITED = "_lora_gateway_audited"
+
+
+def grant_spec(row: GrantRow) -> GrantSpec:
+    """What ``row`` grants, in the shape manifests and the API write it."""
+    return GrantSpec(
+        adapter=row.adapter_name,
+        version=row.version,
+        versions={int(v): w for v, w in row.weights.items()} if row.weights else None,
+        sticky="user" if row.sticky else "request",
+    )
 
 
 def mark_audited(error: GatewayError) -> GatewayError:

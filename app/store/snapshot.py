@@ -23,6 +23,7 @@ from app.store.tables import (
     TenantRow,
 )
 from app.tenancy.adapters import Adapter
+from app.tenancy.grants import Grant, Weighted
 from app.tenancy.registry import TenantRegistry
 from app.tenancy.tenants import ApiKey, Tenant
 
@@ -39,6 +40,22 @@ def adapter_of(row: AdapterVersionRow) -> Adapter:
         # across replicas): vLLM's cache key for the adapter's weights.
         lora_id=row.id,
     )
+
+
+def grant_of(row: GrantRow, available: dict[int, Adapter]) -> Grant | None:
+    """The grant ``row`` makes of the adapter's ``available`` versions; None where none of
+    the versions it names (with a weight above 0) exists."""
+    if row.weights:
+        split = [
+            Weighted(available[int(version)], weight)
+            for version, weight in row.weights.items()
+            if int(version) in available
+        ]
+        if not any(w.weight for w in split):
+            return None
+        return Grant(tuple(sorted(split, key=lambda w: w.adapter.version)), sticky=row.sticky)
+    chosen = row.version if row.version is not None else max(available, default=None)
+    return Grant.of(available[chosen]) if chosen in available else None
 
 
 async def revision(sessions: async_sessionmaker[AsyncSession]) -> int:
@@ -68,19 +85,18 @@ async def load_registry(
     versions: dict[str, dict[int, Adapter]] = defaultdict(dict)
     for row in version_rows:
         versions[row.name][row.version] = adapter_of(row)
-    grants: dict[str, dict[str, Adapter]] = defaultdict(dict)
-    for grant in grant_rows:
-        available = versions.get(grant.adapter_name, {})
-        chosen = grant.version if grant.version is not None else max(available, default=None)
-        if chosen in available:
-            grants[grant.tenant_id][grant.alias] = available[chosen]
+    grants: dict[str, dict[str, Grant]] = defaultdict(dict)
+    for grant_row in grant_rows:
+        grant = grant_of(grant_row, versions.get(grant_row.adapter_name, {}))
+        if grant is not None:
+            grants[grant_row.tenant_id][grant_row.alias] = grant
     tenants = [
         Tenant(
             id=row.id,
             name=row.name,
             allow_base_model=row.allow_base_model,
             enabled=row.enabled,
-            adapters=grants[row.id],
+            grants=grants[row.id],
             limits=quotas.get(row.id, Limits()),
             weight=row.weight,
             priority="batch" if row.priority == "batch" else "interactive",

@@ -17,6 +17,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -99,7 +100,8 @@ class AdapterVersionRow(Base):
 
 
 class GrantRow(Base):
-    """A tenant may call adapter ``adapter_name`` as ``alias`` (a pinned or the latest version)."""
+    """A tenant may call adapter ``adapter_name`` as ``alias``: a pinned version, the latest,
+    or a weighted split of versions."""
 
     __tablename__ = "grants"
 
@@ -109,6 +111,13 @@ class GrantRow(Base):
     alias: Mapped[str] = mapped_column(String(100), primary_key=True)
     adapter_name: Mapped[str] = mapped_column(String(100), index=True)
     version: Mapped[int | None] = mapped_column(Integer)
+    # A split, version -> weight ({"3": 90, "4": 10}; JSON keys are strings), in place of
+    # ``version``.
+    weights: Mapped[dict[str, int] | None] = mapped_column(JSON)
+    # Pick a split's version once per end user rather than per request.
+    sticky: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # What the last rollback replaced, by whom and when; cleared when the grant is put again.
+    rolled_back: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime]
 
 

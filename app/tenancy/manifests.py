@@ -10,6 +10,10 @@ A manifest::
     priority: batch      # interactive (default) or batch
     adapters:            # alias the tenant calls -> registered adapter (latest version)
       legal_advisor: legal_advisor
+      support:           # or a split of versions (docs/rollouts.md)
+        adapter: support
+        versions: {3: 90, 4: 10}
+        sticky: user     # one version per end user (`user`), not per request
 
 Keys are never declared: they are issued (and shown once) by the API or CLI.
 """
@@ -17,11 +21,13 @@ Keys are never declared: they are issued (and shown once) by the API or CLI.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Final
+from typing import Annotated, Final, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
+from app.tenancy.grants import MAX_SPLIT_VERSIONS, MAX_SPLIT_WEIGHT
 from app.tenancy.tenants import DEFAULT_PRIORITY, DEFAULT_WEIGHT, Priority
 
 TENANT_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
@@ -56,6 +62,65 @@ PriorityClass = Annotated[
 ]
 
 
+# At most int32: the store's version column.
+VersionNumber = Annotated[int, Field(ge=1, le=2**31 - 1, strict=True)]
+# As a key of a JSON object, a version is a string of digits.
+VersionKey = Annotated[int, Field(ge=1, le=2**31 - 1)]
+SplitWeight = Annotated[int, Field(ge=0, le=MAX_SPLIT_WEIGHT, strict=True)]
+
+
+class GrantSpec(BaseModel):
+    """What an alias is served with: the latest version of ``adapter``, one pinned
+    ``version``, or a weighted split of ``versions``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    adapter: AdapterName
+    version: VersionNumber | None = Field(
+        None, description="Pin one version; omit this and `versions` to follow the latest."
+    )
+    versions: dict[VersionKey, SplitWeight] | None = Field(
+        None,
+        description=(
+            f"A split: 2 to {MAX_SPLIT_VERSIONS} versions of the adapter -> integer weights "
+            f"0 to {MAX_SPLIT_WEIGHT}, at least one above 0, e.g. {{3: 90, 4: 10}}."
+        ),
+    )
+    sticky: Literal["request", "user"] = Field(
+        "request",
+        description=(
+            "request: each request draws a version by weight; user: every request with the "
+            "same `user` (else the same API key) gets the same version while the weights stay."
+        ),
+    )
+
+    @field_validator("versions")
+    @classmethod
+    def _split(cls, versions: dict[int, int] | None, info: ValidationInfo) -> dict[int, int] | None:
+        if versions is None:
+            return None
+        if info.data.get("version") is not None:
+            raise PydanticCustomError("split", "pin one `version` or split `versions`, not both")
+        if not 2 <= len(versions) <= MAX_SPLIT_VERSIONS:
+            raise PydanticCustomError(
+                "split",
+                "a split has 2 to {most} versions (pin one with `version`)",
+                {"most": MAX_SPLIT_VERSIONS},
+            )
+        if not any(versions.values()):
+            raise PydanticCustomError("split", "at least one version needs a weight above 0")
+        return dict(sorted(versions.items()))
+
+    def describe(self) -> str:
+        """How ``tenants apply`` and the audit log say what the alias is served with."""
+        if self.versions is not None:
+            split = ", ".join(f"v{v}: {w}" for v, w in self.versions.items())
+            return f"{self.adapter} {{{split}}}" + (
+                " sticky per user" if self.sticky == "user" else ""
+            )
+        return f"{self.adapter} v{self.version}" if self.version else self.adapter
+
+
 class ManifestError(ValueError):
     """A manifest that cannot be applied."""
 
@@ -69,7 +134,14 @@ class TenantManifest(BaseModel):
     enabled: bool = True
     weight: Weight = DEFAULT_WEIGHT
     priority: PriorityClass = DEFAULT_PRIORITY
-    adapters: dict[GrantAlias, AdapterName] = Field(default_factory=dict)
+    adapters: dict[GrantAlias, AdapterName | GrantSpec] = Field(default_factory=dict)
+
+    def grants(self) -> dict[str, GrantSpec]:
+        """Each alias's grant; the short form ``alias: adapter`` follows the latest version."""
+        return {
+            alias: GrantSpec(adapter=spec) if isinstance(spec, str) else spec
+            for alias, spec in self.adapters.items()
+        }
 
 
 def load_manifests(directory: Path) -> list[TenantManifest]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -11,6 +12,8 @@ from app.errors import AuthenticationError, ModelNotFoundError, PermissionDenied
 from app.tenancy.adapters import Adapter
 from app.tenancy.keys import hash_key
 from app.tenancy.tenants import ApiKey, ModelTarget, Principal, Tenant
+
+_RNG = random.Random()
 
 
 @dataclass(frozen=True)
@@ -56,30 +59,33 @@ class TenantRegistry:
     def tenant(self, tenant_id: str) -> Tenant | None:
         return self._tenants.get(tenant_id)
 
-    def resolve(self, tenant: Tenant, model: str) -> ModelTarget:
-        """The adapter (or base model) ``model`` names for this tenant.
+    def resolve(
+        self, tenant: Tenant, model: str, *, sticky_key: str = "", rng: random.Random = _RNG
+    ) -> ModelTarget:
+        """The adapter version (or base model) ``model`` names for this tenant: of a split,
+        the version :meth:`Grant.pick` picks for ``sticky_key`` (the end user) or ``rng``.
 
         Unknown names, and adapters granted to other tenants, get the same
         404: a tenant cannot learn what others have.
         """
         if model == self.base_model_id and tenant.allow_base_model:
             return ModelTarget(model=model, adapter=None)
-        adapter = tenant.adapters.get(model)
-        if adapter is None:
+        grant = tenant.grants.get(model)
+        if grant is None:
             raise ModelNotFoundError(model)
-        return ModelTarget(model=model, adapter=adapter)
+        return ModelTarget(model=model, adapter=grant.pick(sticky_key, rng))
 
     def models_for(self, tenant: Tenant) -> list[ModelEntry]:
         entries = []
         if tenant.allow_base_model:
             entries.append(ModelEntry(id=self.base_model_id, parent=None))
-        for alias in sorted(tenant.adapters):
+        for alias in sorted(tenant.grants):
             entries.append(ModelEntry(id=alias, parent=self.base_model_id))
         return entries
 
     def adapters(self) -> set[Adapter]:
         """Every adapter version some tenant can reach."""
-        return {a for t in self._tenants.values() for a in t.adapters.values()}
+        return {a for t in self._tenants.values() for g in t.grants.values() for a in g.adapters}
 
 
 def _utcnow() -> datetime:

@@ -11,6 +11,7 @@ from typing import Final, Literal
 
 from app.quota.limits import Limits
 from app.tenancy.adapters import Adapter
+from app.tenancy.grants import Grant
 
 Priority = Literal["interactive", "batch"]
 """A tenant's scheduling class: ``interactive`` traffic is latency-sensitive, ``batch`` may
@@ -41,8 +42,8 @@ class Tenant:
     id: str
     name: str
     allow_base_model: bool = False
-    # alias the tenant passes as `model` -> the adapter version it resolves to
-    adapters: Mapping[str, Adapter] = field(default_factory=dict)
+    # alias the tenant passes as `model` -> the adapter version(s) it is served with
+    grants: Mapping[str, Grant] = field(default_factory=dict)
     enabled: bool = True
     limits: Limits = field(default_factory=Limits)
     # The tenant's share of the engine relative to other tenants' (>= 1): under contention a

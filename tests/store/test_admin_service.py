@@ -114,14 +114,16 @@ async def test_adapter_versions_grants_and_deletion(
     await admin.create_tenant(ACTOR, schemas.TenantCreate(id="acme", name="ACME"))
     await admin.put_grant(ACTOR, "acme", "latest", schemas.GrantPut(adapter="legal"))
     await admin.put_grant(ACTOR, "acme", "pinned", schemas.GrantPut(adapter="legal", version=1))
-    with pytest.raises(NotFoundError):
+    with pytest.raises(BadRequestError, match="no version 9") as refused:
         await admin.put_grant(ACTOR, "acme", "x", schemas.GrantPut(adapter="legal", version=9))
+    assert refused.value.param == "version"
     with pytest.raises(NotFoundError):
         await admin.put_grant(ACTOR, "acme", "x", schemas.GrantPut(adapter="nope"))
     tenant = (await registry(sessions)).tenant("acme")
     assert tenant is not None
-    assert tenant.adapters["latest"].version == 2 and tenant.adapters["pinned"].version == 1
-    assert tenant.adapters["latest"].lora_id != tenant.adapters["pinned"].lora_id
+    assert tenant.grants["latest"].adapters[0].version == 2
+    assert tenant.grants["pinned"].adapters[0].version == 1
+    assert tenant.grants["latest"].adapters != tenant.grants["pinned"].adapters
 
     with pytest.raises(ConflictError, match="acme:latest"):
         await admin.delete_adapter(ACTOR, "legal", force=False)
@@ -192,7 +194,65 @@ async def test_manifests_apply_idempotently_and_prune(
     off = view.tenant("off")
     assert off is not None and not off.enabled and off.allow_base_model
     acme = view.tenant("acme")
-    assert acme is not None and set(acme.adapters) == {"lawyer"}
+    assert acme is not None and set(acme.grants) == {"lawyer"}
+
+
+async def test_splits_roll_back_in_one_call_and_hold_their_versions(
+    admin: AdminService, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    for seed in (1, 2, 3):
+        adapter_dir(admin, f"v{seed}", seed=seed)
+        assert await register(admin, "support", f"v{seed}") == seed
+    await admin.create_tenant(ACTOR, schemas.TenantCreate(id="acme", name="ACME"))
+    split = schemas.GrantPut(adapter="support", versions={1: 90, 2: 10}, sticky="user")
+    with pytest.raises(BadRequestError, match="no version 7, 9") as refused:
+        await admin.put_grant(
+            ACTOR, "acme", "support", schemas.GrantPut(adapter="support", versions={7: 1, 9: 1})
+        )
+    assert refused.value.param == "versions"
+    await admin.put_grant(ACTOR, "acme", "support", split)
+    grant = (await registry(sessions)).tenant("acme").grants["support"]
+    assert grant.sticky and [(w.adapter.version, w.weight) for w in grant.versions] == [
+        (1, 90),
+        (2, 10),
+    ]
+
+    with pytest.raises(ConflictError, match="acme:support"):
+        await admin.delete_adapter_version(ACTOR, "support", 2)
+    removed = await admin.delete_adapter_version(ACTOR, "support", 3)  # in no grant
+    assert removed.version == 3
+    with pytest.raises(NotFoundError):
+        await admin.delete_adapter_version(ACTOR, "support", 3)
+
+    row = await admin.rollback_grant(ACTOR, "acme", "support", 1)
+    assert (row.version, row.weights) == (1, None)
+    assert row.rolled_back is not None
+    assert row.rolled_back["replaced"] == "support {v1: 90, v2: 10} sticky per user"
+    grant = (await registry(sessions)).tenant("acme").grants["support"]
+    assert [w.adapter.version for w in grant.versions] == [1]
+    entries, _ = await admin.list_audit(0, 1)
+    assert (entries[0].action, entries[0].target, entries[0].detail) == (
+        "grant.rollback",
+        "acme/support",
+        "to v1",
+    )
+    with pytest.raises(BadRequestError, match="no version 3"):
+        await admin.rollback_grant(ACTOR, "acme", "support", 3)
+
+    # The manifest puts the split back, and says it overwrote the rollback.
+    manifest = TenantManifest(
+        id="acme",
+        name="ACME",
+        adapters={"support": {"adapter": "support", "versions": {1: 90, 2: 10}, "sticky": "user"}},
+    )
+    (change,) = await admin.apply_manifests(ACTOR, [manifest])
+    assert change.startswith(
+        "granted acme:support -> support {v1: 90, v2: 10} sticky per user "
+        "(overwrites the rollback to v1 of "
+    )
+    assert await admin.apply_manifests(ACTOR, [manifest]) == []
+    (out,) = await admin.list_grants("acme")
+    assert out.rolled_back is None and out.weights == {"1": 90, "2": 10}
 
 
 async def test_quota_settings_round_trip(admin: AdminService) -> None:

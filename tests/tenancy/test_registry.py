@@ -10,6 +10,7 @@ import pytest
 from app.errors import AuthenticationError, ModelNotFoundError, PermissionDeniedError
 from app.tenancy import keys
 from app.tenancy.adapters import Adapter
+from app.tenancy.grants import Grant, Weighted
 from app.tenancy.registry import TenantRegistry
 from app.tenancy.tenants import ApiKey, Tenant
 
@@ -23,8 +24,8 @@ def make_registry(
 ) -> tuple[TenantRegistry, str]:
     key = keys.generate_key()
     tenants = [
-        Tenant("acme", "ACME", adapters={"my-legal": LEGAL}, enabled=enabled),
-        Tenant("clinic", "Clinic", allow_base_model=True, adapters={"scribe": MEDICAL}),
+        Tenant("acme", "ACME", grants={"my-legal": Grant.of(LEGAL)}, enabled=enabled),
+        Tenant("clinic", "Clinic", allow_base_model=True, grants={"scribe": Grant.of(MEDICAL)}),
     ]
     records = [ApiKey(id="k1", tenant_id="acme", sha256=keys.hash_key(key), expires_at=expires_at)]
     return TenantRegistry(tenants, records, base_model_id="base"), key
@@ -80,3 +81,18 @@ def test_versions_have_distinct_engine_identities() -> None:
     assert LEGAL.engine_name == "legal@v1"
     newer = Adapter("legal", 2, "c" * 64, Path("/x/legal2"), 8, ("q_proj",), lora_id=9)
     assert newer.engine_name != LEGAL.engine_name and newer.lora_id != LEGAL.lora_id
+
+
+def test_a_split_alias_resolves_to_the_version_picked_for_the_end_user() -> None:
+    v1, v2 = (
+        Adapter("legal", n, f"{n:064x}", Path("/x"), 8, ("q_proj",), lora_id=n) for n in (1, 2)
+    )
+    grant = Grant((Weighted(v1, 50), Weighted(v2, 50)), sticky=True)
+    tenant = Tenant("acme", "ACME", grants={"legal": grant})
+    registry = TenantRegistry([tenant], [], base_model_id="base")
+    picked = {registry.resolve(tenant, "legal", sticky_key=f"user:{n}").adapter for n in range(64)}
+    assert picked == {v1, v2}
+    again = registry.resolve(tenant, "legal", sticky_key="user:7")
+    assert again == registry.resolve(tenant, "legal", sticky_key="user:7")
+    assert again.model == "legal"
+    assert registry.adapters() == {v1, v2}

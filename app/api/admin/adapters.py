@@ -160,11 +160,25 @@ async def delete_adapter(
 ) -> Response:
     """Delete every version; refused (409) while granted unless ``force``. The
     engine frees its slots once the requests already running with it finish."""
-    removed = await admin.delete_adapter(actor, name, force)
+    _retire(await admin.delete_adapter(actor, name, force), admin, gateway)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.delete("/{name}/versions/{version}", status_code=status.HTTP_204_NO_CONTENT)
+async def delete_adapter_version(
+    name: str, version: int, admin: Admin, actor: AdminActor, gateway: GatewayDep
+) -> Response:
+    """Delete one version; refused (409, naming the aliases) while a grant serves it."""
+    _retire([await admin.delete_adapter_version(actor, name, version)], admin, gateway)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+def _retire(removed: list[AdapterVersionRow], admin: Admin, gateway: GatewayDep) -> None:
+    """Once the response is sent: the engine frees the versions' slots, then their files
+    go unless another version has the same content."""
 
     async def retire() -> None:
         await gateway.retire(adapter_of(row) for row in removed)
         await admin.forget_files(removed)
 
     gateway.background(retire())
-    return Response(status_code=status.HTTP_204_NO_CONTENT)

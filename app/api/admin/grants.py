@@ -14,13 +14,16 @@ router = APIRouter(prefix="/tenants/{tenant_id}/adapters", tags=["admin: grants"
 
 def _out(row: GrantRow, gateway: GatewayDep) -> schemas.GrantOut:
     tenant = gateway.registry.tenant(row.tenant_id)
-    adapter = tenant.adapters.get(row.alias) if tenant else None
+    grant = tenant.grants.get(row.alias) if tenant else None
     return schemas.GrantOut(
         tenant_id=row.tenant_id,
         alias=row.alias,
         adapter=row.adapter_name,
         version=row.version,
-        resolved_version=adapter.version if adapter else None,
+        versions={int(v): w for v, w in row.weights.items()} if row.weights else None,
+        sticky="user" if row.sticky else "request",
+        resolved_version=(grant.adapters[0].version if grant and not row.weights else None),
+        rolled_back=row.rolled_back,
     )
 
 
@@ -35,6 +38,20 @@ async def put_grant(
 ) -> object:
     schemas.check_grant_alias(alias, gateway.registry.base_model_id)
     return _out(await admin.put_grant(actor, tenant_id, alias, body), gateway)
+
+
+@router.post("/{alias}/rollback", response_model=schemas.GrantOut)
+async def rollback_grant(
+    tenant_id: str,
+    alias: str,
+    body: schemas.GrantRollback,
+    admin: Admin,
+    actor: AdminActor,
+    gateway: GatewayDep,
+) -> object:
+    """All of the alias's traffic to one version of its adapter, at once (audited); a split
+    in place is replaced, and remembered in ``rolled_back``."""
+    return _out(await admin.rollback_grant(actor, tenant_id, alias, body.version), gateway)
 
 
 @router.get("", response_model=list[schemas.GrantOut])

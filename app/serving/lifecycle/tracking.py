@@ -65,7 +65,7 @@ class Run(Protocol):
 
     @property
     def headers(self) -> dict[str, str]:
-        """The response's headers (``x-ratelimit-*``)."""
+        """The response's headers (``x-ratelimit-*``, the adapter version)."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -100,7 +100,11 @@ class RunBase:
 
     @property
     def headers(self) -> dict[str, str]:
-        return dict(self.reservation.headers) if self.reservation is not None else {}
+        headers = dict(self.reservation.headers) if self.reservation is not None else {}
+        adapter = self.generation.target.adapter
+        if adapter is not None:
+            headers[ADAPTER_VERSION_HEADER] = str(adapter.version)
+        return headers
 
     def outcome(self) -> Outcome:
         if self.failed:
@@ -137,6 +141,9 @@ class Service(Protocol[RequestContra, RunT]):
         """The response as server-sent events, as it is produced."""
 
 
+ADAPTER_VERSION_HEADER = "x-adapter-version"
+"""The adapter version a response was served with (``model`` stays the alias called)."""
+
 INLINE_PREPARE_BYTES = 2048
 """A request body up to this size is tokenised on the event loop when the tokenizer thread is
 idle: handing it to the thread and back costs more CPU than tokenising it."""
@@ -160,6 +167,12 @@ def ticket_of(generation: Generation) -> Ticket:
         interactive=tenant.priority == "interactive",
         constrained=params.structured_outputs is not None,
     )
+
+
+def sticky_key(request: SamplingFields, principal: Principal) -> str:
+    """Who a sticky split keeps on one version: the request's end user (OpenAI's ``user``),
+    else its API key."""
+    return f"user:{request.user}" if request.user else f"key:{principal.key_id}"
 
 
 def key_subject(key: ApiKey) -> str:
@@ -291,7 +304,9 @@ class RequestTracker:
         tenant = principal.tenant
         model = metrics.UNKNOWN_MODEL  # until resolved: refused names stay out of the labels
         try:
-            target = self._registry().resolve(tenant, request.model)
+            target = self._registry().resolve(
+                tenant, request.model, sticky_key=sticky_key(request, principal)
+            )
             model = target.model
             if target.adapter is not None and self._held_copy is not None:
                 copy = self._held_copy(target.adapter.sha256)

@@ -1,0 +1,183 @@
+"""Rollouts in the front role: two front replicas on one store pick a split's version, send
+that version's global name upstream, say it in the response header and the ledger, and both
+follow a rollback made through one of them within the registry's poll interval."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.tenancy.grants import Grant
+from tests.support.fake_upstream import FakeUpstream, fake_upstream
+from tests.support.front_app import Front, front_settings, running_front
+from tests.support.harness import ADMIN_TOKEN
+
+DEMO_ADAPTERS = Path(__file__).resolve().parents[3] / "var/adapters"
+ALIAS = "support"
+POLL_SECONDS = 0.2
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@dataclass
+class Replicas:
+    fronts: list[Front]
+    upstream: FakeUpstream
+    key: str
+
+    async def post(self, front: Front, **fields: object) -> httpx.Response:
+        body = {"model": ALIAS, "messages": [{"role": "user", "content": "hi"}], **fields}
+        async with front.client(self.key) as client:
+            response = await client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+        return response
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeUpstream]:
+    with fake_upstream() as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+async def replicas(
+    upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Replicas]:
+    """Two fronts on one store; the adapter ``helper`` in two versions (two demo adapters),
+    granted to tenant ``acme`` as ``support``."""
+    state = tmp_path_factory.mktemp("front-rollouts")
+    for demo in ("medical_scribe", "legal_advisor"):
+        shutil.copytree(DEMO_ADAPTERS / demo, state / "adapters" / demo)
+    async with AsyncExitStack() as stack:
+        fronts = [
+            await stack.enter_async_context(
+                running_front(
+                    front_settings(upstream.url, state, registry_poll_seconds=POLL_SECONDS)
+                )
+            )
+            for _ in range(2)
+        ]
+        first = fronts[0]
+        for demo in ("medical_scribe", "legal_advisor"):
+            await first.admin("POST", "/adapters", {"name": "helper", "path": demo})
+        await first.admin("POST", "/tenants", {"id": "acme", "name": "ACME"})
+        key = (await first.admin("POST", "/tenants/acme/keys", {"name": "k"}))["key"]
+        yield Replicas(fronts, upstream, key)
+
+
+async def put_grant(replicas: Replicas, grant: dict[str, object]) -> None:
+    """Put the grant through the first replica; return once the second serves it too."""
+    first, second = replicas.fronts
+    await first.admin("PUT", f"/tenants/acme/adapters/{ALIAS}", grant)
+    deadline = time.monotonic() + 10
+    while grant_of(second) != grant_of(first):
+        assert time.monotonic() < deadline, "the second replica never saw the grant"
+        await asyncio.sleep(0.02)
+
+
+def grant_of(front: Front) -> Grant | None:
+    """The replica's view of the alias."""
+    tenant = front.gateway.registry.tenant("acme")
+    return tenant.grants.get(ALIAS) if tenant else None
+
+
+async def test_each_request_goes_upstream_as_the_picked_version_and_says_which(
+    replicas: Replicas,
+) -> None:
+    await put_grant(replicas, {"adapter": "helper", "versions": {"1": 50, "2": 50}})
+    replicas.upstream.requests.clear()
+    responses = [await replicas.post(replicas.fronts[n % 2]) for n in range(24)]
+    versions = [response.headers["x-adapter-version"] for response in responses]
+    assert Counter(versions).keys() == {"1", "2"}
+    assert [r.body["model"] for r in replicas.upstream.requests] == [
+        f"helper@v{v}" for v in versions
+    ]
+    assert all(response.json()["model"] == ALIAS for response in responses)
+    for front in replicas.fronts:  # each writes its own records to the one store
+        await front.settled()
+        records = await front.usage_records()
+    by_request = {r.request_id: r.adapter_version for r in records}
+    assert [by_request[r.headers["x-request-id"]] for r in responses] == [int(v) for v in versions]
+
+
+async def test_a_sticky_split_keeps_each_user_on_one_version_on_every_replica(
+    replicas: Replicas,
+) -> None:
+    await put_grant(
+        replicas, {"adapter": "helper", "versions": {"1": 50, "2": 50}, "sticky": "user"}
+    )
+    seen: dict[str, set[str]] = {}
+    for n in range(32):
+        user = f"user-{n % 8}"
+        response = await replicas.post(replicas.fronts[n % 2], user=user)
+        seen.setdefault(user, set()).add(response.headers["x-adapter-version"])
+    assert all(len(versions) == 1 for versions in seen.values())
+    assert set().union(*seen.values()) == {"1", "2"}
+
+
+async def test_a_rollback_through_one_replica_reaches_the_other_within_the_poll_interval(
+    replicas: Replicas,
+) -> None:
+    await put_grant(replicas, {"adapter": "helper", "versions": {"1": 10, "2": 90}})
+    first, second = replicas.fronts
+    rolled = await first.admin("POST", f"/tenants/acme/adapters/{ALIAS}/rollback", {"version": 1})
+    assert rolled["version"] == 1 and rolled["versions"] is None
+    assert rolled["rolled_back"]["replaced"] == "helper {v1: 10, v2: 90}"
+    began = time.monotonic()
+    pinned = grant_of(first)
+    assert pinned is not None and [w.adapter.version for w in pinned.versions] == [1]
+    while grant_of(second) != pinned:
+        await asyncio.sleep(0.01)
+        assert time.monotonic() - began < 5
+    # One poll, plus the reload it triggers.
+    assert time.monotonic() - began <= POLL_SECONDS + 0.5
+    answers = [await replicas.post(front) for front in replicas.fronts * 8]
+    assert {answer.headers["x-adapter-version"] for answer in answers} == {"1"}
+
+
+@pytest.mark.parametrize(
+    ("grant", "param", "message"),
+    [
+        ({"versions": {"1": 0, "2": 0}}, "versions", "weight above 0"),
+        ({"versions": {str(v): 1 for v in range(1, 10)}}, "versions", "2 to 8 versions"),
+        ({"versions": {"1": 1}}, "versions", "2 to 8 versions"),
+        ({"version": 1, "versions": {"1": 1, "2": 1}}, "versions", "not both"),
+        ({"versions": {"1": 1, "7": 1}}, "versions", "no version 7"),
+        ({"versions": {"1": 1001, "2": 1}}, "versions.1", "less than or equal to 1000"),
+        ({"versions": {"1": 1.5, "2": 1}}, "versions.1", "integer"),
+        ({"versions": {"one": 1, "2": 1}}, "versions.one.[key]", "integer"),
+        ({"versions": {"1": 1, "2": 1}, "sticky": "session"}, "sticky", "'request' or 'user'"),
+        ({"version": 3}, "version", "no version 3"),
+    ],
+)
+async def test_a_bad_split_is_a_400_naming_the_field_and_changes_nothing(
+    replicas: Replicas, grant: dict[str, object], param: str, message: str
+) -> None:
+    first = replicas.fronts[0]
+    before = await first.admin("GET", "/tenants/acme/adapters")
+    async with httpx.AsyncClient(base_url=first.base_url, headers=ADMIN) as admin:
+        response = await admin.put(
+            "/admin/v1/tenants/acme/adapters/support", json={"adapter": "helper", **grant}
+        )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and message in error["message"], error
+    assert await first.admin("GET", "/tenants/acme/adapters") == before
+
+
+async def test_a_version_in_a_split_cannot_be_deleted_and_the_409_names_the_alias(
+    replicas: Replicas,
+) -> None:
+    await put_grant(replicas, {"adapter": "helper", "versions": {"1": 90, "2": 10}})
+    async with httpx.AsyncClient(base_url=replicas.fronts[0].base_url, headers=ADMIN) as admin:
+        response = await admin.delete("/admin/v1/adapters/helper/versions/2")
+    assert response.status_code == 409
+    assert "acme:support" in response.json()["error"]["message"]
