@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Coroutine, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from datetime import datetime, timezone
@@ -13,6 +14,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.admin.rollouts import apply_rollback_rules
 from app.admin.service import AdminService
 from app.errors import EngineUnavailableError
 from app.quota import backend_from_url
@@ -117,8 +119,9 @@ class Gateway:
             self.tracker.close()
 
     async def watch_store(self, stop: asyncio.Event) -> None:
-        """Follow changes made by other replicas; record key use off the hot path; until
-        ``stop`` is set."""
+        """Follow changes made by other replicas; record key use off the hot path; apply the
+        splits' rollback rules every ``rollback_check_seconds``; until ``stop`` is set."""
+        rules_checked = time.monotonic()
         while True:
             with suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.registry_poll_seconds)
@@ -129,6 +132,12 @@ class Gateway:
                     await self.reload()
                 used, self._used_keys = self._used_keys, set()
                 await self.admin.touch_keys(used, datetime.now(timezone.utc))
+                if time.monotonic() - rules_checked >= self.settings.rollback_check_seconds:
+                    rules_checked = time.monotonic()
+                    await self.ledger.flush()  # this replica's latest requests count too
+                    await apply_rollback_rules(
+                        self.admin, self.sessions, self.registry, datetime.now(timezone.utc)
+                    )
             except Exception:
                 logger.exception("could not refresh from the store")
 

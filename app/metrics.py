@@ -158,6 +158,19 @@ REQUEST_DURATION = Histogram(
     ["tenant", "model", "endpoint"],
     buckets=LATENCY_BUCKETS_S,
 )
+# A version label only on aliases served by a split (at most 8 versions each): bounded.
+SPLIT_REQUESTS = Counter(
+    "lora_gateway_split_requests",
+    "Requests to an alias served by a split of adapter versions, by the version that served "
+    "them and outcome (ok, cancelled, error).",
+    ["tenant", "model", "version", "status"],
+)
+SPLIT_TIME_TO_FIRST_TOKEN = Histogram(
+    "lora_gateway_split_time_to_first_token_seconds",
+    "Time to first token of requests to an alias served by a split, by version.",
+    ["tenant", "model", "version"],
+    buckets=LATENCY_BUCKETS_S,
+)
 QUOTA_REJECTIONS = Counter(
     "lora_gateway_quota_rejections",
     "Requests refused by a quota, by tenant, limit (requests, tokens, concurrent, "
@@ -281,6 +294,8 @@ METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
     QUEUE_WAIT,
     INTER_TOKEN_LATENCY,
     REQUEST_DURATION,
+    SPLIT_REQUESTS,
+    SPLIT_TIME_TO_FIRST_TOKEN,
     QUOTA_REJECTIONS,
     QUOTA_UNCHECKED,
     ADMIN_AUTH_FAILURES,

@@ -200,6 +200,12 @@ class Settings(BaseSettings):
     registry_poll_seconds: float = Field(
         0.5, gt=0, description="How often to look for changes made by other replicas."
     )
+    rollback_check_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="How often each replica checks the splits' automatic rollback rules "
+        "against the usage ledger.",
+    )
     usage_backlog_max: int = Field(
         100_000,
         ge=1,

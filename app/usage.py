@@ -63,6 +63,9 @@ class UsageRecord:
     finished_at: datetime
     # OpenAI's `user`, where the request named one: recorded, never sent to the engine.
     user: str | None = None
+    finish_reason: str | None = None
+    ttft_ms: int | None = None
+    itl_ms: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The fields by name. Every value is a scalar or a datetime, so this shallow dict is

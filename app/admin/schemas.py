@@ -19,6 +19,7 @@ from app.tenancy.manifests import (
     AdapterName,
     GrantSpec,
     PriorityClass,
+    RollbackSpec,
     VersionNumber,
     Weight,
 )
@@ -211,12 +212,37 @@ class GrantOut(BaseModel):
     version: int | None = Field(description="The pinned version; null: a split or the latest.")
     versions: dict[int, int] | None = Field(description="A split: version -> weight.")
     sticky: Literal["request", "user"]
+    rollback: RollbackSpec | None = Field(description="The automatic rollback rule, if any.")
     resolved_version: int | None = Field(
         description="The version a pin or follow-latest grant serves now; null for a split."
     )
     rolled_back: RolledBack | None = Field(
         description="Set by a rollback; cleared when the grant is put again."
     )
+
+
+class Quantiles(BaseModel):
+    p50: float
+    p95: float
+    mean: float
+
+
+class VersionStatsOut(BaseModel):
+    version: int
+    requests: int
+    errors: int = Field(description="Failed on the engine or upstream (5xx); refusals excluded.")
+    error_rate: float
+    finish_reasons: dict[str, int] = Field(description="The first choice's, counted.")
+    ttft_ms: Quantiles | None = Field(description="Time to first token (streamed in the front).")
+    itl_ms: Quantiles | None = Field(description="Each request's mean inter-token latency.")
+    completion_tokens: Quantiles | None
+
+
+class VersionComparison(BaseModel):
+    tenant_id: str
+    alias: str
+    since: datetime
+    versions: list[VersionStatsOut] = Field(description="Each version that served the alias.")
 
 
 class GrantRollback(Strict):

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
@@ -41,6 +41,8 @@ from app.tenancy.manifests import GrantSpec, TenantManifest
 from app.tenancy.storage import AdapterStore, open_adapter_store
 from app.tenancy.validation import ValidatedAdapter
 
+# Who the audit log says rolled a grant back when its rollback rule did.
+ROLLBACK_RULE_ACTOR = "rollback-rule"
 # Names whose /admin/v1/adapters/<name> is a route of its own.
 RESERVED_ADAPTER_NAMES = frozenset({"residency"})
 
@@ -355,11 +357,12 @@ class AdminService:
             row.weights = (
                 None if body.versions is None else {str(v): w for v, w in body.versions.items()}
             )
+            row.rollback = body.rollback.model_dump() if body.rollback else None
             row.rolled_back = None
         return row
 
     async def rollback_grant(
-        self, actor: str, tenant_id: str, alias: str, version: int, *, reason: str = "admin"
+        self, actor: str, tenant_id: str, alias: str, version: int
     ) -> GrantRow:
         """All of ``alias``'s traffic to ``version`` of its adapter; what it replaces is kept
         in ``rolled_back`` (until the grant is put again)."""
@@ -375,16 +378,44 @@ class AdminService:
                 raise BadRequestError(
                     f"Adapter `{row.adapter_name}` has no version {version}.", param="version"
                 )
-            replaced = grant_spec(row).describe()
-            row.version, row.weights = version, None
-            row.rolled_back = {
-                "to": version,
-                "at": now().isoformat(),
-                "actor": actor,
-                "reason": reason,
-                "replaced": replaced,
-            }
+            row.rolled_back = _rolled_back(row, version, actor, "an admin's call")
+            row.version, row.weights, row.rollback = version, None, None
         return row
+
+    async def roll_back_by_rule(self, tenant_id: str, alias: str, reason: str) -> bool:
+        """Roll ``alias`` back to its rule's version, unless its rule is gone (an admin put
+        the grant meanwhile, or another replica rolled it back first). Replicas that find the
+        same failing version at once race here: the conditional update lets one of them win,
+        and only the winner bumps the revision and writes the audit record."""
+        target = f"{tenant_id}/{alias}"
+        async with self._sessions.begin() as session:
+            row = await session.get(GrantRow, (tenant_id, alias))
+            if row is None or row.rollback is None:
+                return False
+            to = int(row.rollback["to"])
+            moved = await session.execute(
+                update(GrantRow)
+                .where(
+                    GrantRow.tenant_id == tenant_id,
+                    GrantRow.alias == alias,
+                    GrantRow.rollback.is_not(None),
+                )
+                .values(
+                    version=to,
+                    weights=None,
+                    rollback=None,
+                    rolled_back=_rolled_back(row, to, ROLLBACK_RULE_ACTOR, reason),
+                )
+                .execution_options(synchronize_session=False)
+            )
+            if moved.rowcount != 1:  # type: ignore[attr-defined]
+                return False
+            await session.execute(
+                update(RevisionRow).where(RevisionRow.id == 1).values(value=RevisionRow.value + 1)
+            )
+            session.add(_audit(ROLLBACK_RULE_ACTOR, "grant.rollback", target, "ok", reason))
+        await self._on_change()
+        return True
 
     async def delete_grant(self, actor: str, tenant_id: str, alias: str) -> None:
         async with self._mutation(actor, "grant.delete", f"{tenant_id}/{alias}") as session:
@@ -518,7 +549,19 @@ def grant_spec(row: GrantRow) -> GrantSpec:
         version=row.version,
         versions={int(v): w for v, w in row.weights.items()} if row.weights else None,
         sticky="user" if row.sticky else "request",
+        rollback=row.rollback,
     )
+
+
+def _rolled_back(row: GrantRow, to: int, actor: str, reason: str) -> dict[str, Any]:
+    """The grant's ``rolled_back`` record: what a rollback to ``to`` replaces."""
+    return {
+        "to": to,
+        "at": now().isoformat(),
+        "actor": actor,
+        "reason": reason,
+        "replaced": grant_spec(row).describe(),
+    }
 
 
 def mark_audited(error: GatewayError) -> GatewayError:

@@ -23,7 +23,7 @@ from app.store.tables import (
     TenantRow,
 )
 from app.tenancy.adapters import Adapter
-from app.tenancy.grants import Grant, Weighted
+from app.tenancy.grants import Grant, RollbackRule, Weighted
 from app.tenancy.registry import TenantRegistry
 from app.tenancy.tenants import ApiKey, Tenant
 
@@ -53,7 +53,9 @@ def grant_of(row: GrantRow, available: dict[int, Adapter]) -> Grant | None:
         ]
         if not any(w.weight for w in split):
             return None
-        return Grant(tuple(sorted(split, key=lambda w: w.adapter.version)), sticky=row.sticky)
+        rule = RollbackRule(**row.rollback) if row.rollback else None
+        versions = tuple(sorted(split, key=lambda w: w.adapter.version))
+        return Grant(versions, sticky=row.sticky, rollback=rule)
     chosen = row.version if row.version is not None else max(available, default=None)
     return Grant.of(available[chosen]) if chosen in available else None
 

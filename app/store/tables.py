@@ -10,6 +10,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -113,11 +114,13 @@ class GrantRow(Base):
     version: Mapped[int | None] = mapped_column(Integer)
     # A split, version -> weight ({"3": 90, "4": 10}; JSON keys are strings), in place of
     # ``version``.
-    weights: Mapped[dict[str, int] | None] = mapped_column(JSON)
+    weights: Mapped[dict[str, int] | None] = mapped_column(JSON(none_as_null=True))
     # Pick a split's version once per end user rather than per request.
     sticky: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Roll back automatically: {to, error_rate, window_seconds, min_requests} (a split only).
+    rollback: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     # What the last rollback replaced, by whom and when; cleared when the grant is put again.
-    rolled_back: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    rolled_back: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     created_at: Mapped[datetime]
 
 
@@ -199,5 +202,10 @@ class UsageRow(Base):
     completion_tokens: Mapped[int]
     status: Mapped[str] = mapped_column(String(16))
     latency_ms: Mapped[int]
+    # How it went, to compare an alias's versions: the first choice's finish reason, the time
+    # to its first token and the mean gap between its tokens (None where not seen).
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+    ttft_ms: Mapped[int | None]
+    itl_ms: Mapped[float | None] = mapped_column(Float)
     started_at: Mapped[datetime]
     finished_at: Mapped[datetime]

@@ -30,12 +30,26 @@ class Weighted:
 
 
 @dataclass(frozen=True)
+class RollbackRule:
+    """Move all of a split's traffic to version ``to`` once another version of it fails more
+    than ``error_rate`` of at least ``min_requests`` requests over the last
+    ``window_seconds``."""
+
+    to: int
+    error_rate: float
+    window_seconds: int
+    min_requests: int
+
+
+@dataclass(frozen=True)
 class Grant:
-    """A tenant's alias: the versions it is served with (one, or a weighted split), and
-    whether a version is picked per request or once per end user (``sticky``)."""
+    """A tenant's alias: the versions it is served with (one, or a weighted split), whether
+    a version is picked per request or once per end user (``sticky``), and when to roll the
+    split back on its own."""
 
     versions: tuple[Weighted, ...]
     sticky: bool = False
+    rollback: RollbackRule | None = None
     _live: tuple[Weighted, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -69,6 +69,23 @@ VersionKey = Annotated[int, Field(ge=1, le=2**31 - 1)]
 SplitWeight = Annotated[int, Field(ge=0, le=MAX_SPLIT_WEIGHT, strict=True)]
 
 
+class RollbackSpec(BaseModel):
+    """Roll a split back to one version automatically, on another version's error rate."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    to: VersionNumber = Field(description="The split's version that takes all traffic.")
+    error_rate: float = Field(
+        gt=0, le=1, description="A version failing more than this share of its requests..."
+    )
+    window_seconds: int = Field(
+        300, ge=10, le=86_400, strict=True, description="...over this many seconds..."
+    )
+    min_requests: int = Field(
+        50, ge=1, le=1_000_000, strict=True, description="...and at least this many requests."
+    )
+
+
 class GrantSpec(BaseModel):
     """What an alias is served with: the latest version of ``adapter``, one pinned
     ``version``, or a weighted split of ``versions``."""
@@ -94,6 +111,10 @@ class GrantSpec(BaseModel):
         ),
     )
 
+    rollback: RollbackSpec | None = Field(
+        None, description="Roll the split back on its own (the versions' errors: 5xx, engine)."
+    )
+
     @field_validator("versions")
     @classmethod
     def _split(cls, versions: dict[int, int] | None, info: ValidationInfo) -> dict[int, int] | None:
@@ -111,13 +132,32 @@ class GrantSpec(BaseModel):
             raise PydanticCustomError("split", "at least one version needs a weight above 0")
         return dict(sorted(versions.items()))
 
+    @field_validator("rollback")
+    @classmethod
+    def _rollback_of_a_split(
+        cls, rollback: RollbackSpec | None, info: ValidationInfo
+    ) -> RollbackSpec | None:
+        if rollback is None:
+            return None
+        versions = info.data.get("versions")
+        if not versions:
+            raise PydanticCustomError("rollback", "a rollback rule needs a split (`versions`)")
+        if rollback.to not in versions:
+            raise PydanticCustomError(
+                "rollback",
+                "`rollback.to` ({to}) is not a version of the split",
+                {"to": rollback.to},
+            )
+        return rollback
+
     def describe(self) -> str:
         """How ``tenants apply`` and the audit log say what the alias is served with."""
         if self.versions is not None:
             split = ", ".join(f"v{v}: {w}" for v, w in self.versions.items())
-            return f"{self.adapter} {{{split}}}" + (
-                " sticky per user" if self.sticky == "user" else ""
-            )
+            sticky = " sticky per user" if self.sticky == "user" else ""
+            rule = self.rollback
+            back = f", back to v{rule.to} above {rule.error_rate:.0%} errors" if rule else ""
+            return f"{self.adapter} {{{split}}}{sticky}{back}"
         return f"{self.adapter} v{self.version}" if self.version else self.adapter
 
 

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 
 from app.errors import AuthenticationError, ModelNotFoundError, PermissionDeniedError
 from app.tenancy.adapters import Adapter
+from app.tenancy.grants import Grant
 from app.tenancy.keys import hash_key
 from app.tenancy.tenants import ApiKey, ModelTarget, Principal, Tenant
 
@@ -37,6 +38,12 @@ class TenantRegistry:
         self._tenants = {t.id: t for t in tenants}
         self._keys = {k.sha256: k for k in keys if k.tenant_id in self._tenants}
         self.base_model_id = base_model_id
+        self._splits = [
+            (tenant, alias, grant)
+            for tenant in self._tenants.values()
+            for alias, grant in tenant.grants.items()
+            if len(grant.versions) > 1
+        ]
 
     def authenticate(self, key: str | None, *, now: datetime | None = None) -> Principal:
         if not key:
@@ -73,7 +80,13 @@ class TenantRegistry:
         grant = tenant.grants.get(model)
         if grant is None:
             raise ModelNotFoundError(model)
-        return ModelTarget(model=model, adapter=grant.pick(sticky_key, rng))
+        return ModelTarget(
+            model=model, adapter=grant.pick(sticky_key, rng), split=len(grant.versions) > 1
+        )
+
+    def splits(self) -> list[tuple[Tenant, str, Grant]]:
+        """Every alias served by a split of versions: its tenant, name and grant."""
+        return self._splits
 
     def models_for(self, tenant: Tenant) -> list[ModelEntry]:
         entries = []

@@ -93,3 +93,5 @@ class ModelTarget:
 
     model: str
     adapter: Adapter | None
+    # Whether the alias is split across versions (its metrics then name the version).
+    split: bool = False

@@ -19,7 +19,9 @@ def json_schema(schema: Any) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
 
 
-async def test_the_user_is_recorded_in_the_ledger(serve: ServeFactory) -> None:
+async def test_the_user_and_how_the_request_went_are_recorded_in_the_ledger(
+    serve: ServeFactory,
+) -> None:
     async with serve(ScriptedEngine()) as served, served.client() as client:
         body = chat(served, user="end-user-7", max_tokens=2)
         named = await client.post("/v1/chat/completions", json=body)
@@ -32,6 +34,10 @@ async def test_the_user_is_recorded_in_the_ledger(serve: ServeFactory) -> None:
         ("chat.completions", "end-user-7"),
         ("completions", None),
     ]
+    for record in records:
+        assert record.finish_reason == "length"
+        assert record.ttft_ms is not None and 0 <= record.ttft_ms <= record.latency_ms
+        assert record.itl_ms is not None and record.itl_ms >= 0
 
 
 async def test_constraints_and_biases_reach_the_engine(serve: ServeFactory) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import tarfile
 from datetime import datetime, timedelta, timezone
@@ -356,3 +357,34 @@ async def test_manifests_set_and_reset_scheduling_attributes(
     assert await admin.apply_manifests(ACTOR, [plain]) == ["updated tenant acme"]
     tenant = (await registry(sessions)).tenant("acme")
     assert (tenant.weight, tenant.priority) == (1, "interactive")
+
+
+async def test_a_rollback_rule_fires_once_however_many_replicas_race(
+    admin: AdminService, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    for seed in (1, 2):
+        adapter_dir(admin, f"v{seed}", seed=seed)
+        await register(admin, "support", f"v{seed}")
+    await admin.create_tenant(ACTOR, schemas.TenantCreate(id="acme", name="ACME"))
+    rule = {"to": 1, "error_rate": 0.1}
+    with pytest.raises(ValueError, match="needs a split"):
+        schemas.GrantPut(adapter="support", version=1, rollback=rule)
+    with pytest.raises(ValueError, match=r"`rollback.to` \(3\) is not a version of the split"):
+        schemas.GrantPut(adapter="support", versions={1: 1, 2: 1}, rollback={**rule, "to": 3})
+    split = schemas.GrantPut(adapter="support", versions={1: 50, 2: 50}, rollback=rule)
+    await admin.put_grant(ACTOR, "acme", "support", split)
+    grant = (await registry(sessions)).tenant("acme").grants["support"]
+    assert grant.rollback is not None and grant.rollback.window_seconds == 300
+
+    # Every replica found v2 failing at once; one of them rolls the split back.
+    won = await asyncio.gather(
+        *(admin.roll_back_by_rule("acme", "support", "v2 failed") for _ in range(4))
+    )
+    assert sorted(won) == [False, False, False, True]
+    entries, _ = await admin.list_audit(0, 10)
+    assert [(e.actor, e.action, e.detail) for e in entries if e.action == "grant.rollback"] == [
+        ("rollback-rule", "grant.rollback", "v2 failed")
+    ]
+    (row,) = await admin.list_grants("acme")
+    assert (row.version, row.weights, row.rollback) == (1, None, None)
+    assert row.rolled_back is not None and row.rolled_back["reason"] == "v2 failed"

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+from datetime import datetime, timedelta, timezone
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
 
 from app.admin import schemas
+from app.admin.rollouts import version_stats
 from app.api.admin.deps import Admin, AdminActor
 from app.api.deps import GatewayDep
 from app.store.tables import GrantRow
@@ -22,6 +26,7 @@ def _out(row: GrantRow, gateway: GatewayDep) -> schemas.GrantOut:
         version=row.version,
         versions={int(v): w for v, w in row.weights.items()} if row.weights else None,
         sticky="user" if row.sticky else "request",
+        rollback=row.rollback,
         resolved_version=(grant.adapters[0].version if grant and not row.weights else None),
         rolled_back=row.rolled_back,
     )
@@ -52,6 +57,29 @@ async def rollback_grant(
     """All of the alias's traffic to one version of its adapter, at once (audited); a split
     in place is replaced, and remembered in ``rolled_back``."""
     return _out(await admin.rollback_grant(actor, tenant_id, alias, body.version), gateway)
+
+
+@router.get("/{alias}/versions", response_model=schemas.VersionComparison)
+async def compare_versions(
+    tenant_id: str,
+    alias: str,
+    admin: Admin,
+    gateway: GatewayDep,
+    window_seconds: Annotated[int, Query(ge=60, le=31 * 86_400)] = 3600,
+) -> object:
+    """The alias's versions side by side over the last ``window_seconds``, from the usage
+    ledger (every replica's requests): requests, errors, finish reasons, TTFT, inter-token
+    latency and completion length."""
+    tenant = await admin.get_tenant(tenant_id)  # 404 for an unknown tenant
+    await gateway.ledger.flush()  # include what finished a moment ago
+    since = datetime.now(timezone.utc) - timedelta(seconds=window_seconds)
+    stats = await version_stats(gateway.sessions, tenant.uid, alias, since)
+    return schemas.VersionComparison(
+        tenant_id=tenant_id,
+        alias=alias,
+        since=since,
+        versions=[schemas.VersionStatsOut.model_validate(s.summary()) for s in stats],
+    )
 
 
 @router.get("", response_model=list[schemas.GrantOut])

@@ -62,7 +62,8 @@ class UpstreamRun(RunBase):
         self._upstream = upstream
         self._response: httpx.Response | None = None
         self._started = time.monotonic()
-        self._first_token_seen = False
+        # completion tokens seen when a token was last timed
+        self._timed_tokens = 0
         self._sent = False
         self._prompt_tokens: int | None = None
         self._total: int | None = None
@@ -112,6 +113,7 @@ class UpstreamRun(RunBase):
             self.failed = True
             raise
         self._observe(payload)
+        self._time_tokens(payload)
         self.finished = True
         return payload
 
@@ -140,7 +142,7 @@ class UpstreamRun(RunBase):
                 if error is not None:
                     raise _streamed_error(error, call.names)
                 self._observe(payload)
-                self._time_first_token()
+                self._time_tokens(payload)
                 yield payload
         except httpx.HTTPError as exc:
             self.failed = True
@@ -175,15 +177,26 @@ class UpstreamRun(RunBase):
             # The answer's usage, or a stream's final usage chunk (no choices): the total.
             self._total = completion
 
-    def _time_first_token(self) -> None:
-        """Time to the first chunk that carries output (chat's opening role chunk does not)."""
-        if self._first_token_seen or not self._per_choice or not any(self._per_choice.values()):
+    def _time_tokens(self, payload: Mapping[str, Any]) -> None:
+        """Note the first choice's finish reason and, in a stream, a chunk that carries output
+        (chat's opening role chunk does not): the first one is the time to first token. A
+        whole answer says nothing of when its tokens came."""
+        choices = payload.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        if isinstance(first, Mapping) and isinstance(first.get("finish_reason"), str):
+            self.timing.finish_reason = first["finish_reason"]
+        if not self._streamed:
             return
-        self._first_token_seen = True
-        generation = self.generation
-        elapsed = time.monotonic() - self._started
-        labels = (generation.principal.tenant.id, generation.target.model)
-        metrics.TIME_TO_FIRST_TOKEN.labels(*labels).observe(elapsed)
+        produced = self._total if self._total is not None else sum(self._per_choice.values())
+        if not produced or produced == self._timed_tokens:
+            return
+        self._timed_tokens = produced
+        now = time.monotonic()
+        if self.timing.first_token_at is None:
+            generation = self.generation
+            labels = (generation.principal.tenant.id, generation.target.model)
+            metrics.TIME_TO_FIRST_TOKEN.labels(*labels).observe(now - self._started)
+        self.timing.token_seen(now)
 
     async def close(self) -> None:
         """Close the upstream connection if it is still open (a stream that was never read to

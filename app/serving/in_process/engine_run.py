@@ -78,8 +78,12 @@ class EngineRun(RunBase):
 
     def _observe(self, output: RequestOutput) -> None:
         self.meter.observe(output)
+        if self.meter.last_token_at is not None:
+            self.timing.token_seen(self.meter.last_token_at)
         if output.finished:
             self.finished = True
+            if output.outputs:
+                self.timing.finish_reason = output.outputs[0].finish_reason
             if self._ended is not None:
                 ended, self._ended = self._ended, None
                 ended()

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AbstractContextManager, ExitStack, asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
@@ -79,6 +79,10 @@ class Run(Protocol):
     def outcome(self) -> Outcome:
         """``ok`` when the answer was complete, ``error`` when it failed, else ``cancelled``."""
 
+    @property
+    def timing(self) -> RunTiming:
+        """When its first and last tokens came, and why it ended, as far as it was seen."""
+
     def when_ended(self, callback: Callable[[], None]) -> None:
         """Have ``callback`` called once, as the request's last output arrives with its
         token counts, while the answer may still be on its way to the client. A run whose
@@ -88,15 +92,32 @@ class Run(Protocol):
         """Stop whatever still runs for the request and count what it produced."""
 
 
+@dataclass
+class RunTiming:
+    """What a run saw of its tokens' timing (``time.monotonic``) and its end: the ledger's
+    TTFT, inter-token latency and finish reason, which compare an alias's versions."""
+
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    finish_reason: str | None = None
+    """The first choice's (``stop``, ``length``, ``tool_calls``...)."""
+
+    def token_seen(self, now: float) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.last_token_at = now
+
+
 class RunBase:
     """What every :class:`Run` keeps alike: its generation and reservation, the response's
-    headers, and how it ended (set ``finished`` or ``failed`` as it learns)."""
+    headers, its timing, and how it ended (set ``finished`` or ``failed`` as it learns)."""
 
     def __init__(self, generation: Generation, reservation: Reservation | None) -> None:
         self.generation = generation
         self.reservation = reservation
         self.finished = False
         self.failed = False
+        self.timing = RunTiming()
 
     @property
     def headers(self) -> dict[str, str]:
@@ -465,6 +486,13 @@ class RequestTracker:
         metrics.COMPLETION_TOKENS.labels(tenant, model).inc(completion_tokens)
         metrics.REQUEST_DURATION.labels(tenant, model, endpoint).observe(elapsed)
         adapter = generation.target.adapter
+        timing = _timing_fields(run.timing, began, completion_tokens)
+        if adapter is not None and generation.target.split:
+            version = str(adapter.version)
+            metrics.SPLIT_REQUESTS.labels(tenant, model, version, outcome).inc()
+            if timing["ttft_ms"] is not None:
+                ttft = timing["ttft_ms"] / 1000
+                metrics.SPLIT_TIME_TO_FIRST_TOKEN.labels(tenant, model, version).observe(ttft)
         self._ledger.record(
             UsageRecord(
                 request_id=generation.request_id,
@@ -482,5 +510,19 @@ class RequestTracker:
                 started_at=started_at,
                 finished_at=datetime.now(timezone.utc),
                 user=user,
+                **timing,
             )
         )
+
+
+def _timing_fields(timing: RunTiming, began: float, completion_tokens: int) -> dict[str, Any]:
+    """The usage record's finish reason, TTFT and mean inter-token latency."""
+    first, last = timing.first_token_at, timing.last_token_at
+    gaps = completion_tokens - 1
+    return {
+        "finish_reason": timing.finish_reason,
+        "ttft_ms": None if first is None else round((first - began) * 1000),
+        "itl_ms": (
+            None if first is None or last is None or gaps < 1 else (last - first) * 1000 / gaps
+        ),
+    }

@@ -12,17 +12,19 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from app.tenancy.grants import Grant
-from tests.support.fake_upstream import FakeUpstream, fake_upstream
+from tests.support.fake_upstream import FakeUpstream, Script, fake_upstream
 from tests.support.front_app import Front, front_settings, running_front
 from tests.support.harness import ADMIN_TOKEN
 
 DEMO_ADAPTERS = Path(__file__).resolve().parents[3] / "var/adapters"
 ALIAS = "support"
+CANARY = "canary"
 POLL_SECONDS = 0.2
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -60,7 +62,12 @@ async def replicas(
         fronts = [
             await stack.enter_async_context(
                 running_front(
-                    front_settings(upstream.url, state, registry_poll_seconds=POLL_SECONDS)
+                    front_settings(
+                        upstream.url,
+                        state,
+                        registry_poll_seconds=POLL_SECONDS,
+                        rollback_check_seconds=POLL_SECONDS,
+                    )
                 )
             )
             for _ in range(2)
@@ -73,20 +80,20 @@ async def replicas(
         yield Replicas(fronts, upstream, key)
 
 
-async def put_grant(replicas: Replicas, grant: dict[str, object]) -> None:
+async def put_grant(replicas: Replicas, grant: dict[str, object], alias: str = ALIAS) -> None:
     """Put the grant through the first replica; return once the second serves it too."""
     first, second = replicas.fronts
-    await first.admin("PUT", f"/tenants/acme/adapters/{ALIAS}", grant)
+    await first.admin("PUT", f"/tenants/acme/adapters/{alias}", grant)
     deadline = time.monotonic() + 10
-    while grant_of(second) != grant_of(first):
+    while grant_of(second, alias) != grant_of(first, alias):
         assert time.monotonic() < deadline, "the second replica never saw the grant"
         await asyncio.sleep(0.02)
 
 
-def grant_of(front: Front) -> Grant | None:
+def grant_of(front: Front, alias: str = ALIAS) -> Grant | None:
     """The replica's view of the alias."""
     tenant = front.gateway.registry.tenant("acme")
-    return tenant.grants.get(ALIAS) if tenant else None
+    return tenant.grants.get(alias) if tenant else None
 
 
 async def test_each_request_goes_upstream_as_the_picked_version_and_says_which(
@@ -181,3 +188,72 @@ async def test_a_version_in_a_split_cannot_be_deleted_and_the_409_names_the_alia
         response = await admin.delete("/admin/v1/adapters/helper/versions/2")
     assert response.status_code == 409
     assert "acme:support" in response.json()["error"]["message"]
+
+
+async def test_the_versions_side_by_side_count_every_replicas_requests(replicas: Replicas) -> None:
+    await put_grant(replicas, {"adapter": "helper", "versions": {"1": 50, "2": 50}})
+    before = await replicas.fronts[0].admin("GET", f"/tenants/acme/adapters/{ALIAS}/versions")
+    sent: Counter[str] = Counter()
+    for n in range(12):
+        response = await replicas.post(replicas.fronts[n % 2], stream=True, max_tokens=3)
+        sent[response.headers["x-adapter-version"]] += 1
+    for front in replicas.fronts:
+        await front.settled()
+        await front.gateway.ledger.flush()
+    after = await replicas.fronts[1].admin("GET", f"/tenants/acme/adapters/{ALIAS}/versions")
+    counted = {
+        v["version"]: v["requests"] - requests_of(before, v["version"]) for v in after["versions"]
+    }
+    assert counted == {int(v): n for v, n in sent.items()}
+    for version in after["versions"]:
+        assert version["finish_reasons"]["length"] >= 1
+        assert version["ttft_ms"]["p50"] >= 0 and version["itl_ms"]["mean"] >= 0
+        assert version["completion_tokens"]["p50"] >= 1
+
+
+def requests_of(comparison: dict[str, Any], version: int) -> int:
+    return sum(v["requests"] for v in comparison["versions"] if v["version"] == version)
+
+
+async def test_a_failing_version_is_rolled_back_once_by_its_rule_on_every_replica(
+    replicas: Replicas,
+) -> None:
+    # An alias of its own: the rule's window holds only this test's requests.
+    rule = {"to": 1, "error_rate": 0.2, "window_seconds": 60, "min_requests": 4}
+    split = {"adapter": "helper", "versions": {"1": 0, "2": 100}, "rollback": rule}
+    await put_grant(replicas, split, alias=CANARY)
+    replicas.upstream.script = Script(status=500)
+    try:
+        for n in range(4):
+            async with replicas.fronts[n % 2].client(replicas.key) as client:
+                body = {"model": CANARY, "messages": [{"role": "user", "content": "hi"}]}
+                assert (await client.post("/v1/chat/completions", json=body)).status_code >= 500
+    finally:
+        replicas.upstream.script = Script()
+    deadline = time.monotonic() + 10
+    while any(versions_of(front) != [1] for front in replicas.fronts):
+        assert time.monotonic() < deadline, "no replica rolled the split back"
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(4 * POLL_SECONDS)  # time for a second, wrong, rollback
+    audit = (await replicas.fronts[0].admin("GET", "/audit?limit=20"))["data"]
+    rollbacks = [
+        e for e in audit if e["action"] == "grant.rollback" and e["target"] == f"acme/{CANARY}"
+    ]
+    latest_put = next(i for i, e in enumerate(audit) if e["action"] == "grant.put")
+    automatic = [e for e in audit[:latest_put] if e in rollbacks]
+    assert [(e["actor"], e["outcome"]) for e in automatic] == [("rollback-rule", "ok")]
+    assert "v2 failed 4 of 4 requests" in automatic[0]["detail"]
+    (grant,) = [
+        g
+        for g in await replicas.fronts[1].admin("GET", "/tenants/acme/adapters")
+        if g["alias"] == CANARY
+    ]
+    assert grant["version"] == 1 and grant["rollback"] is None
+    assert grant["rolled_back"]["actor"] == "rollback-rule"
+    answer = await replicas.post(replicas.fronts[1], model=CANARY)
+    assert answer.headers["x-adapter-version"] == "1"
+
+
+def versions_of(front: Front) -> list[int]:
+    grant = grant_of(front, CANARY)
+    return [w.adapter.version for w in grant.versions] if grant else []

@@ -1,4 +1,5 @@
-"""grants: a weighted split of versions, sticky per end user, and the last rollback
+"""rollouts: grants split across versions (sticky per end user), their rollback rule and last
+rollback; usage rows say how each request went (finish reason, TTFT, inter-token latency)
 
 Revision ID: 0007
 Revises: 0006
@@ -21,10 +22,18 @@ def upgrade() -> None:
     op.add_column(
         "grants", sa.Column("sticky", sa.Boolean(), nullable=False, server_default=sa.false())
     )
+    op.add_column("grants", sa.Column("rollback", sa.JSON(), nullable=True))
     op.add_column("grants", sa.Column("rolled_back", sa.JSON(), nullable=True))
+    op.add_column("usage", sa.Column("finish_reason", sa.String(length=32), nullable=True))
+    op.add_column("usage", sa.Column("ttft_ms", sa.Integer(), nullable=True))
+    op.add_column("usage", sa.Column("itl_ms", sa.Float(), nullable=True))
 
 
 def downgrade() -> None:
+    op.drop_column("usage", "itl_ms")
+    op.drop_column("usage", "ttft_ms")
+    op.drop_column("usage", "finish_reason")
     op.drop_column("grants", "rolled_back")
+    op.drop_column("grants", "rollback")
     op.drop_column("grants", "sticky")
     op.drop_column("grants", "weights")

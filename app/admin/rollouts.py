@@ -1,0 +1,128 @@
+"""An alias's versions side by side, from the usage ledger (so every replica's traffic is in
+it), and the automatic rollback that the same figures decide (docs/rollouts.md)."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.admin.service import AdminService
+from app.store.tables import UsageRow
+from app.tenancy.registry import TenantRegistry
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class VersionStats:
+    """How one version of an alias served its requests over a window."""
+
+    version: int
+    requests: int = 0
+    errors: int = 0
+    """Requests that failed on the engine or upstream (refusals never reach the ledger)."""
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    ttft_ms: list[int] = field(default_factory=list, repr=False)
+    itl_ms: list[float] = field(default_factory=list, repr=False)
+    completion_tokens: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "version": self.version,
+            "requests": self.requests,
+            "errors": self.errors,
+            "error_rate": round(self.error_rate, 4),
+            "finish_reasons": dict(sorted(self.finish_reasons.items())),
+            "ttft_ms": _quantiles(self.ttft_ms),
+            "itl_ms": _quantiles(self.itl_ms),
+            "completion_tokens": _quantiles(self.completion_tokens),
+        }
+
+
+def _quantiles(values: list[int] | list[float]) -> dict[str, float] | None:
+    """p50, p95 and mean; None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+
+    def at(quantile: float) -> float:
+        return float(ordered[min(len(ordered) - 1, int(quantile * len(ordered)))])
+
+    return {"p50": at(0.5), "p95": at(0.95), "mean": round(statistics.fmean(ordered), 2)}
+
+
+async def version_stats(
+    sessions: async_sessionmaker[AsyncSession], tenant_uid: str, alias: str, since: datetime
+) -> list[VersionStats]:
+    """Each version's figures for ``alias`` of the tenant (``uid``) since ``since``."""
+    query = select(
+        UsageRow.adapter_version,
+        UsageRow.status,
+        UsageRow.finish_reason,
+        UsageRow.ttft_ms,
+        UsageRow.itl_ms,
+        UsageRow.completion_tokens,
+    ).where(
+        UsageRow.tenant_uid == tenant_uid,
+        UsageRow.model == alias,
+        UsageRow.started_at >= since,
+        UsageRow.adapter_version.is_not(None),
+    )
+    by_version: dict[int, VersionStats] = {}
+    async with sessions() as session:
+        for version, status, finish, ttft, itl, completion in await session.execute(query):
+            if version is None:  # excluded by the query
+                continue
+            stats = by_version.setdefault(version, VersionStats(version))
+            stats.requests += 1
+            stats.errors += status == "error"
+            if finish:
+                stats.finish_reasons[finish] = stats.finish_reasons.get(finish, 0) + 1
+            if ttft is not None:
+                stats.ttft_ms.append(ttft)
+            if itl is not None:
+                stats.itl_ms.append(itl)
+            stats.completion_tokens.append(completion)
+    return [by_version[v] for v in sorted(by_version)]
+
+
+async def apply_rollback_rules(
+    admin: AdminService,
+    sessions: async_sessionmaker[AsyncSession],
+    registry: TenantRegistry,
+    now: datetime,
+) -> list[str]:
+    """Roll back every split whose rule a version now breaks; what was rolled back."""
+    done = []
+    for tenant, alias, grant in registry.splits():
+        rule = grant.rollback
+        if rule is None:
+            continue
+        since = now - timedelta(seconds=rule.window_seconds)
+        failing = [
+            stats
+            for stats in await version_stats(sessions, tenant.uid, alias, since)
+            if stats.version != rule.to
+            and stats.requests >= rule.min_requests
+            and stats.error_rate > rule.error_rate
+        ]
+        if not failing:
+            continue
+        worst = max(failing, key=lambda s: s.error_rate)
+        reason = (
+            f"v{worst.version} failed {worst.errors} of {worst.requests} requests "
+            f"({worst.error_rate:.1%} > {rule.error_rate:.1%}) in {rule.window_seconds} s"
+        )
+        if await admin.roll_back_by_rule(tenant.id, alias, reason):
+            logger.warning("rolled %s:%s back to v%d: %s", tenant.id, alias, rule.to, reason)
+            done.append(f"{tenant.id}:{alias}")
+    return done
