@@ -171,6 +171,13 @@ SPLIT_TIME_TO_FIRST_TOKEN = Histogram(
     ["tenant", "model", "version"],
     buckets=LATENCY_BUCKETS_S,
 )
+SHADOW_REQUESTS = Counter(
+    "lora_gateway_shadow_requests",
+    "Shadow requests (a tenant's request run again on a candidate version, answer "
+    "discarded) by outcome: ok, error, dropped (no spare capacity), preempted (a request "
+    "needed the capacity).",
+    ["tenant", "model", "status"],
+)
 QUOTA_REJECTIONS = Counter(
     "lora_gateway_quota_rejections",
     "Requests refused by a quota, by tenant, limit (requests, tokens, concurrent, "
@@ -296,6 +303,7 @@ METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
     REQUEST_DURATION,
     SPLIT_REQUESTS,
     SPLIT_TIME_TO_FIRST_TOKEN,
+    SHADOW_REQUESTS,
     QUOTA_REJECTIONS,
     QUOTA_UNCHECKED,
     ADMIN_AUTH_FAILURES,

@@ -66,6 +66,8 @@ class UsageRecord:
     finish_reason: str | None = None
     ttft_ms: int | None = None
     itl_ms: float | None = None
+    # A shadow run (the request again on a candidate version): in the ledger, never billed.
+    shadow: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """The fields by name. Every value is a scalar or a datetime, so this shallow dict is
@@ -325,7 +327,8 @@ async def usage_totals(
     group_by: GroupBy | None,
 ) -> list[UsageTotal]:
     """Totals of the requests of the tenant ``tenant_uid`` started in ``[start, end)``,
-    optionally grouped by adapter (the alias the tenant called), key or UTC day."""
+    optionally grouped by adapter (the alias the tenant called), key or UTC day. Shadow runs
+    are not the tenant's usage."""
     column = {
         "adapter": UsageRow.model,
         "key": UsageRow.key_id,
@@ -338,7 +341,7 @@ async def usage_totals(
         func.coalesce(func.sum(UsageRow.completion_tokens), 0),
     ]
     query = select(*selected, *([column] if column is not None else [])).where(
-        UsageRow.tenant_uid == tenant_uid
+        UsageRow.tenant_uid == tenant_uid, UsageRow.shadow.is_(False)
     )
     if start is not None:
         query = query.where(UsageRow.started_at >= start)

@@ -103,15 +103,16 @@ async def apply_rollback_rules(
 ) -> list[str]:
     """Roll back every split whose rule a version now breaks; what was rolled back."""
     done = []
-    for tenant, alias, grant in registry.splits():
+    for tenant, alias, grant in registry.rollouts():
         rule = grant.rollback
         if rule is None:
             continue
         since = now - timedelta(seconds=rule.window_seconds)
+        judged = {w.adapter.version for w in grant.versions} - {rule.to}  # not the shadow
         failing = [
             stats
             for stats in await version_stats(sessions, tenant.uid, alias, since)
-            if stats.version != rule.to
+            if stats.version in judged
             and stats.requests >= rule.min_requests
             and stats.error_rate > rule.error_rate
         ]

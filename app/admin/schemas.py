@@ -20,6 +20,7 @@ from app.tenancy.manifests import (
     GrantSpec,
     PriorityClass,
     RollbackSpec,
+    ShadowSpec,
     VersionNumber,
     Weight,
 )
@@ -212,6 +213,7 @@ class GrantOut(BaseModel):
     version: int | None = Field(description="The pinned version; null: a split or the latest.")
     versions: dict[int, int] | None = Field(description="A split: version -> weight.")
     sticky: Literal["request", "user"]
+    shadow: ShadowSpec | None = Field(description="The shadowed candidate, if any.")
     rollback: RollbackSpec | None = Field(description="The automatic rollback rule, if any.")
     resolved_version: int | None = Field(
         description="The version a pin or follow-latest grant serves now; null for a split."

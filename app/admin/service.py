@@ -287,7 +287,8 @@ class AdminService:
         self, actor: str, name: str, version: int
     ) -> AdapterVersionRow:
         """Remove one version; refused (409, naming the aliases) while a grant pins it, has
-        it in a split, or follows the latest with no other version to fall back on."""
+        it in a split or as its shadow, or follows the latest with no other version to fall
+        back on."""
         async with self._mutation(actor, "adapter.version.delete", f"{name}@v{version}") as session:
             rows = {
                 row.version: row
@@ -304,6 +305,7 @@ class AdminService:
                 for g in grants
                 if g.version == version
                 or str(version) in (g.weights or {})
+                or (g.shadow or {}).get("version") == version
                 or (g.version is None and not g.weights and len(rows) == 1)
             )
             if holders:
@@ -345,6 +347,11 @@ class AdminService:
                     f"Adapter `{body.adapter}` has no version {', '.join(map(str, missing))}.",
                     param=field,
                 )
+            if body.shadow is not None and body.shadow.version not in versions:
+                raise BadRequestError(
+                    f"Adapter `{body.adapter}` has no version {body.shadow.version}.",
+                    param="shadow.version",
+                )
             row = await session.get(GrantRow, (tenant_id, alias))
             if row is None:
                 row = GrantRow(tenant_id=tenant_id, alias=alias, created_at=now())
@@ -357,6 +364,7 @@ class AdminService:
             row.weights = (
                 None if body.versions is None else {str(v): w for v, w in body.versions.items()}
             )
+            row.shadow = body.shadow.model_dump() if body.shadow else None
             row.rollback = body.rollback.model_dump() if body.rollback else None
             row.rolled_back = None
         return row
@@ -379,7 +387,7 @@ class AdminService:
                     f"Adapter `{row.adapter_name}` has no version {version}.", param="version"
                 )
             row.rolled_back = _rolled_back(row, version, actor, "an admin's call")
-            row.version, row.weights, row.rollback = version, None, None
+            row.version, row.weights, row.shadow, row.rollback = version, None, None, None
         return row
 
     async def roll_back_by_rule(self, tenant_id: str, alias: str, reason: str) -> bool:
@@ -403,6 +411,7 @@ class AdminService:
                 .values(
                     version=to,
                     weights=None,
+                    shadow=None,
                     rollback=None,
                     rolled_back=_rolled_back(row, to, ROLLBACK_RULE_ACTOR, reason),
                 )
@@ -549,6 +558,7 @@ def grant_spec(row: GrantRow) -> GrantSpec:
         version=row.version,
         versions={int(v): w for v, w in row.weights.items()} if row.weights else None,
         sticky="user" if row.sticky else "request",
+        shadow=row.shadow,
         rollback=row.rollback,
     )
 

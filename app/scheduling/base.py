@@ -9,6 +9,7 @@ the order is chosen once, by :func:`app.scheduling.admission_for`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -56,6 +57,12 @@ class Admission(Protocol):
 
     def admit(self, ticket: Ticket) -> Slot:
         """The request's slot, not yet acquired."""
+
+    def spare(self, ticket: Ticket, preempt: Callable[[], object]) -> Slot | None:
+        """A slot for work that may only use capacity no request wants (a shadow request),
+        acquired at once; None when there is none now (the work is dropped). ``preempt`` is
+        called when a request would wait for that capacity: the work must then stop, and
+        release its slot."""
 
     def follow(self, engine: Engine | None) -> None:
         """The engine the requests go to, once it runs (``None`` once it stops): a policy may

@@ -50,6 +50,7 @@ class FairAdmission:
         self._load: Callable[[], EngineLoad | None] | None = None
         self._step: int | None = None  # the engine's last report seen
         self._poller: asyncio.Task[None] | None = None
+        self._spares: set[SpareSlot] = set()
         if window is not None:
             queue.resize(window.size)
         metrics.SCHEDULER_SLOTS.labels("window").set(queue.window)
@@ -57,6 +58,17 @@ class FairAdmission:
 
     def admit(self, ticket: Ticket) -> FairSlot:
         return FairSlot(self, ticket)
+
+    def spare(self, ticket: Ticket, preempt: Callable[[], object]) -> SpareSlot | None:
+        """Spare capacity (:meth:`FairQueue.take_spare`), given up through ``preempt`` as
+        soon as a request has to wait."""
+        seqs = max(1, ticket.seqs)
+        if not self.queue.take_spare(seqs):
+            return None
+        slot = SpareSlot(self, seqs, preempt)
+        self._spares.add(slot)
+        metrics.SCHEDULER_SLOTS.labels("in_flight").set(self.queue.in_flight)
+        return slot
 
     def follow(self, engine: Engine | None) -> None:
         """Read ``engine``'s load reports from now on, where it makes them: into the gauges,
@@ -119,6 +131,10 @@ class FairAdmission:
         self._granted[id(waiting)] = future
         self._depth_changed(ticket.tenant)
         self._dispatch(immediate=waiting)
+        if not future.done():
+            # A request waits: spare work gives its capacity back first.
+            for spare in list(self._spares):
+                spare.preempt()
         return waiting, future
 
     def _leave(self, waiting: Waiting) -> None:
@@ -134,6 +150,12 @@ class FairAdmission:
         self._mean_hold += HOLD_SMOOTHING * (held - self._mean_hold)
         self.queue.done(ticket, used)
         self._dispatch()
+
+    def _release_spare(self, slot: SpareSlot) -> None:
+        if slot in self._spares:
+            self._spares.discard(slot)
+            self.queue.return_spare(slot.seqs)
+            self._dispatch()
 
     def _dispatch(self, immediate: Waiting | None = None) -> None:
         self._adapt()
@@ -192,3 +214,26 @@ class FairSlot:
             return
         held, self._held_since = self._admission._clock() - self._held_since, None
         self._admission._release(self._ticket, held, self._used)
+
+
+class SpareSlot:
+    """Spare capacity, held at once; :meth:`preempt` stops its work (once)."""
+
+    def __init__(self, admission: FairAdmission, seqs: int, stop: Callable[[], object]) -> None:
+        self._admission = admission
+        self.seqs = seqs
+        self._stop: Callable[[], object] | None = stop
+
+    def preempt(self) -> None:
+        stop, self._stop = self._stop, None
+        if stop is not None:
+            stop()
+
+    async def acquire(self) -> None:
+        return None
+
+    def settle(self, tokens: int) -> None:
+        return None
+
+    def release(self) -> None:
+        self._admission._release_spare(self)

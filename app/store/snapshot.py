@@ -7,6 +7,7 @@ made elsewhere by polling the store's revision counter.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 from sqlalchemy import select
@@ -23,7 +24,7 @@ from app.store.tables import (
     TenantRow,
 )
 from app.tenancy.adapters import Adapter
-from app.tenancy.grants import Grant, RollbackRule, Weighted
+from app.tenancy.grants import Grant, RollbackRule, Shadow, Weighted
 from app.tenancy.registry import TenantRegistry
 from app.tenancy.tenants import ApiKey, Tenant
 
@@ -45,6 +46,14 @@ def adapter_of(row: AdapterVersionRow) -> Adapter:
 def grant_of(row: GrantRow, available: dict[int, Adapter]) -> Grant | None:
     """The grant ``row`` makes of the adapter's ``available`` versions; None where none of
     the versions it names (with a weight above 0) exists."""
+    served = _served(row, available)
+    shadow = row.shadow
+    if served is None or shadow is None or shadow["version"] not in available:
+        return served
+    return replace(served, shadow=Shadow(available[shadow["version"]], shadow["percent"]))
+
+
+def _served(row: GrantRow, available: dict[int, Adapter]) -> Grant | None:
     if row.weights:
         split = [
             Weighted(available[int(version)], weight)

@@ -117,6 +117,8 @@ class GrantRow(Base):
     weights: Mapped[dict[str, int] | None] = mapped_column(JSON(none_as_null=True))
     # Pick a split's version once per end user rather than per request.
     sticky: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # A candidate version also run on a share of requests: {version, percent}.
+    shadow: Mapped[dict[str, int] | None] = mapped_column(JSON(none_as_null=True))
     # Roll back automatically: {to, error_rate, window_seconds, min_requests} (a split only).
     rollback: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     # What the last rollback replaced, by whom and when; cleared when the grant is put again.
@@ -207,5 +209,7 @@ class UsageRow(Base):
     finish_reason: Mapped[str | None] = mapped_column(String(32))
     ttft_ms: Mapped[int | None]
     itl_ms: Mapped[float | None] = mapped_column(Float)
+    # A shadow request: run on a candidate version for comparison, never billed.
+    shadow: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     started_at: Mapped[datetime]
     finished_at: Mapped[datetime]

@@ -42,6 +42,18 @@ class RollbackRule:
 
 
 @dataclass(frozen=True)
+class Shadow:
+    """A candidate version that also runs ``percent`` of the alias's requests, unseen."""
+
+    adapter: Adapter
+    percent: int
+
+    def drawn(self, rng: random.Random) -> bool:
+        """Whether one request is shadowed."""
+        return rng.random() * 100 < self.percent
+
+
+@dataclass(frozen=True)
 class Grant:
     """A tenant's alias: the versions it is served with (one, or a weighted split), whether
     a version is picked per request or once per end user (``sticky``), and when to roll the
@@ -50,6 +62,7 @@ class Grant:
     versions: tuple[Weighted, ...]
     sticky: bool = False
     rollback: RollbackRule | None = None
+    shadow: Shadow | None = None
     _live: tuple[Weighted, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -65,8 +78,9 @@ class Grant:
 
     @property
     def adapters(self) -> tuple[Adapter, ...]:
-        """Every version the grant names, those of weight 0 included."""
-        return tuple(w.adapter for w in self.versions)
+        """Every version the grant names, those of weight 0 and the shadow included."""
+        shadow = (self.shadow.adapter,) if self.shadow else ()
+        return tuple(w.adapter for w in self.versions) + shadow
 
     def pick(self, sticky_key: str, rng: random.Random) -> Adapter:
         """The version one request is served with. ``sticky_key`` names the end user (a

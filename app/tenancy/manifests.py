@@ -86,6 +86,16 @@ class RollbackSpec(BaseModel):
     )
 
 
+class ShadowSpec(BaseModel):
+    """Also send a share of the alias's requests to a candidate version, whose answers are
+    discarded (docs/rollouts.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: VersionNumber = Field(description="The candidate; not a version of the split.")
+    percent: int = Field(ge=1, le=100, strict=True, description="Share of requests shadowed.")
+
+
 class GrantSpec(BaseModel):
     """What an alias is served with: the latest version of ``adapter``, one pinned
     ``version``, or a weighted split of ``versions``."""
@@ -111,6 +121,9 @@ class GrantSpec(BaseModel):
         ),
     )
 
+    shadow: ShadowSpec | None = Field(
+        None, description="Also run a share of the requests on a candidate version, unseen."
+    )
     rollback: RollbackSpec | None = Field(
         None, description="Roll the split back on its own (the versions' errors: 5xx, engine)."
     )
@@ -131,6 +144,20 @@ class GrantSpec(BaseModel):
         if not any(versions.values()):
             raise PydanticCustomError("split", "at least one version needs a weight above 0")
         return dict(sorted(versions.items()))
+
+    @field_validator("shadow")
+    @classmethod
+    def _shadow_apart(cls, shadow: ShadowSpec | None, info: ValidationInfo) -> ShadowSpec | None:
+        if shadow is not None and (
+            shadow.version == info.data.get("version")
+            or shadow.version in (info.data.get("versions") or {})
+        ):
+            raise PydanticCustomError(
+                "shadow",
+                "the shadow version ({version}) also serves the alias; shadow another",
+                {"version": shadow.version},
+            )
+        return shadow
 
     @field_validator("rollback")
     @classmethod
@@ -157,8 +184,11 @@ class GrantSpec(BaseModel):
             sticky = " sticky per user" if self.sticky == "user" else ""
             rule = self.rollback
             back = f", back to v{rule.to} above {rule.error_rate:.0%} errors" if rule else ""
-            return f"{self.adapter} {{{split}}}{sticky}{back}"
-        return f"{self.adapter} v{self.version}" if self.version else self.adapter
+            served = f"{self.adapter} {{{split}}}{sticky}{back}"
+        else:
+            served = f"{self.adapter} v{self.version}" if self.version else self.adapter
+        shadow = self.shadow
+        return served + (f", shadowed {shadow.percent}% on v{shadow.version}" if shadow else "")
 
 
 class ManifestError(ValueError):

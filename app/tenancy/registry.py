@@ -38,11 +38,11 @@ class TenantRegistry:
         self._tenants = {t.id: t for t in tenants}
         self._keys = {k.sha256: k for k in keys if k.tenant_id in self._tenants}
         self.base_model_id = base_model_id
-        self._splits = [
+        self._rollouts = [
             (tenant, alias, grant)
             for tenant in self._tenants.values()
             for alias, grant in tenant.grants.items()
-            if len(grant.versions) > 1
+            if len(grant.versions) > 1 or grant.shadow is not None
         ]
 
     def authenticate(self, key: str | None, *, now: datetime | None = None) -> Principal:
@@ -80,13 +80,17 @@ class TenantRegistry:
         grant = tenant.grants.get(model)
         if grant is None:
             raise ModelNotFoundError(model)
+        shadow = grant.shadow
         return ModelTarget(
-            model=model, adapter=grant.pick(sticky_key, rng), split=len(grant.versions) > 1
+            model=model,
+            adapter=grant.pick(sticky_key, rng),
+            split=len(grant.versions) > 1,
+            shadow=shadow.adapter if shadow is not None and shadow.drawn(rng) else None,
         )
 
-    def splits(self) -> list[tuple[Tenant, str, Grant]]:
-        """Every alias served by a split of versions: its tenant, name and grant."""
-        return self._splits
+    def rollouts(self) -> list[tuple[Tenant, str, Grant]]:
+        """Every alias served by a split of versions or shadowed: its tenant, name, grant."""
+        return self._rollouts
 
     def models_for(self, tenant: Tenant) -> list[ModelEntry]:
         entries = []

@@ -95,3 +95,5 @@ class ModelTarget:
     adapter: Adapter | None
     # Whether the alias is split across versions (its metrics then name the version).
     split: bool = False
+    # A candidate version this request is also run on, its answer discarded (a shadow).
+    shadow: Adapter | None = None

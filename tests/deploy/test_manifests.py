@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from app.serving.front.upstream import OBJECTIVE_HEADER, objective_of
+from app.serving.front.upstream import OBJECTIVE_HEADER, SHADOW_OBJECTIVE, objective_of
 from app.settings import Settings
 from app.tenancy.tenants import PRIORITIES, Tenant
 from tests.deploy.manifests import (
@@ -328,13 +328,15 @@ def objectives(manifests: list[Manifest]) -> dict[str, Manifest]:
     return {m["metadata"]["name"]: m for m in find(manifests, "InferenceObjective")}
 
 
-def test_every_priority_class_has_an_objective_of_the_pool(manifests: list[Manifest]) -> None:
+def test_every_priority_class_and_shadows_have_an_objective_of_the_pool(
+    manifests: list[Manifest],
+) -> None:
     found = objectives(manifests)
     # The picker looks an objective up by the header's value, the objective's name.
     assert OBJECTIVE_HEADER == "x-llm-d-inference-objective"
     sent = {objective_of(Tenant(id="t", name="t", priority=p)) for p in PRIORITIES}
     assert sent == set(PRIORITIES)
-    assert set(found) == sent
+    assert set(found) == sent | {SHADOW_OBJECTIVE}
     epp = only_container(manifests, "lora-gateway-epp")
     args = dict(arg.removeprefix("--").split("=", 1) for arg in epp["args"])
     for name, objective in found.items():
@@ -344,10 +346,13 @@ def test_every_priority_class_has_an_objective_of_the_pool(manifests: list[Manif
         one(manifests, "InferencePool", objective["spec"]["poolRef"]["name"])
 
 
-def test_interactive_is_dispatched_before_batch(manifests: list[Manifest]) -> None:
+def test_interactive_is_dispatched_before_batch_and_only_shadows_are_sheddable(
+    manifests: list[Manifest],
+) -> None:
     priority = {name: o["spec"]["priority"] for name, o in objectives(manifests).items()}
     assert priority["interactive"] > priority["batch"]
     # Negative priorities are sheddable in the picker: dropped when the pool is saturated.
+    assert priority.pop(SHADOW_OBJECTIVE) < 0
     assert min(priority.values()) >= 0
 
 

@@ -152,7 +152,9 @@ class FrontEndpoint(Prepared[RequestT]):
         call = UpstreamCall(
             path=self.path,
             body=upstream_body(request, generation, self.fields),
-            headers=request_headers(generation.principal.tenant, generation.request_id),
+            headers=request_headers(
+                generation.principal.tenant, generation.request_id, shadow=generation.shadow
+            ),
             names={name: request.model} if name != request.model else {},
         )
         return UpstreamRun(self._upstream, call, generation, reservation)
@@ -273,7 +275,8 @@ class FrontFactory:
     holds_adapter_copies = False
     # The llm-d router's flow control keeps the tenants fair (the front sends the tenant as
     # its fairness id): the front admits first come, first served.
-    admission = FcfsAdmission()
+    # The upstream pool drops shadows first (their sheddable objective), not this admission.
+    admission = FcfsAdmission(spare=True)
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings

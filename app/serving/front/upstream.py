@@ -36,6 +36,8 @@ client should hear so (503) long before a generation's timeout."""
 
 FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
 OBJECTIVE_HEADER = "x-llm-d-inference-objective"
+SHADOW_OBJECTIVE = "shadow"
+"""The objective of shadow requests: sheddable (deploy/kubernetes/inference-objectives.yaml)."""
 
 # The upstream answering these means the front itself is misconfigured (its credentials, a
 # proxy): not the client's fault, so not passed on as the client's error.
@@ -67,14 +69,15 @@ async def open_upstream(settings: Settings) -> AsyncIterator[Upstream]:
         yield Upstream(client)
 
 
-def request_headers(tenant: Tenant, request_id: str) -> dict[str, str]:
+def request_headers(tenant: Tenant, request_id: str, *, shadow: bool = False) -> dict[str, str]:
     """The headers a forwarded request carries: these and nothing a client sent.
 
     No client header is ever forwarded, so a client cannot set the llm-d router's headers
     (``x-llm-d-*``: the model rewrite, another tenant's fairness id, an objective) nor the
-    gateway's own (``x-gateway-*``)."""
+    gateway's own (``x-gateway-*``). A shadow goes under the sheddable objective, which the
+    pool drops first when saturated."""
     headers = {"x-request-id": request_id, FAIRNESS_HEADER: tenant.id}
-    objective = objective_of(tenant)
+    objective = SHADOW_OBJECTIVE if shadow else objective_of(tenant)
     if objective is not None:
         headers[OBJECTIVE_HEADER] = objective
     return headers

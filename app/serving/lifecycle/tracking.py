@@ -162,6 +162,7 @@ class Service(Protocol[RequestContra, RunT]):
         """The response as server-sent events, as it is produced."""
 
 
+SHADOW_OUTCOMES: dict[Outcome, str] = {"ok": "ok", "error": "error", "cancelled": "preempted"}
 ADAPTER_VERSION_HEADER = "x-adapter-version"
 """The adapter version a response was served with (``model`` stays the alias called)."""
 
@@ -309,6 +310,9 @@ class RequestTracker:
                         else self._refused(run, refused)
                     )
                     await asyncio.shield(self._spawn(self._released_after(finish, run, slot)))
+                    candidate = generation.target.shadow
+                    if candidate is not None and refused is None and outcome != "cancelled":
+                        self._spawn(self._shadow(service, request, generation, candidate))
 
     async def _admit(
         self,
@@ -480,39 +484,97 @@ class RequestTracker:
             generation.target.model,
             (generation.endpoint),
         )
-        elapsed = time.monotonic() - began
         metrics.REQUESTS.labels(tenant, model, endpoint, outcome).inc()
         metrics.PROMPT_TOKENS.labels(tenant, model).inc(prompt_tokens)
         metrics.COMPLETION_TOKENS.labels(tenant, model).inc(completion_tokens)
-        metrics.REQUEST_DURATION.labels(tenant, model, endpoint).observe(elapsed)
+        metrics.REQUEST_DURATION.labels(tenant, model, endpoint).observe(time.monotonic() - began)
+        record = self._record(run, outcome, began, started_at, user)
         adapter = generation.target.adapter
-        timing = _timing_fields(run.timing, began, completion_tokens)
         if adapter is not None and generation.target.split:
             version = str(adapter.version)
             metrics.SPLIT_REQUESTS.labels(tenant, model, version, outcome).inc()
-            if timing["ttft_ms"] is not None:
-                ttft = timing["ttft_ms"] / 1000
+            if record.ttft_ms is not None:
+                ttft = record.ttft_ms / 1000
                 metrics.SPLIT_TIME_TO_FIRST_TOKEN.labels(tenant, model, version).observe(ttft)
-        self._ledger.record(
-            UsageRecord(
-                request_id=generation.request_id,
-                tenant_id=tenant,
-                tenant_uid=generation.principal.tenant.uid,
-                key_id=generation.principal.key_id,
-                endpoint=endpoint,
-                model=model,
-                adapter=adapter.name if adapter else None,
-                adapter_version=adapter.version if adapter else None,
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-                status=outcome,
-                latency_ms=round(elapsed * 1000),
-                started_at=started_at,
-                finished_at=datetime.now(timezone.utc),
-                user=user,
-                **timing,
-            )
+
+    def _record(
+        self, run: Run, outcome: Outcome, began: float, started_at: datetime, user: str | None
+    ) -> UsageRecord:
+        """Write ``run``'s usage record (once it is closed); the record."""
+        generation = run.generation
+        principal, adapter = generation.principal, generation.target.adapter
+        record = UsageRecord(
+            request_id=generation.request_id,
+            tenant_id=principal.tenant.id,
+            tenant_uid=principal.tenant.uid,
+            key_id=principal.key_id,
+            endpoint=generation.endpoint,
+            model=generation.target.model,
+            adapter=adapter.name if adapter else None,
+            adapter_version=adapter.version if adapter else None,
+            prompt_tokens=run.prompt_tokens,
+            completion_tokens=run.completion_tokens,
+            status=outcome,
+            latency_ms=round((time.monotonic() - began) * 1000),
+            started_at=started_at,
+            finished_at=datetime.now(timezone.utc),
+            user=user,
+            shadow=generation.shadow,
+            **_timing_fields(run.timing, began, run.completion_tokens),
         )
+        self._ledger.record(record)
+        return record
+
+    async def _shadow(
+        self,
+        service: Service[Request, RunT],
+        request: Request,
+        generation: Generation,
+        candidate: Adapter,
+    ) -> None:
+        """Run the request again on the ``candidate`` version, in spare capacity only, and
+        record it as a shadow (never billed); its answer is discarded. Dropped when there is
+        no spare capacity; stopped as soon as a request needs it."""
+        tenant, model = generation.principal.tenant.id, generation.target.model
+        task = asyncio.current_task()
+        assert task is not None
+        slot = self._admission.spare(ticket_of(generation), task.cancel)
+        if slot is None:
+            metrics.SHADOW_REQUESTS.labels(tenant, model, "dropped").inc()
+            return
+        quiet = request.model_copy(update={"stream": False, "stream_options": None})
+        shadowed = replace(
+            generation,
+            request_id=f"{generation.request_id}-shadow",
+            target=ModelTarget(model=model, adapter=candidate),
+            shadow=True,
+        )
+        began, started_at = time.monotonic(), datetime.now(timezone.utc)
+        outcome: Outcome = "error"
+        try:
+            with ExitStack() as holds:
+                if self._held_copy is not None:
+                    copy = self._held_copy(candidate.sha256)
+                    target = await self._on_this_host(shadowed.target, candidate, holds, copy)
+                    shadowed = replace(shadowed, target=target)
+                run = service.start(quiet, shadowed, None)
+                try:
+                    await service.complete(quiet, run)
+                    outcome = "ok"
+                except asyncio.CancelledError:
+                    outcome = "cancelled"
+                    raise
+                finally:
+                    # Every token the engine produced is in the ledger, preempted or not.
+                    await asyncio.shield(run.close())
+                    self._record(run, outcome, began, started_at, request.user)
+        except asyncio.CancelledError:
+            outcome = "cancelled"  # a request needed the capacity, or the gateway stops
+        except Exception:
+            logger.info("shadow request %s failed", shadowed.request_id, exc_info=True)
+        finally:
+            slot.release()
+        metrics.SHADOW_REQUESTS.labels(tenant, model, SHADOW_OUTCOMES[outcome]).inc()
 
 
 def _timing_fields(timing: RunTiming, began: float, completion_tokens: int) -> dict[str, Any]:

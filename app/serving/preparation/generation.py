@@ -33,6 +33,8 @@ class Generation:
     target: ModelTarget
     prompt_token_ids: Sequence[int]
     params: SamplingParams
+    # A shadow run: the same request on a candidate version, its answer discarded, unbilled.
+    shadow: bool = False
 
     @property
     def prompt_tokens(self) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.serving.front.upstream import OBJECTIVE_HEADER, SHADOW_OBJECTIVE
 from app.tenancy.grants import Grant
 from tests.support.fake_upstream import FakeUpstream, Script, fake_upstream
 from tests.support.front_app import Front, front_settings, running_front
@@ -25,6 +26,7 @@ from tests.support.harness import ADMIN_TOKEN
 DEMO_ADAPTERS = Path(__file__).resolve().parents[3] / "var/adapters"
 ALIAS = "support"
 CANARY = "canary"
+SHADOWED = "shadowed"
 POLL_SECONDS = 0.2
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -257,3 +259,40 @@ async def test_a_failing_version_is_rolled_back_once_by_its_rule_on_every_replic
 def versions_of(front: Front) -> list[int]:
     grant = grant_of(front, CANARY)
     return [w.adapter.version for w in grant.versions] if grant else []
+
+
+async def test_a_shadow_goes_upstream_sheddable_and_is_never_the_tenants(
+    replicas: Replicas,
+) -> None:
+    first = replicas.fronts[0]
+    grant = {"adapter": "helper", "version": 1, "shadow": {"version": 2, "percent": 100}}
+    await put_grant(replicas, grant, alias=SHADOWED)
+    await first.admin("PUT", "/tenants/acme/quota", {"token_budget": 10**6, "budget_period": "day"})
+    try:
+        used_before = (await first.admin("GET", "/tenants/acme/quota/usage"))["budget_used"]
+        replicas.upstream.requests.clear()
+        answer = await replicas.post(first, model=SHADOWED, max_tokens=3)
+        assert answer.headers["x-adapter-version"] == "1" and answer.json()["model"] == SHADOWED
+        replicas.upstream.wait_for_requests(2)
+        tenant_call, shadow_call = replicas.upstream.requests
+        assert tenant_call.body["model"] == "helper@v1"
+        assert shadow_call.body["model"] == "helper@v2" and "stream" not in shadow_call.body
+        assert shadow_call.headers[OBJECTIVE_HEADER] == SHADOW_OBJECTIVE
+        assert tenant_call.headers[OBJECTIVE_HEADER] == "interactive"
+        await first.settled()
+        records = [r for r in await first.usage_records() if r.model == SHADOWED]
+        assert [(r.adapter_version, r.shadow, r.status) for r in records] == [
+            (1, False, "ok"),
+            (2, True, "ok"),
+        ]
+        assert records[1].request_id == f"{records[0].request_id}-shadow"
+        # Charged the tenant's own request only, in its budget and its usage report.
+        used = (await first.admin("GET", "/tenants/acme/quota/usage"))["budget_used"]
+        own = records[0].prompt_tokens + records[0].completion_tokens
+        assert used - used_before == own
+        report = await first.admin("GET", "/tenants/acme/usage?group_by=adapter")
+        assert [g["requests"] for g in report["data"] if g["group"] == SHADOWED] == [1]
+        compared = await first.admin("GET", f"/tenants/acme/adapters/{SHADOWED}/versions")
+        assert [v["version"] for v in compared["versions"]] == [1, 2]
+    finally:
+        await first.admin("PUT", "/tenants/acme/quota", {})
