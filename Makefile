@@ -21,11 +21,11 @@ DEMO_ADAPTERS := $(shell $(PYTHON) -c 'from tools.demo.training import DEMO_ADAP
 $(if $(DEMO_ADAPTERS),,$(error could not read the demo adapters' names from tools/demo/training.py with $(PYTHON)))
 
 
-.PHONY: install model adapters demo serve services test test-fast coverage bench bench-quick bench-lora gateway-cost soak lint clean help
+.PHONY: install model adapters demo serve services test test-fast coverage bench bench-quick bench-lora bench-shadow gateway-cost soak lint clean help
 
 help:
 	@sed -n 's/^# \{0,1\}//p' Makefile | head -7
-	@echo "targets: install model adapters demo serve services test test-fast coverage bench bench-quick bench-lora gateway-cost soak lint clean"
+	@echo "targets: install model adapters demo serve services test test-fast coverage bench bench-quick bench-lora bench-shadow gateway-cost soak lint clean"
 
 install: $(VENV)/.installed
 
@@ -115,6 +115,10 @@ bench-quick: install model
 # (bench/results/lora-<time>/ and docs/performance.md).
 bench-lora: install model
 	$(BIN)/python -m bench.lora
+
+# A tenant's TTFT with its alias shadowed at 100% against no shadow, at one load (bench/shadow.py)
+bench-shadow: install model
+	$(BIN)/python -m bench.shadow
 
 # The gateway's own CPU per request and per streamed token over an engine that costs nothing,
 # 16 and 256 concurrent streams (docs/performance.md, "The gateway's own cost").
