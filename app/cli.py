@@ -82,6 +82,7 @@ async def register_adapter(settings: Settings, name: str, path: str) -> str:
 
 
 async def apply_tenants(settings: Settings, directory: Path, prune: bool) -> list[str]:
+    from app.admin.manifests import apply_manifests
     from app.admin.schemas import check_grant_alias
     from app.tenancy.manifests import load_manifests
 
@@ -90,7 +91,7 @@ async def apply_tenants(settings: Settings, directory: Path, prune: bool) -> lis
         for alias in manifest.adapters:
             check_grant_alias(alias, settings.base_model_id)
     async with admin_service(settings) as admin:
-        return await admin.apply_manifests(CLI_ACTOR, manifests, prune=prune)
+        return await apply_manifests(admin, CLI_ACTOR, manifests, prune=prune)
 
 
 def admin_token(settings: Settings) -> None:

@@ -75,6 +75,7 @@ class Gateway:
             self.background,
             admission=self.admission,
             lease_seconds=settings.quota_lease_seconds,
+            shadow_wait_seconds=settings.shadow_wait_seconds,
             held_copy=self.admin.storage.held_copy if backends.holds_adapter_copies else None,
         )
         self._tasks: set[asyncio.Task[None]] = set()

@@ -200,6 +200,12 @@ class Settings(BaseSettings):
     registry_poll_seconds: float = Field(
         0.5, gt=0, description="How often to look for changes made by other replicas."
     )
+    shadow_wait_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="How long a shadow request waits for an idle engine before it is dropped "
+        "(docs/rollouts.md).",
+    )
     rollback_check_seconds: float = Field(
         5.0,
         gt=0,

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.settings import Settings
 from bench.client import run_workload
@@ -39,6 +41,26 @@ async def grant(system: GatewaySystem, alias: str, shadow: bool) -> None:
             f"{system.base_url}/admin/v1/tenants/tenant-000/adapters/{alias}", json=body
         )
         response.raise_for_status()
+
+
+async def shadow_outcomes(system: GatewaySystem) -> Counter[str]:
+    """``lora_gateway_shadow_requests_total`` by status, summed over tenants and models."""
+    counts: Counter[str] = Counter()
+    for family in text_string_to_metric_families(await system.metrics_text() or ""):
+        for sample in family.samples:
+            if sample.name == "lora_gateway_shadow_requests_total":
+                counts[sample.labels["status"]] += int(sample.value)
+    return counts
+
+
+async def settled_shadows(system: GatewaySystem, before: Counter[str], requests: int) -> str:
+    """Wait until every request's shadow has ended (so that none runs into the next
+    phase); how they ended."""
+    while True:
+        ended = await shadow_outcomes(system) - before
+        if sum(ended.values()) >= requests:
+            return ", ".join(f"{n} {status}" for status, n in sorted(ended.items()))
+        await asyncio.sleep(0.5)
 
 
 async def measure(
@@ -79,13 +101,18 @@ async def main(args: argparse.Namespace) -> None:
             for shadow in (False, True) if round_ % 2 == 0 else (True, False):
                 await grant(system, first.name, shadow)
                 await asyncio.sleep(2 * settings.registry_poll_seconds)
-                samples[shadow] = await measure(system, [first], spec, ON if shadow else OFF)
-                sample = samples[shadow]
+                before = await shadow_outcomes(system)
+                samples[shadow] = sample = await measure(
+                    system, [first], spec, ON if shadow else OFF
+                )
+                shadows = (
+                    await settled_shadows(system, before, len(sample.records)) if shadow else "-"
+                )
                 errors = sum(not r.ok for r in sample.records)
                 p99 = (TTFT_P99.of(sample) or float("nan")) * TTFT_P99.scale
                 print(
                     f"round {round_} {sample.point}: {len(sample.records)} requests, "
-                    f"{errors} errors, TTFT p99 {p99:.0f} ms"
+                    f"{errors} errors, TTFT p99 {p99:.0f} ms; shadows: {shadows}"
                 )
             pairs.append((samples[True], samples[False]))
     finally:

@@ -37,7 +37,7 @@ from app.store.tables import (
 from app.tenancy import keys
 from app.tenancy.adapters import AdapterError
 from app.tenancy.base_model import BaseModelInfo
-from app.tenancy.manifests import GrantSpec, TenantManifest
+from app.tenancy.manifests import GrantSpec
 from app.tenancy.storage import AdapterStore, open_adapter_store
 from app.tenancy.validation import ValidatedAdapter
 
@@ -485,82 +485,8 @@ class AdminService:
         more = len(rows) > limit
         return rows[:limit], (offset + limit if more else None)
 
-    # -- manifests --------------------------------------------------------------
-
-    async def apply_manifests(
-        self, actor: str, manifests: Iterable[TenantManifest], *, prune: bool = False
-    ) -> list[str]:
-        """Make the store match the manifests (tenants, flags, grants); idempotent.
-
-        Keys are issued through the API, never declared, so they are left as
-        they are. With ``prune``, tenants absent from the manifests are deleted.
-        Returns a line per change.
-        """
-        changes: list[str] = []
-        wanted = {m.id: m for m in manifests}
-        for manifest in wanted.values():
-            current = {t.id: t for t in await self.list_tenants()}.get(manifest.id)
-            if current is None:
-                current = await self.create_tenant(
-                    actor,
-                    schemas.TenantCreate(
-                        id=manifest.id,
-                        name=manifest.name,
-                        allow_base_model=manifest.allow_base_model,
-                        weight=manifest.weight,
-                        priority=manifest.priority,
-                    ),
-                )
-                changes.append(f"created tenant {manifest.id}")
-            update_ = schemas.TenantUpdate(
-                name=manifest.name,
-                allow_base_model=manifest.allow_base_model,
-                enabled=manifest.enabled,
-                weight=manifest.weight,
-                priority=manifest.priority,
-            )
-            if any(
-                getattr(current, f) != v for f, v in update_.model_dump(exclude_none=True).items()
-            ):
-                await self.update_tenant(actor, manifest.id, update_)
-                changes.append(f"updated tenant {manifest.id}")
-            grants = {g.alias: g for g in await self.list_grants(manifest.id)}
-            for alias, spec in manifest.grants().items():
-                grant = grants.pop(alias, None)
-                if grant is None or grant_spec(grant) != spec or grant.rolled_back:
-                    await self.put_grant(actor, manifest.id, alias, spec)
-                    change = f"granted {manifest.id}:{alias} -> {spec.describe()}"
-                    if grant is not None and grant.rolled_back:
-                        rollback = grant.rolled_back
-                        change += (
-                            f" (overwrites the rollback to v{rollback['to']} of {rollback['at']}"
-                            f" by {rollback['actor']})"
-                        )
-                    changes.append(change)
-            for alias in grants:
-                await self.delete_grant(actor, manifest.id, alias)
-                changes.append(f"revoked {manifest.id}:{alias}")
-        if prune:
-            for tenant in await self.list_tenants():
-                if tenant.id not in wanted:
-                    await self.delete_tenant(actor, tenant.id)
-                    changes.append(f"deleted tenant {tenant.id}")
-        return changes
-
 
 _AUDITED = "_lora_gateway_audited"
-
-
-def grant_spec(row: GrantRow) -> GrantSpec:
-    """What ``row`` grants, in the shape manifests and the API write it."""
-    return GrantSpec(
-        adapter=row.adapter_name,
-        version=row.version,
-        versions={int(v): w for v, w in row.weights.items()} if row.weights else None,
-        sticky="user" if row.sticky else "request",
-        shadow=row.shadow,
-        rollback=row.rollback,
-    )
 
 
 def _rolled_back(row: GrantRow, to: int, actor: str, reason: str) -> dict[str, Any]:
@@ -570,7 +496,7 @@ def _rolled_back(row: GrantRow, to: int, actor: str, reason: str) -> dict[str, A
         "at": now().isoformat(),
         "actor": actor,
         "reason": reason,
-        "replaced": grant_spec(row).describe(),
+        "replaced": row.spec().describe(),
     }
 
 

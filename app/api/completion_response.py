@@ -17,7 +17,8 @@ from starlette.types import Receive, Scope, Send
 from app.api.errors import PRECHECKED, render
 from app.api.streaming_app import SERVER_SEND
 from app.errors import GatewayError
-from app.serving.lifecycle.tracking import ClientDisconnected, Request, RequestTracker, Service
+from app.serving.lifecycle.runs import ClientDisconnected, Request, Service
+from app.serving.lifecycle.tracking import RequestTracker
 from app.tenancy.tenants import Principal
 
 T = TypeVar("T")

@@ -58,11 +58,13 @@ class Admission(Protocol):
     def admit(self, ticket: Ticket) -> Slot:
         """The request's slot, not yet acquired."""
 
-    def spare(self, ticket: Ticket, preempt: Callable[[], object]) -> Slot | None:
-        """A slot for work that may only use capacity no request wants (a shadow request),
-        acquired at once; None when there is none now (the work is dropped). ``preempt`` is
-        called when a request would wait for that capacity: the work must then stop, and
-        release its slot."""
+    async def spare(
+        self, ticket: Ticket, preempt: Callable[[], object], *, wait: float
+    ) -> Slot | None:
+        """A slot, already acquired, for work that may only use capacity no request wants (a
+        shadow request), once there is some within ``wait`` seconds; else None (the work is
+        dropped). ``preempt`` is called when a request needs the capacity: the work must
+        then stop, and release its slot."""
 
     def follow(self, engine: Engine | None) -> None:
         """The engine the requests go to, once it runs (``None`` once it stops): a policy may

@@ -26,6 +26,10 @@ FIRST_HOLD_GUESS_SECONDS = 1.0
 # How often the window reads the engine's load when no request comes or goes (it also reads
 # it at each of those); a report seen before changes nothing.
 LOAD_POLL_SECONDS = 0.05
+# Spare work (shadow requests) is a sample: one run at a time on the idle engine, so that a
+# request arriving next meets one sequence to abort, not a burst; and a bounded backlog.
+SPARE_RUNS = 1
+SPARE_WAITERS = 64
 
 
 class FairAdmission:
@@ -51,6 +55,9 @@ class FairAdmission:
         self._step: int | None = None  # the engine's last report seen
         self._poller: asyncio.Task[None] | None = None
         self._spares: set[SpareSlot] = set()
+        # Set when the engine may have become idle: spare work waiting for it looks again.
+        self._idle = asyncio.Event()
+        self._spare_waiters = 0
         if window is not None:
             queue.resize(window.size)
         metrics.SCHEDULER_SLOTS.labels("window").set(queue.window)
@@ -59,16 +66,36 @@ class FairAdmission:
     def admit(self, ticket: Ticket) -> FairSlot:
         return FairSlot(self, ticket)
 
-    def spare(self, ticket: Ticket, preempt: Callable[[], object]) -> SpareSlot | None:
-        """Spare capacity (:meth:`FairQueue.take_spare`), given up through ``preempt`` as
-        soon as a request has to wait."""
-        seqs = max(1, ticket.seqs)
-        if not self.queue.take_spare(seqs):
+    async def spare(
+        self, ticket: Ticket, preempt: Callable[[], object], *, wait: float
+    ) -> SpareSlot | None:
+        """The engine once it is idle, within ``wait`` seconds: no request in it or waiting,
+        and no other spare run (:data:`SPARE_RUNS`). Every request counts, however small: on
+        a CPU each sequence in the batch slows the others. Given up through ``preempt`` as
+        soon as a request goes in. Dropped at once when :data:`SPARE_WAITERS` wait already."""
+        if self._spare_waiters >= SPARE_WAITERS:
             return None
-        slot = SpareSlot(self, seqs, preempt)
+        deadline = self._clock() + wait
+        self._spare_waiters += 1
+        try:
+            while not self._idle_for_spare():
+                remaining = deadline - self._clock()
+                if remaining <= 0:
+                    return None
+                self._idle.clear()
+                try:
+                    await asyncio.wait_for(self._idle.wait(), remaining)
+                except TimeoutError:
+                    return None
+        finally:
+            self._spare_waiters -= 1
+        slot = SpareSlot(self, preempt)
         self._spares.add(slot)
-        metrics.SCHEDULER_SLOTS.labels("in_flight").set(self.queue.in_flight)
         return slot
+
+    def _idle_for_spare(self) -> bool:
+        queue = self.queue
+        return not queue.in_flight and not queue.waiting() and len(self._spares) < SPARE_RUNS
 
     def follow(self, engine: Engine | None) -> None:
         """Read ``engine``'s load reports from now on, where it makes them: into the gauges,
@@ -131,10 +158,6 @@ class FairAdmission:
         self._granted[id(waiting)] = future
         self._depth_changed(ticket.tenant)
         self._dispatch(immediate=waiting)
-        if not future.done():
-            # A request waits: spare work gives its capacity back first.
-            for spare in list(self._spares):
-                spare.preempt()
         return waiting, future
 
     def _leave(self, waiting: Waiting) -> None:
@@ -150,12 +173,12 @@ class FairAdmission:
         self._mean_hold += HOLD_SMOOTHING * (held - self._mean_hold)
         self.queue.done(ticket, used)
         self._dispatch()
+        if not self.queue.in_flight:
+            self._idle.set()
 
     def _release_spare(self, slot: SpareSlot) -> None:
-        if slot in self._spares:
-            self._spares.discard(slot)
-            self.queue.return_spare(slot.seqs)
-            self._dispatch()
+        self._spares.discard(slot)
+        self._idle.set()
 
     def _dispatch(self, immediate: Waiting | None = None) -> None:
         self._adapt()
@@ -173,6 +196,9 @@ class FairAdmission:
             metrics.SCHEDULER_DISPATCHES.labels(reason).inc()
             metrics.SCHEDULER_QUEUE_WAIT.labels(ticket.tenant).observe(now - waiting.since)
             future.set_result(None)
+            # The engine is the request's: spare work stops.
+            for spare in list(self._spares):
+                spare.preempt()
         metrics.SCHEDULER_SLOTS.labels("in_flight").set(self.queue.in_flight)
 
     def _depth_changed(self, tenant: str) -> None:
@@ -217,11 +243,10 @@ class FairSlot:
 
 
 class SpareSlot:
-    """Spare capacity, held at once; :meth:`preempt` stops its work (once)."""
+    """The idle engine, held at once; :meth:`preempt` stops its work (once)."""
 
-    def __init__(self, admission: FairAdmission, seqs: int, stop: Callable[[], object]) -> None:
+    def __init__(self, admission: FairAdmission, stop: Callable[[], object]) -> None:
         self._admission = admission
-        self.seqs = seqs
         self._stop: Callable[[], object] | None = stop
 
     def preempt(self) -> None:

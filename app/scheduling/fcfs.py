@@ -21,7 +21,9 @@ class FcfsAdmission:
     def admit(self, ticket: Ticket) -> PassThrough:
         return PassThrough()
 
-    def spare(self, ticket: Ticket, preempt: Callable[[], object]) -> PassThrough | None:
+    async def spare(
+        self, ticket: Ticket, preempt: Callable[[], object], *, wait: float
+    ) -> PassThrough | None:
         return PassThrough() if self._spare else None
 
     def follow(self, engine: Engine | None) -> None:

@@ -129,19 +129,6 @@ class FairQueue:
         self.headroom = min(self._headroom, window - 1)
         self._blocked = False
 
-    def take_spare(self, seqs: int) -> bool:
-        """Room for ``seqs`` sequences of work that takes only what no request wants: no
-        request waits, and the window has room below its headroom. Taken, they count in
-        flight (nobody's share is charged) until :meth:`return_spare`."""
-        if self._backlogged or self.in_flight + seqs > self.window - self.headroom:
-            return False
-        self.in_flight += seqs
-        return True
-
-    def return_spare(self, seqs: int) -> None:
-        self.in_flight -= seqs
-        self._blocked = False
-
     def push(self, ticket: Ticket, now: float) -> Waiting:
         state = self._tenants.get(ticket.tenant)
         if state is None:

@@ -21,7 +21,7 @@ from app.protocol import ChatCompletionRequest, CompletionRequest
 from app.scheduling import Admission
 from app.serving.front.backend import FrontFactory
 from app.serving.in_process.backend import EngineFactory, InProcessFactory
-from app.serving.lifecycle.tracking import Service
+from app.serving.lifecycle.runs import Service
 from app.serving.preparation.structured import OutputConstraints
 from app.settings import Settings
 from app.tenancy.adapters import Adapter

@@ -22,6 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from app.tenancy.manifests import GrantSpec
 from app.tenancy.tenants import new_cache_salt, new_tenant_uid
 
 
@@ -124,6 +125,17 @@ class GrantRow(Base):
     # What the last rollback replaced, by whom and when; cleared when the grant is put again.
     rolled_back: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     created_at: Mapped[datetime]
+
+    def spec(self) -> GrantSpec:
+        """What the row grants, in the shape manifests and the admin API write it."""
+        return GrantSpec(
+            adapter=self.adapter_name,
+            version=self.version,
+            versions={int(v): w for v, w in self.weights.items()} if self.weights else None,
+            sticky="user" if self.sticky else "request",
+            shadow=self.shadow,
+            rollback=self.rollback,
+        )
 
 
 class QuotaColumns:

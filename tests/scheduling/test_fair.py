@@ -209,39 +209,50 @@ async def test_paced_requests_go_in_as_the_engine_reports_its_steps() -> None:
             slot.release()
 
 
-async def test_spare_capacity_is_below_the_headroom_and_given_back_when_a_request_waits() -> None:
+async def test_spare_work_runs_on_an_idle_engine_only_and_stops_when_a_request_goes_in() -> None:
     fair = admission(window=3, headroom=1)
     stopped: list[str] = []
-    shadow = fair.spare(ticket("a", 0), lambda: stopped.append("shadow"))
-    assert shadow is not None
-    await shadow.acquire()
-    # The window's unreserved part (3 - 1 headroom) holds one more request or spare work.
-    assert fair.spare(ticket("a", 1), lambda: None) is not None
-    assert fair.spare(ticket("a", 2), lambda: None) is None  # only the headroom is left
-    assert fair.queue.in_flight == 2
+    spare = await fair.spare(ticket("a", 0), lambda: stopped.append("spare"), wait=0)
+    assert spare is not None
+    assert await fair.spare(ticket("a", 1), lambda: None, wait=0) is None  # one at a time
+    assert fair.queue.in_flight == 0  # it takes no request's slot
 
-    taken = fair.admit(ticket("b", 0))
-    await taken.acquire()  # the headroom: b is below its share
-    waiting = asyncio.create_task(fair.admit(ticket("b", 1)).acquire())
-    await settle_loop()
-    # b's next request waits: the spare work is preempted, once, and its slot goes to b.
-    assert stopped == ["shadow"] and not waiting.done()
-    shadow.release()
-    await asyncio.wait_for(waiting, 1)
-    assert stopped == ["shadow"]
+    request = fair.admit(ticket("b", 0))
+    await asyncio.wait_for(request.acquire(), 1)
+    assert stopped == ["spare"]
+    second = fair.admit(ticket("b", 1))
+    await asyncio.wait_for(second.acquire(), 1)
+    assert stopped == ["spare"]  # preempted once
+    spare.release()
+    assert await fair.spare(ticket("a", 2), lambda: None, wait=0) is None  # requests run
+    request.release()
+    second.release()
+    assert await fair.spare(ticket("a", 3), lambda: None, wait=0) is not None
 
 
-async def test_no_spare_capacity_while_a_request_waits() -> None:
+async def test_no_spare_work_while_a_request_waits() -> None:
     fair = admission(window=1)
     held = fair.admit(ticket("a", 0))
     await held.acquire()
     waiting = asyncio.create_task(fair.admit(ticket("a", 1)).acquire())
     await settle_loop()
-    assert fair.spare(ticket("b", 0), lambda: None) is None
+    assert await fair.spare(ticket("b", 0), lambda: None, wait=0) is None
     held.release()
     await asyncio.wait_for(waiting, 1)
 
 
-def test_fcfs_admits_spare_work_only_where_something_after_it_sheds_it() -> None:
-    assert FcfsAdmission().spare(ticket("a", 0), lambda: None) is None
-    assert FcfsAdmission(spare=True).spare(ticket("a", 0), lambda: None) is not None
+async def test_fcfs_admits_spare_work_only_where_something_after_it_sheds_it() -> None:
+    assert await FcfsAdmission().spare(ticket("a", 0), lambda: None, wait=0) is None
+    assert await FcfsAdmission(spare=True).spare(ticket("a", 0), lambda: None, wait=0) is not None
+
+
+async def test_spare_work_waits_for_the_engine_to_become_idle_or_is_dropped() -> None:
+    fair = admission(window=2)
+    request = fair.admit(ticket("a", 0))
+    await request.acquire()
+    assert await fair.spare(ticket("a", 1), lambda: None, wait=0.05) is None  # dropped
+    waiting = asyncio.create_task(fair.spare(ticket("a", 2), lambda: None, wait=5))
+    await settle_loop()
+    assert not waiting.done()
+    request.release()
+    assert await asyncio.wait_for(waiting, 1) is not None

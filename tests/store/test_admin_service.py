@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.admin import schemas
+from app.admin.manifests import apply_manifests
 from app.admin.service import AdminService
 from app.errors import AuthenticationError, BadRequestError, ConflictError, NotFoundError
 from app.quota.limits import Limits
@@ -185,11 +186,11 @@ async def test_manifests_apply_idempotently_and_prune(
         TenantManifest(id="acme", name="ACME", adapters={"lawyer": "legal"}),
         TenantManifest(id="off", name="Off", enabled=False, allow_base_model=True),
     ]
-    first = await admin.apply_manifests(ACTOR, manifests)
+    first = await apply_manifests(admin, ACTOR, manifests)
     assert "created tenant acme" in first and "granted acme:lawyer -> legal" in first
-    assert await admin.apply_manifests(ACTOR, manifests) == []
+    assert await apply_manifests(admin, ACTOR, manifests) == []
     before = await revision(sessions)
-    assert await admin.apply_manifests(ACTOR, manifests, prune=True) == ["deleted tenant stale"]
+    assert await apply_manifests(admin, ACTOR, manifests, prune=True) == ["deleted tenant stale"]
     assert await revision(sessions) > before
     view = await registry(sessions)
     off = view.tenant("off")
@@ -246,12 +247,12 @@ async def test_splits_roll_back_in_one_call_and_hold_their_versions(
         name="ACME",
         adapters={"support": {"adapter": "support", "versions": {1: 90, 2: 10}, "sticky": "user"}},
     )
-    (change,) = await admin.apply_manifests(ACTOR, [manifest])
+    (change,) = await apply_manifests(admin, ACTOR, [manifest])
     assert change.startswith(
         "granted acme:support -> support {v1: 90, v2: 10} sticky per user "
         "(overwrites the rollback to v1 of "
     )
-    assert await admin.apply_manifests(ACTOR, [manifest]) == []
+    assert await apply_manifests(admin, ACTOR, [manifest]) == []
     (out,) = await admin.list_grants("acme")
     assert out.rolled_back is None and out.weights == {"1": 90, "2": 10}
 
@@ -349,12 +350,12 @@ async def test_manifests_set_and_reset_scheduling_attributes(
     admin: AdminService, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     weighted = TenantManifest(id="acme", name="ACME", weight=4, priority="batch")
-    assert await admin.apply_manifests(ACTOR, [weighted]) == ["created tenant acme"]
+    assert await apply_manifests(admin, ACTOR, [weighted]) == ["created tenant acme"]
     tenant = (await registry(sessions)).tenant("acme")
     assert (tenant.weight, tenant.priority) == (4, "batch")
     # A manifest that no longer names them puts the defaults back.
     plain = TenantManifest(id="acme", name="ACME")
-    assert await admin.apply_manifests(ACTOR, [plain]) == ["updated tenant acme"]
+    assert await apply_manifests(admin, ACTOR, [plain]) == ["updated tenant acme"]
     tenant = (await registry(sessions)).tenant("acme")
     assert (tenant.weight, tenant.priority) == (1, "interactive")
 

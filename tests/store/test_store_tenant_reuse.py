@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.admin import schemas
+from app.admin.manifests import apply_manifests
 from app.admin.service import AdminService
 from app.store.snapshot import load_registry
 from app.tenancy.manifests import TenantManifest
@@ -85,14 +86,14 @@ async def test_a_tenant_pruned_and_applied_again_is_another_tenant(
     admin: AdminService, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     manifests = [TenantManifest(id="acme", name="ACME")]
-    await admin.apply_manifests(ACTOR, manifests)
+    await apply_manifests(admin, ACTOR, manifests)
     old = await tenant(sessions, "acme")
     ledger = UsageLedger(sessions)
     ledger.record(a_request(1, old))
     await ledger.flush()
 
-    assert await admin.apply_manifests(ACTOR, [], prune=True) == ["deleted tenant acme"]
-    assert await admin.apply_manifests(ACTOR, manifests) == ["created tenant acme"]
+    assert await apply_manifests(admin, ACTOR, [], prune=True) == ["deleted tenant acme"]
+    assert await apply_manifests(admin, ACTOR, manifests) == ["created tenant acme"]
     new = await tenant(sessions, "acme")
 
     assert_another_tenant(old, new)

@@ -31,7 +31,7 @@ from app import metrics
 from app.errors import GatewayError, UpstreamError
 from app.quota import Reservation
 from app.serving.front.upstream import Upstream, refusal, transport_error
-from app.serving.lifecycle.tracking import RunBase
+from app.serving.lifecycle.runs import RunBase
 from app.serving.preparation.generation import Generation
 
 

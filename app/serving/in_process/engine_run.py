@@ -12,7 +12,7 @@ from app.engine.base import Engine
 from app.errors import GenerationFailedError
 from app.quota import Reservation
 from app.serving.in_process.token_meter import TokenMeter
-from app.serving.lifecycle.tracking import RunBase
+from app.serving.lifecycle.runs import RunBase
 from app.serving.preparation.generation import Generation
 
 logger = logging.getLogger(__name__)

@@ -22,13 +22,11 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AbstractContextManager, ExitStack, asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
-
-from pydantic import BaseModel
+from typing import Any, TypeVar
 
 from app import metrics
 from app.errors import GatewayError
@@ -37,6 +35,14 @@ from app.quota import Limits, QuotaBackend, QuotaExceeded, QuotaTooLarge, Reserv
 from app.scheduling import Admission, AdmissionRefused, FcfsAdmission, Slot, Ticket
 from app.serving.lifecycle.fair_worker import FairWorker
 from app.serving.lifecycle.inflight import InFlight
+from app.serving.lifecycle.runs import (
+    ClientDisconnected,
+    Outcome,
+    Request,
+    Run,
+    RunT,
+    Service,
+)
 from app.serving.preparation.generation import Generation
 from app.tenancy.adapters import Adapter
 from app.tenancy.registry import TenantRegistry
@@ -46,125 +52,10 @@ from app.usage import UsageLedger, UsageRecord
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Request = TypeVar("Request", bound=SamplingFields)
-RequestContra = TypeVar("RequestContra", bound=SamplingFields, contravariant=True)
-Outcome = Literal["ok", "cancelled", "error"]
 Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
 
-class ClientDisconnected(Exception):
-    """The client left before its response was complete."""
-
-
-class Run(Protocol):
-    """One admitted request, running. The service that started it reads its answer; the
-    tracker closes it, then settles with its token counts."""
-
-    generation: Generation
-    reservation: Reservation | None
-
-    @property
-    def headers(self) -> dict[str, str]:
-        """The response's headers (``x-ratelimit-*``, the adapter version)."""
-
-    @property
-    def prompt_tokens(self) -> int:
-        """Prompt tokens to charge."""
-
-    @property
-    def completion_tokens(self) -> int:
-        """Completion tokens to charge: what was produced, as far as it is known once
-        :meth:`close` has returned."""
-
-    def outcome(self) -> Outcome:
-        """``ok`` when the answer was complete, ``error`` when it failed, else ``cancelled``."""
-
-    @property
-    def timing(self) -> RunTiming:
-        """When its first and last tokens came, and why it ended, as far as it was seen."""
-
-    def when_ended(self, callback: Callable[[], None]) -> None:
-        """Have ``callback`` called once, as the request's last output arrives with its
-        token counts, while the answer may still be on its way to the client. A run whose
-        end is not its to see (another tier runs it) never calls it."""
-
-    async def close(self) -> None:
-        """Stop whatever still runs for the request and count what it produced."""
-
-
-@dataclass
-class RunTiming:
-    """What a run saw of its tokens' timing (``time.monotonic``) and its end: the ledger's
-    TTFT, inter-token latency and finish reason, which compare an alias's versions."""
-
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    finish_reason: str | None = None
-    """The first choice's (``stop``, ``length``, ``tool_calls``...)."""
-
-    def token_seen(self, now: float) -> None:
-        if self.first_token_at is None:
-            self.first_token_at = now
-        self.last_token_at = now
-
-
-class RunBase:
-    """What every :class:`Run` keeps alike: its generation and reservation, the response's
-    headers, its timing, and how it ended (set ``finished`` or ``failed`` as it learns)."""
-
-    def __init__(self, generation: Generation, reservation: Reservation | None) -> None:
-        self.generation = generation
-        self.reservation = reservation
-        self.finished = False
-        self.failed = False
-        self.timing = RunTiming()
-
-    @property
-    def headers(self) -> dict[str, str]:
-        headers = dict(self.reservation.headers) if self.reservation is not None else {}
-        adapter = self.generation.target.adapter
-        if adapter is not None:
-            headers[ADAPTER_VERSION_HEADER] = str(adapter.version)
-        return headers
-
-    def outcome(self) -> Outcome:
-        if self.failed:
-            return "error"
-        return "ok" if self.finished else "cancelled"
-
-
-RunT = TypeVar("RunT", bound=Run)
-
-
-class Service(Protocol[RequestContra, RunT]):
-    """An endpoint (chat, completions): how its requests are prepared, run and answered."""
-
-    endpoint: str
-    fails_before_streaming: bool
-    """Whether :meth:`stream` raises a failure that comes before its first event (to be
-    answered with the error's own status, the response not started until that event), rather
-    than streaming every failure as an error event."""
-
-    def prepare(
-        self, request: RequestContra, principal: Principal, target: ModelTarget, request_id: str
-    ) -> Generation:
-        """Tokenise and build the sampling parameters (CPU work, run off the event loop)."""
-
-    def start(
-        self, request: RequestContra, generation: Generation, reservation: Reservation | None
-    ) -> RunT:
-        """The run of an admitted request; nothing is sent anywhere until it is read."""
-
-    async def complete(self, request: RequestContra, run: RunT) -> BaseModel:
-        """The whole response, once the request has finished."""
-
-    def stream(self, request: RequestContra, run: RunT) -> AsyncIterator[str]:
-        """The response as server-sent events, as it is produced."""
-
-
 SHADOW_OUTCOMES: dict[Outcome, str] = {"ok": "ok", "error": "error", "cancelled": "preempted"}
-ADAPTER_VERSION_HEADER = "x-adapter-version"
-"""The adapter version a response was served with (``model`` stays the alias called)."""
 
 INLINE_PREPARE_BYTES = 2048
 """A request body up to this size is tokenised on the event loop when the tokenizer thread is
@@ -232,13 +123,16 @@ class RequestTracker:
         lease_seconds: float,
         held_copy: Callable[[str], AbstractContextManager[Path]] | None,
         admission: Admission | None = None,
+        shadow_wait_seconds: float = 30.0,
     ) -> None:
         """``held_copy`` gives this host's copy of an adapter's content (by digest) for an
         engine in this process to load, kept in place while the request runs; ``None`` where
         the engine is elsewhere (the front role), which names adapters by their global name
         and never needs their content.
-        ``admission`` decides when an admitted request may enter the engine (default: at once).
+        ``admission`` decides when an admitted request may enter the engine (default: at once);
+        a shadow request waits up to ``shadow_wait_seconds`` for capacity no request wants.
         """
+        self._shadow_wait = shadow_wait_seconds
         self._admission = admission or FcfsAdmission()
         self.in_flight = in_flight
         self._registry = registry
@@ -520,7 +414,7 @@ class RequestTracker:
             finished_at=datetime.now(timezone.utc),
             user=user,
             shadow=generation.shadow,
-            **_timing_fields(run.timing, began, run.completion_tokens),
+            **run.timing.usage_fields(began, run.completion_tokens),
         )
         self._ledger.record(record)
         return record
@@ -533,12 +427,14 @@ class RequestTracker:
         candidate: Adapter,
     ) -> None:
         """Run the request again on the ``candidate`` version, in spare capacity only, and
-        record it as a shadow (never billed); its answer is discarded. Dropped when there is
-        no spare capacity; stopped as soon as a request needs it."""
+        record it as a shadow (never billed); its answer is discarded. Dropped when no spare
+        capacity comes in time; stopped as soon as a request needs it."""
         tenant, model = generation.principal.tenant.id, generation.target.model
         task = asyncio.current_task()
         assert task is not None
-        slot = self._admission.spare(ticket_of(generation), task.cancel)
+        slot = await self._admission.spare(
+            ticket_of(generation), task.cancel, wait=self._shadow_wait
+        )
         if slot is None:
             metrics.SHADOW_REQUESTS.labels(tenant, model, "dropped").inc()
             return
@@ -575,16 +471,3 @@ class RequestTracker:
         finally:
             slot.release()
         metrics.SHADOW_REQUESTS.labels(tenant, model, SHADOW_OUTCOMES[outcome]).inc()
-
-
-def _timing_fields(timing: RunTiming, began: float, completion_tokens: int) -> dict[str, Any]:
-    """The usage record's finish reason, TTFT and mean inter-token latency."""
-    first, last = timing.first_token_at, timing.last_token_at
-    gaps = completion_tokens - 1
-    return {
-        "finish_reason": timing.finish_reason,
-        "ttft_ms": None if first is None else round((first - began) * 1000),
-        "itl_ms": (
-            None if first is None or last is None or gaps < 1 else (last - first) * 1000 / gaps
-        ),
-    }
