@@ -5,8 +5,11 @@ response header and the ledger name that version, and a rollback moves everyone 
 from __future__ import annotations
 
 import openai
+import pytest
 
 from tests.support.live_gateway import LiveGateway
+
+pytestmark = pytest.mark.slow
 
 MESSAGES = [{"role": "user", "content": "Describe your work in one sentence."}]
 
