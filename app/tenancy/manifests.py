@@ -120,7 +120,6 @@ class GrantSpec(BaseModel):
             "same `user` (else the same API key) gets the same version while the weights stay."
         ),
     )
-
     shadow: ShadowSpec | None = Field(
         None, description="Also run a share of the requests on a candidate version, unseen."
     )
