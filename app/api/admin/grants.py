@@ -22,12 +22,7 @@ def _out(row: GrantRow, gateway: GatewayDep) -> schemas.GrantOut:
     return schemas.GrantOut(
         tenant_id=row.tenant_id,
         alias=row.alias,
-        adapter=row.adapter_name,
-        version=row.version,
-        versions={int(v): w for v, w in row.weights.items()} if row.weights else None,
-        sticky="user" if row.sticky else "request",
-        shadow=row.shadow,
-        rollback=row.rollback,
+        **row.spec().model_dump(),
         resolved_version=(grant.adapters[0].version if grant and not row.weights else None),
         rolled_back=row.rolled_back,
     )

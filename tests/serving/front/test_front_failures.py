@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.fake_upstream import FakeUpstream, fake_upstream
+from tests.support.fake_upstream import FakeUpstream
 from tests.support.front_app import Front, front_settings, running_front
 from tests.support.harness import ADMIN_TOKEN
 from tests.support.redis_server import redis_server
@@ -215,12 +215,6 @@ async def test_an_upstream_reset_before_any_answer_is_a_502_charged_the_prompt(
 
 
 # -- Redis down ------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    with fake_upstream() as fake:
-        yield fake
 
 
 @pytest.mark.parametrize("fail_open", [False, True])

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.fake_upstream import FakeUpstream, Script, fake_upstream
+from tests.support.fake_upstream import FakeUpstream, Script
 from tests.support.front_app import Front, front_settings, running_front
 from tests.support.redis_server import redis_server
 
@@ -73,12 +73,6 @@ def _knows(front: Front, key: str) -> bool:
 def redis_url() -> Iterator[str]:
     with redis_server() as url:
         yield f"{url}?socket_timeout=10&socket_connect_timeout=10"
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    with fake_upstream() as fake:
-        yield fake
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import asyncio
 import shutil
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +19,7 @@ import pytest
 
 from app.serving.front.upstream import OBJECTIVE_HEADER, SHADOW_OBJECTIVE
 from app.tenancy.grants import Grant
-from tests.support.fake_upstream import FakeUpstream, Script, fake_upstream
+from tests.support.fake_upstream import FakeUpstream, Script
 from tests.support.front_app import Front, front_settings, running_front
 from tests.support.harness import ADMIN_TOKEN
 
@@ -43,12 +43,6 @@ class Replicas:
             response = await client.post("/v1/chat/completions", json=body)
         assert response.status_code == 200, response.text
         return response
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    with fake_upstream() as fake:
-        yield fake
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ import pytest
 
 from app.protocol import ChatCompletionRequest
 from app.settings import EMBEDDED_MODEL_DIR
-from tests.support.fake_upstream import UPSTREAM_PROMPT_TOKENS, FakeUpstream, Script, fake_upstream
+from tests.support.fake_upstream import UPSTREAM_PROMPT_TOKENS, FakeUpstream, Script
 from tests.support.front_app import Front, front_settings, running_front
 from tests.support.harness import ADMIN_TOKEN
 from tests.support.scripted_engine import ScriptedEngine
@@ -65,12 +65,6 @@ class Setup:
     keys: dict[str, str]
     # usage records before the running test
     known: int = 0
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    with fake_upstream() as fake:
-        yield fake
 
 
 @pytest.fixture(scope="module")
