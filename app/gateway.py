@@ -18,6 +18,7 @@ from app.admin.rollouts import apply_rollback_rules
 from app.admin.service import AdminService
 from app.errors import EngineUnavailableError
 from app.quota import backend_from_url
+from app.quota.local_limit import LocalRateLimit
 from app.serving.backend import Backend, BackendFactory
 from app.serving.lifecycle.inflight import InFlight
 from app.serving.lifecycle.tracking import RequestTracker
@@ -66,6 +67,8 @@ class Gateway:
             fail_open=settings.quota_fail_open,
             lease_seconds=settings.quota_lease_seconds,
         )
+        # The calls that read a tenant's own usage and limits (app/api/organization.py).
+        self.self_service_limit = LocalRateLimit(settings.self_service_requests_per_minute)
         self.admission = backends.admission
         self.tracker = RequestTracker(
             lambda: self.registry,

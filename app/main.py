@@ -10,7 +10,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from fastapi import FastAPI
 
 from app import __version__
-from app.api import health, metrics, openai
+from app.api import health, metrics, openai, organization
 from app.api.admin import router as admin_router
 from app.api.errors import install_error_handlers
 from app.api.middleware import EarlyRefusalMiddleware, RequestIdMiddleware
@@ -84,6 +84,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(openai.router)
+    app.include_router(organization.router)
     app.include_router(metrics.router)
     app.include_router(admin_router)
     return app

@@ -231,6 +231,12 @@ class Settings(BaseSettings):
     quota_lease_seconds: float = Field(
         60.0, gt=0, description="Concurrency slots of a replica that died free up after this."
     )
+    self_service_requests_per_minute: int = Field(
+        60,
+        ge=1,
+        description="Calls per minute an API key may make to read its tenant's usage and "
+        "limits (/v1/organization/*), on each replica; they use no tokens.",
+    )
 
     # HTTP server
     host: str = Field("127.0.0.1", description="Address to bind.")

@@ -45,7 +45,10 @@ def fuzz_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzTarget
     root = tmp_path_factory.mktemp("fuzz")
     write_tiny_model(root / "model")
     write_tiny_adapter(root / "adapters" / ADAPTER)
-    settings = app_settings(root, model=str(root / "model"), docs=True)
+    # The self-service calls' rate limit high enough that the fuzzer reaches their validation.
+    settings = app_settings(
+        root, model=str(root / "model"), docs=True, self_service_requests_per_minute=100_000
+    )
     engine = ScriptedEngine(max_model_len=MAX_MODEL_LEN)
     with serve_on_thread(settings, scripted(engine), timeout=30) as (served, _):
         base_url = served.base_url

@@ -11,13 +11,13 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import gateway as gateway_module
-from app import usage as usage_module
 from app.gateway import Gateway
 from app.serving.backend import backend_factory
 from app.serving.in_process.backend import start_vllm_engine
 from app.settings import Settings
 from app.tenancy.base_model import BaseModelInfo
 from app.usage import UsageRecord, usage_totals
+from app.usage import ledger as usage_module
 from tests.support.usage import ACME_UID, DAY, record
 
 

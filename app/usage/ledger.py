@@ -27,7 +27,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import ColumnElement, String, func, insert, select
+from sqlalchemy import insert, select
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -36,7 +36,6 @@ from app.store.tables import UsageRow
 
 logger = logging.getLogger(__name__)
 
-GroupBy = Literal["adapter", "key", "day"]
 FLUSH_SECONDS = 1.0
 LOG_EVERY_SECONDS = 60.0
 """While the store is down or the backlog overflows, how often the log says so again."""
@@ -80,14 +79,6 @@ class UsageRecord:
 
 _RECORD_FIELDS = tuple(f.name for f in fields(UsageRecord))
 _USAGE_TABLE = UsageRow.metadata.tables[UsageRow.__tablename__]
-
-
-@dataclass(frozen=True)
-class UsageTotal:
-    group: str | None
-    requests: int
-    prompt_tokens: int
-    completion_tokens: int
 
 
 def store_is_down(exc: BaseException) -> bool:
@@ -316,56 +307,3 @@ class UsageLedger:
     def _report(self) -> None:
         metrics.USAGE_PENDING.labels("queued").set(len(self._pending))
         metrics.USAGE_PENDING.labels("writing").set(self._writing)
-
-
-async def usage_totals(
-    sessions: async_sessionmaker[AsyncSession],
-    tenant_uid: str,
-    *,
-    start: datetime | None,
-    end: datetime | None,
-    group_by: GroupBy | None,
-) -> list[UsageTotal]:
-    """Totals of the requests of the tenant ``tenant_uid`` started in ``[start, end)``,
-    optionally grouped by adapter (the alias the tenant called), key or UTC day. Shadow runs
-    are not the tenant's usage."""
-    column = {
-        "adapter": UsageRow.model,
-        "key": UsageRow.key_id,
-        "day": _utc_day(sessions),
-        None: None,
-    }[group_by]
-    selected = [
-        func.count(UsageRow.id),
-        func.coalesce(func.sum(UsageRow.prompt_tokens), 0),
-        func.coalesce(func.sum(UsageRow.completion_tokens), 0),
-    ]
-    query = select(*selected, *([column] if column is not None else [])).where(
-        UsageRow.tenant_uid == tenant_uid, UsageRow.shadow.is_(False)
-    )
-    if start is not None:
-        query = query.where(UsageRow.started_at >= start)
-    if end is not None:
-        query = query.where(UsageRow.started_at < end)
-    if column is not None:
-        query = query.group_by(column).order_by(column)
-    async with sessions() as session:
-        rows = (await session.execute(query)).all()
-    return [
-        UsageTotal(
-            group=str(row[3]) if column is not None else None,
-            requests=int(row[0]),
-            prompt_tokens=int(row[1]),
-            completion_tokens=int(row[2]),
-        )
-        for row in rows
-    ]
-
-
-def _utc_day(sessions: async_sessionmaker[AsyncSession]) -> ColumnElement[str]:
-    """``YYYY-MM-DD`` of the UTC start time, as each backend spells it."""
-    bind = sessions.kw["bind"]
-    if bind.dialect.name == "postgresql":
-        utc = func.timezone("UTC", UsageRow.started_at)
-        return func.to_char(utc, "YYYY-MM-DD", type_=String)
-    return func.strftime("%Y-%m-%d", UsageRow.started_at, type_=String)

@@ -1,4 +1,5 @@
-"""The serving layer's fixtures (its harness: tests/support/serving.py)."""
+"""Fixtures every layer shares: a gateway over a scripted engine (its harness:
+tests/support/serving.py), for the serving, API and console tests."""
 
 from __future__ import annotations
 

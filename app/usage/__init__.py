@@ -1,0 +1,24 @@
+"""What tenants used: the ledger that records every request (:mod:`.ledger`) and the reports
+read from it (:mod:`.reports`)."""
+
+from app.usage.ledger import UsageLedger, UsageRecord, store_is_down
+from app.usage.reports import (
+    BucketGroup,
+    BucketTotal,
+    GroupBy,
+    UsageTotal,
+    usage_by_bucket,
+    usage_totals,
+)
+
+__all__ = [
+    "BucketGroup",
+    "BucketTotal",
+    "GroupBy",
+    "UsageLedger",
+    "UsageRecord",
+    "UsageTotal",
+    "store_is_down",
+    "usage_by_bucket",
+    "usage_totals",
+]
