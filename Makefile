@@ -66,17 +66,20 @@ serve: install model demo
 	$(BIN)/lora-gateway serve
 
 # The servers the tests start for themselves, each on a free loopback port: PostgreSQL
-# (its server binaries) and redis-server, from Debian's packages where missing; and kubectl,
+# (its server binaries) and redis-server, from Debian's packages where missing; kubectl,
 # whose `kubectl kustomize` renders deploy/kubernetes for tests/deploy (Debian 12's
-# kubernetes-client: kubectl 1.20 with kustomize v2.0.3, which the manifests keep to).
+# kubernetes-client: kubectl 1.20 with kustomize v2.0.3, which the manifests keep to); and
+# Debian's chromium, which the browser tests drive through Playwright (tests/support/browser.py;
+# Playwright's own browser downloads are not needed).
 services:
 	@missing=""; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-		echo "installing$$missing (the store, quota and deploy tests use them)"; \
+		echo "installing$$missing (the store, quota, deploy and browser tests use them)"; \
 		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq $$missing >/dev/null; \
 	fi
 

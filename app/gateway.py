@@ -9,13 +9,14 @@ import logging
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.admin.rollouts import apply_rollback_rules
 from app.admin.service import AdminService
+from app.admin.sessions import ConsoleSessions
 from app.errors import EngineUnavailableError
 from app.quota import backend_from_url
 from app.quota.local_limit import LocalRateLimit
@@ -55,6 +56,9 @@ class Gateway:
             settings, sessions, base_model, on_change=self.reload
         )
         self.admin_tokens = settings.admin_tokens()
+        self.console_sessions = ConsoleSessions(
+            sessions, timedelta(seconds=settings.console_session_seconds)
+        )
         self.output_constraints = OutputConstraints.from_settings(settings)
         # Looked up here so that a misspelt parser stops the gateway at startup.
         self.tool_parser = (
@@ -123,8 +127,9 @@ class Gateway:
             self.tracker.close()
 
     async def watch_store(self, stop: asyncio.Event) -> None:
-        """Follow changes made by other replicas; record key use off the hot path; apply the
-        splits' rollback rules every ``rollback_check_seconds``; until ``stop`` is set."""
+        """Follow changes made by other replicas and to the admin token file; record key use
+        off the hot path; apply the splits' rollback rules every ``rollback_check_seconds``;
+        until ``stop`` is set."""
         rules_checked = time.monotonic()
         while True:
             with suppress(TimeoutError):
@@ -132,6 +137,8 @@ class Gateway:
             if stop.is_set():
                 return
             try:
+                # A token removed from the token file is refused from the next poll on.
+                self.admin_tokens = self.settings.admin_tokens()
                 if await revision(self.sessions) != self._revision:
                     await self.reload()
                 used, self._used_keys = self._used_keys, set()

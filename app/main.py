@@ -15,6 +15,7 @@ from app.api.admin import router as admin_router
 from app.api.errors import install_error_handlers
 from app.api.middleware import EarlyRefusalMiddleware, RequestIdMiddleware
 from app.api.streaming_app import StreamingApp
+from app.console import install_console
 from app.gateway import Gateway
 from app.metrics import multiprocess_dir
 from app.serving.backend import backend_factory
@@ -87,4 +88,5 @@ def create_app(
     app.include_router(organization.router)
     app.include_router(metrics.router)
     app.include_router(admin_router)
+    install_console(app, settings)
     return app

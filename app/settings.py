@@ -255,6 +255,17 @@ class Settings(BaseSettings):
     docs: bool = Field(
         True, description="Serve /docs, /redoc and /openapi.json (turn off in production)."
     )
+    console: bool = Field(
+        True,
+        description="Serve the admin console at /admin/ui/ (sign-in with an admin token); "
+        "off changes nothing else.",
+    )
+    console_session_seconds: int = Field(
+        8 * 3600, ge=60, description="How long a console sign-in lasts."
+    )
+    console_sign_ins_per_minute: int = Field(
+        10, ge=1, description="Console sign-in attempts per minute from one address, per replica."
+    )
     metrics_token: SecretStr | None = Field(
         None,
         description="Bearer token for GET /metrics (an admin token is accepted too); "

@@ -20,7 +20,8 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.admin import schemas
+from app.admin import queries, schemas
+from app.admin.queries import AdapterSummary, AuditFilter, Page
 from app.errors import BadRequestError, ConflictError, GatewayError, NotFoundError
 from app.settings import Settings
 from app.store.tables import (
@@ -476,14 +477,26 @@ class AdminService:
             if row is not None:
                 await session.delete(row)
 
-    # -- audit ------------------------------------------------------------------
+    # -- listings (app/admin/queries.py) ------------------------------------------
 
-    async def list_audit(self, offset: int, limit: int) -> tuple[list[AuditRow], int | None]:
-        query = select(AuditRow).order_by(AuditRow.id.desc()).offset(offset).limit(limit + 1)
-        async with self._sessions() as session:
-            rows = list(await session.scalars(query))
-        more = len(rows) > limit
-        return rows[:limit], (offset + limit if more else None)
+    async def tenants_page(
+        self, search: str = "", offset: int = 0, limit: int | None = 50
+    ) -> Page[TenantRow]:
+        return await queries.tenants_page(self._sessions, search=search, offset=offset, limit=limit)
+
+    async def adapters_page(
+        self, search: str = "", offset: int = 0, limit: int | None = 50
+    ) -> Page[AdapterSummary]:
+        return await queries.adapters_page(
+            self._sessions, search=search, offset=offset, limit=limit
+        )
+
+    async def audit_page(
+        self, where: AuditFilter | None = None, offset: int = 0, limit: int = 100
+    ) -> Page[AuditRow]:
+        return await queries.audit_page(
+            self._sessions, where or AuditFilter(), offset=offset, limit=limit
+        )
 
 
 _AUDITED = "_lora_gateway_audited"

@@ -22,7 +22,8 @@ from app.errors import AuthenticationError, GatewayError, RequestTooLargeError
 from app.gateway import Gateway
 
 REQUEST_ID_HEADER = b"x-request-id"
-ADAPTER_UPLOAD_PATH = "/admin/v1/adapters"
+# Where adapter archives are uploaded: the admin API, and the console's form.
+ADAPTER_UPLOAD_PATHS = frozenset({"/admin/v1/adapters", "/admin/ui/adapters"})
 # Room for the multipart envelope around an uploaded archive: boundaries, part
 # headers and the `name` field (whose own size Starlette caps at 1 MiB).
 MULTIPART_OVERHEAD_BYTES = 2 << 20
@@ -154,7 +155,7 @@ class EarlyRefusalMiddleware:
     def _body_limit(self, scope: Scope, path: str, headers: Headers) -> int:
         is_upload = (
             scope["method"] == "POST"
-            and path == ADAPTER_UPLOAD_PATH
+            and path in ADAPTER_UPLOAD_PATHS
             and headers.get("content-type", "").startswith("multipart/form-data")
         )
         if is_upload:

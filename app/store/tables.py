@@ -225,3 +225,34 @@ class UsageRow(Base):
     shadow: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     started_at: Mapped[datetime]
     finished_at: Mapped[datetime]
+
+
+class RefusalRow(Base):
+    """Requests a quota limit refused, per tenant, minute and limit: what the console charts
+    (every replica adds its counts)."""
+
+    __tablename__ = "refusals"
+    __table_args__ = (Index("ix_refusals_minute", "minute"),)
+
+    tenant_uid: Mapped[str] = mapped_column(String(32), primary_key=True)
+    minute: Mapped[datetime] = mapped_column(primary_key=True)
+    limit: Mapped[str] = mapped_column(String(16), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(63))
+    count: Mapped[int] = mapped_column(BigInteger)
+
+
+class ConsoleSessionRow(Base):
+    """A signed-in admin console: valid on every replica until it expires, is signed out, or
+    the admin token it was made from is no longer accepted."""
+
+    __tablename__ = "console_sessions"
+
+    # SHA-256 of the cookie's secret: the store never holds what a browser presents.
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    actor: Mapped[str] = mapped_column(String(64))
+    admin_token_sha256: Mapped[str] = mapped_column(String(64), index=True)
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]
+    ended_by: Mapped[str | None] = mapped_column(String(32))

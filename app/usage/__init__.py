@@ -7,6 +7,7 @@ from app.usage.reports import (
     BucketTotal,
     GroupBy,
     UsageTotal,
+    top_tenants,
     usage_by_bucket,
     usage_totals,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "UsageRecord",
     "UsageTotal",
     "store_is_down",
+    "top_tenants",
     "usage_by_bucket",
     "usage_totals",
 ]

@@ -33,6 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import metrics
 from app.store.tables import UsageRow
+from app.usage.refusals import RefusalCounts, add_refusals
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ class UsageLedger:
         self._close_timeout = CLOSE_TIMEOUT_SECONDS if close_timeout is None else close_timeout
         self._pending: deque[UsageRecord] = deque()
         self._writing = 0
+        self._refusals = RefusalCounts()
         self._lock = asyncio.Lock()
         self._writer: asyncio.Task[None] | None = None
         self._down_since: float | None = None
@@ -129,24 +131,41 @@ class UsageLedger:
         self._trim()
         self._report()
 
+    def refused(self, tenant_uid: str, tenant_id: str, limit: str) -> None:
+        """Count a request a quota limit refused (added to the store with the next write)."""
+        self._refusals.count(tenant_uid, tenant_id, limit, time.time())
+
     async def flush(self) -> int:
-        """Write every pending record now; how many were written. Raises when the store is
-        down: the records stay pending. Writes run one at a time."""
+        """Write every pending record, and the refusals counted, now; how many records were
+        written. Raises when the store is down: what was not written stays pending. Writes
+        run one at a time."""
         async with self._lock:
-            batch = list(self._pending)
-            self._pending.clear()
-            self._writing = len(batch)
-            try:
-                return await self._write(batch)
-            except BaseException:
-                # Down, or cancelled mid-write: put back what was not written, first in line.
-                self._writing = 0
-                self._pending.extendleft(reversed(batch))
-                self._trim()
-                raise
-            finally:
-                self._writing = 0
-                self._report()
+            written = await self._flush_records()
+            if self._refusals:
+                refusals = self._refusals.take()
+                try:
+                    async with self._sessions.begin() as session:
+                        await add_refusals(session, refusals)
+                except BaseException:
+                    self._refusals.put_back(refusals)
+                    raise
+            return written
+
+    async def _flush_records(self) -> int:
+        batch = list(self._pending)
+        self._pending.clear()
+        self._writing = len(batch)
+        try:
+            return await self._write(batch)
+        except BaseException:
+            # Down, or cancelled mid-write: put back what was not written, first in line.
+            self._writing = 0
+            self._pending.extendleft(reversed(batch))
+            self._trim()
+            raise
+        finally:
+            self._writing = 0
+            self._report()
 
     async def run(self) -> None:
         """Write every second until cancelled; a write under way when it is cancelled goes

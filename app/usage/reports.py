@@ -163,3 +163,25 @@ def _utc_day(sessions: async_sessionmaker[AsyncSession]) -> ColumnElement[str]:
         utc = func.timezone("UTC", UsageRow.started_at)
         return func.to_char(utc, "YYYY-MM-DD", type_=String)
     return func.strftime("%Y-%m-%d", UsageRow.started_at, type_=String)
+
+
+async def top_tenants(
+    sessions: async_sessionmaker[AsyncSession], *, start: int, end: int, limit: int = 10
+) -> list[UsageTotal]:
+    """The tenants that used the most tokens from ``start`` to ``end`` (Unix seconds), as
+    ``UsageTotal`` grouped by tenant id, most first."""
+    tokens = func.sum(UsageRow.prompt_tokens + UsageRow.completion_tokens)
+    query = (
+        select(UsageRow.tenant_id, *_totals())
+        .where(
+            UsageRow.shadow.is_(False),
+            UsageRow.started_at >= _moment(start),
+            UsageRow.started_at < _moment(end),
+        )
+        .group_by(UsageRow.tenant_id)
+        .order_by(tokens.desc(), UsageRow.tenant_id)
+        .limit(limit)
+    )
+    async with sessions() as session:
+        rows = (await session.execute(query)).all()
+    return [UsageTotal(str(row[0]), int(row[1]), int(row[2]), int(row[3])) for row in rows]

@@ -58,7 +58,8 @@ async def test_tenants_crud_is_audited(admin: AdminService, changes: list[int]) 
     await admin.delete_tenant(ACTOR, "acme")
     with pytest.raises(NotFoundError):
         await admin.get_tenant("acme")
-    entries, next_offset = await admin.list_audit(0, 10)
+    entries_page = await admin.audit_page(limit=10)
+    entries, next_offset = entries_page.items, entries_page.next_offset
     assert [(e.action, e.outcome) for e in entries] == [
         ("tenant.delete", "ok"),
         ("tenant.update", "ok"),
@@ -66,7 +67,8 @@ async def test_tenants_crud_is_audited(admin: AdminService, changes: list[int]) 
         ("tenant.create", "ok"),
     ]
     assert next_offset is None and all(e.actor == ACTOR for e in entries)
-    page, next_offset = await admin.list_audit(0, 3)
+    first = await admin.audit_page(limit=3)
+    page, next_offset = first.items, first.next_offset
     assert len(page) == 3 and next_offset == 3
     assert len(changes) == 3  # only successful mutations refresh the view
 
@@ -157,7 +159,8 @@ async def test_rejected_registrations_leave_nothing_behind(admin: AdminService) 
         )
     assert list((admin.storage.root / STORE_DIR).iterdir()) == []
     assert not (admin.storage.root.parent / "outside.txt").exists()
-    entries, _ = await admin.list_audit(0, 10)
+    entries_page = await admin.audit_page(limit=10)
+    entries, _ = entries_page.items, entries_page.next_offset
     assert [e.outcome for e in entries] == ["rejected"] * 3
 
 
@@ -232,7 +235,8 @@ async def test_splits_roll_back_in_one_call_and_hold_their_versions(
     assert row.rolled_back["replaced"] == "support {v1: 90, v2: 10} sticky per user"
     grant = (await registry(sessions)).tenant("acme").grants["support"]
     assert [w.adapter.version for w in grant.versions] == [1]
-    entries, _ = await admin.list_audit(0, 1)
+    entries_page = await admin.audit_page(limit=1)
+    entries, _ = entries_page.items, entries_page.next_offset
     assert (entries[0].action, entries[0].target, entries[0].detail) == (
         "grant.rollback",
         "acme/support",
@@ -382,7 +386,8 @@ async def test_a_rollback_rule_fires_once_however_many_replicas_race(
         *(admin.roll_back_by_rule("acme", "support", "v2 failed") for _ in range(4))
     )
     assert sorted(won) == [False, False, False, True]
-    entries, _ = await admin.list_audit(0, 10)
+    entries_page = await admin.audit_page(limit=10)
+    entries, _ = entries_page.items, entries_page.next_offset
     assert [(e.actor, e.action, e.detail) for e in entries if e.action == "grant.rollback"] == [
         ("rollback-rule", "grant.rollback", "v2 failed")
     ]

@@ -1,14 +1,19 @@
-"""Usage in time buckets, on every store backend."""
+"""Usage and quota refusals in time buckets, on every store backend."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import replace
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.store.tables import RefusalRow
 from app.usage import BucketTotal, UsageLedger, usage_by_bucket
+from app.usage.refusals import refusals_by_bucket
 from tests.support.usage import ACME_UID, DAY, record
 
 HOUR = 3600
@@ -93,3 +98,53 @@ async def test_a_report_that_ends_before_it_starts_is_refused(
 ) -> None:
     with pytest.raises(ValueError, match="no buckets"):
         await usage_by_bucket(sessions, ACME_UID, start=10, end=5, width=60)
+
+
+async def test_refusals_are_added_up_per_minute_across_writes_and_replicas(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    replicas = [UsageLedger(sessions), UsageLedger(sessions)]
+    for ledger in replicas:
+        ledger.refused(ACME_UID, "acme", "requests")
+        ledger.refused(ACME_UID, "acme", "requests")
+        ledger.refused("uid-of-globex", "globex", "budget")
+    await asyncio.gather(*(ledger.flush() for ledger in replicas))
+    replicas[0].refused(ACME_UID, "acme", "tokens")
+    await replicas[0].flush()
+    async with sessions() as session:
+        rows = (await session.scalars(select(RefusalRow).order_by(RefusalRow.limit))).all()
+    assert [(r.tenant_id, r.limit, r.count) for r in rows] == [
+        ("globex", "budget", 2),
+        ("acme", "requests", 4),
+        ("acme", "tokens", 1),
+    ]
+    now = int(time.time())
+    start = now - now % 60 - 3600
+    assert await refusals_by_bucket(sessions, start=start, end=now + 60, width=3600) == {
+        start + 3600: 7
+    }
+    assert await refusals_by_bucket(
+        sessions, start=start, end=now + 60, width=3600, tenant_uid=ACME_UID
+    ) == {start + 3600: 5}
+
+
+async def test_refusals_wait_in_memory_while_the_store_is_down(
+    sessions: async_sessionmaker[AsyncSession], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = UsageLedger(sessions)
+    ledger.refused(ACME_UID, "acme", "requests")
+
+    async def down(*_: object) -> None:
+        raise OSError("the store is down")
+
+    monkeypatch.setattr("app.usage.ledger.add_refusals", down)
+    with pytest.raises(OSError):
+        await ledger.flush()
+    monkeypatch.undo()
+    ledger.refused(ACME_UID, "acme", "requests")
+    await ledger.flush()
+    now = int(time.time())
+    assert (
+        sum((await refusals_by_bucket(sessions, start=now - 120, end=now + 60, width=60)).values())
+        == 2
+    )

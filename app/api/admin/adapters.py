@@ -18,6 +18,7 @@ from app.admin.residency_report import Residency, read_residency
 from app.api.admin.deps import Admin, AdminActor
 from app.api.deps import GatewayDep
 from app.errors import BadRequestError
+from app.protocol import INT64_MAX
 from app.store.snapshot import adapter_of
 from app.store.tables import AdapterVersionRow
 
@@ -55,7 +56,7 @@ def _version(row: AdapterVersionRow) -> schemas.AdapterVersionOut:
     return schemas.AdapterVersionOut.model_validate(row, from_attributes=True)
 
 
-async def _spool(upload: UploadFile, limit: int) -> Path:
+async def spool_upload(upload: UploadFile, limit: int) -> Path:
     """The upload in a temporary file; refused once it exceeds ``limit`` bytes."""
     handle = tempfile.NamedTemporaryFile(prefix="adapter-upload-", delete=False)  # noqa: SIM115
     size = 0
@@ -92,7 +93,7 @@ async def register_adapter(
         except ValidationError as exc:
             message = f"Invalid adapter name: {exc.errors()[0]['msg']}"
             raise BadRequestError(message, param="name") from exc
-        archive = await _spool(upload, gateway.settings.max_adapter_bytes)
+        archive = await spool_upload(upload, gateway.settings.max_adapter_bytes)
         try:
             row = await admin.register_adapter(
                 actor, body.name, partial(storage.from_archive, archive, upload.filename or "")
@@ -111,13 +112,23 @@ async def register_adapter(
 
 
 @router.get("", response_model=list[schemas.AdapterOut])
-async def list_adapters(admin: Admin) -> object:
-    by_name: dict[str, list[schemas.AdapterVersionOut]] = {}
-    for row in await admin.list_adapter_versions():
-        by_name.setdefault(row.name, []).append(_version(row))
+async def list_adapters(
+    admin: Admin,
+    response: Response,
+    q: Annotated[str, Query(max_length=100, description="name contains (any case)")] = "",
+    offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
+    limit: Annotated[int | None, Query(ge=1, le=1000, description="default: all")] = None,
+) -> object:
+    """Adapters by name, each with its versions; ``X-Total-Count`` is how many match ``q``."""
+    page = await admin.adapters_page(q, offset, limit)
+    response.headers["X-Total-Count"] = str(page.total)
     return [
-        schemas.AdapterOut(name=name, latest_version=versions[-1].version, versions=versions)
-        for name, versions in by_name.items()
+        schemas.AdapterOut(
+            name=a.name,
+            latest_version=a.latest.version,
+            versions=[_version(row) for row in a.versions],
+        )
+        for a in page.items
     ]
 
 
@@ -160,7 +171,7 @@ async def delete_adapter(
 ) -> Response:
     """Delete every version; refused (409) while granted unless ``force``. The
     engine frees its slots once the requests already running with it finish."""
-    _retire(await admin.delete_adapter(actor, name, force), admin, gateway)
+    retire_removed(await admin.delete_adapter(actor, name, force), admin, gateway)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -169,11 +180,11 @@ async def delete_adapter_version(
     name: str, version: int, admin: Admin, actor: AdminActor, gateway: GatewayDep
 ) -> Response:
     """Delete one version; refused (409, naming the aliases) while a grant serves it."""
-    _retire([await admin.delete_adapter_version(actor, name, version)], admin, gateway)
+    retire_removed([await admin.delete_adapter_version(actor, name, version)], admin, gateway)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-def _retire(removed: list[AdapterVersionRow], admin: Admin, gateway: GatewayDep) -> None:
+def retire_removed(removed: list[AdapterVersionRow], admin: Admin, gateway: GatewayDep) -> None:
     """Once the response is sent: the engine frees the versions' slots, then their files
     go unless another version has the same content."""
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
 
 from app.admin import schemas
 from app.api.admin.deps import Admin, AdminActor
+from app.protocol import INT64_MAX
 
 router = APIRouter(prefix="/tenants", tags=["admin: tenants"])
 
@@ -16,8 +19,17 @@ async def create_tenant(body: schemas.TenantCreate, admin: Admin, actor: AdminAc
 
 
 @router.get("", response_model=list[schemas.TenantOut])
-async def list_tenants(admin: Admin) -> object:
-    return await admin.list_tenants()
+async def list_tenants(
+    admin: Admin,
+    response: Response,
+    q: Annotated[str, Query(max_length=200, description="id or name contains (any case)")] = "",
+    offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
+    limit: Annotated[int | None, Query(ge=1, le=1000, description="default: all")] = None,
+) -> object:
+    """Tenants by id; ``X-Total-Count`` is how many match ``q``."""
+    page = await admin.tenants_page(q, offset, limit)
+    response.headers["X-Total-Count"] = str(page.total)
+    return page.items
 
 
 @router.get("/{tenant_id}", response_model=schemas.TenantOut)

@@ -317,15 +317,16 @@ class RequestTracker:
             target if path == adapter.path else replace(target, adapter=replace(adapter, path=path))
         )
 
-    @staticmethod
-    async def _checked(check: Coroutine[Any, Any, T], tenant: Tenant) -> T:
-        """``check``'s result; a quota refusal is counted by limit and by whose it was."""
+    async def _checked(self, check: Coroutine[Any, Any, T], tenant: Tenant) -> T:
+        """``check``'s result; a quota refusal is counted by limit and by whose it was (in
+        the metrics, and per minute in the store)."""
         try:
             return await check
         except (QuotaExceeded, QuotaTooLarge) as exc:
             limit = "too_large" if isinstance(exc, QuotaTooLarge) else exc.limit
             scope = "tenant" if exc.subject == tenant.quota_subject else "key"
             metrics.QUOTA_REJECTIONS.labels(tenant.id, limit, scope).inc()
+            self._ledger.refused(tenant.uid, tenant.id, limit)
             raise
 
     async def _keep_lease(self, reservation: Reservation) -> None:

@@ -28,7 +28,8 @@ async def edge(tmp_path: Path) -> AsyncIterator[EdgeApp]:
 
 
 async def audit(edge: EdgeApp) -> list[AuditRow]:
-    rows, _ = await edge.gateway.admin.list_audit(0, 500)
+    rows_page = await edge.gateway.admin.audit_page(limit=500)
+    rows, _ = rows_page.items, rows_page.next_offset
     return [row for row in reversed(rows) if row.actor != "test"]  # the fixture's own set-up
 
 
@@ -121,10 +122,10 @@ async def test_a_rejection_the_service_audited_is_not_audited_again(edge: EdgeAp
 async def test_a_server_error_is_audited_without_its_text(
     edge: EdgeApp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def broken() -> None:
+    async def broken(*_: object) -> None:
         raise RuntimeError(f"the store said {WRONG_TOKEN}")
 
-    monkeypatch.setattr(edge.gateway.admin, "list_tenants", broken)
+    monkeypatch.setattr(edge.gateway.admin, "tenants_page", broken)
     with pytest.raises(RuntimeError):  # re-raised for the server's log, after the answer
         await call(edge.app, "GET", "/admin/v1/tenants", headers=ADMIN)
 
