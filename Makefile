@@ -21,11 +21,11 @@ DEMO_ADAPTERS := $(shell $(PYTHON) -c 'from tools.demo.training import DEMO_ADAP
 $(if $(DEMO_ADAPTERS),,$(error could not read the demo adapters' names from tools/demo/training.py with $(PYTHON)))
 
 
-.PHONY: install model adapters demo serve services test test-fast coverage bench bench-quick bench-lora bench-shadow gateway-cost soak lint clean help
+.PHONY: install model adapters demo serve services test test-fast coverage console-screenshots bench bench-quick bench-lora bench-shadow gateway-cost soak lint clean help
 
 help:
 	@sed -n 's/^# \{0,1\}//p' Makefile | head -7
-	@echo "targets: install model adapters demo serve services test test-fast coverage bench bench-quick bench-lora bench-shadow gateway-cost soak lint clean"
+	@echo "targets: install model adapters demo serve services test test-fast coverage console-screenshots bench bench-quick bench-lora bench-shadow gateway-cost soak lint clean"
 
 install: $(VENV)/.installed
 
@@ -96,6 +96,11 @@ test-fast: install model adapters services
 # The whole suite with line coverage of app/ (slower than `make test`; the figure to keep).
 coverage: install model adapters services
 	$(BIN)/python -m pytest -ra --cov=app --cov-report=term:skip-covered --cov-report=json:var/coverage.json
+
+# docs/console/*.png: the admin console's main pages, shot by its browser test on the way
+# through (a gateway over the scripted engine, Debian's chromium).
+console-screenshots: install model services
+	CONSOLE_SCREENSHOTS=docs/console $(BIN)/python -m pytest -q -p no:cacheprovider tests/console/test_console_browser.py
 
 # schemathesis over /openapi.json (the scripted engine, no model), FUZZ_EXAMPLES examples per
 # operation and phase, valid and invalid input; `make test` runs the same suite smaller.

@@ -13,17 +13,16 @@ from starlette.datastructures import UploadFile
 
 from app.admin import schemas
 from app.admin.residency_report import Residency, read_residency
-from app.admin.service import was_audited
 from app.admin.sessions import ConsoleSession
 from app.api.admin.adapters import retire_removed, spool_upload
 from app.api.deps import GatewayDep
 from app.console.auth import Mutation, Session
-from app.console.forms import FormError, checkbox
-from app.console.rendering import CONSOLE_PREFIX, page
+from app.console.forms import FormError, audit_refusal, checkbox
+from app.console.rendering import CONSOLE_PREFIX, ConsoleRoute, page
 from app.errors import BadRequestError, GatewayError, NotFoundError
 from app.gateway import Gateway
 
-router = APIRouter(prefix="/adapters")
+router = APIRouter(prefix="/adapters", route_class=ConsoleRoute)
 
 PAGE_SIZE = 50
 
@@ -87,8 +86,7 @@ async def upload(request: Request, session: Mutation, gateway: GatewayDep) -> Re
         store = partial(admin.storage.from_archive, archive, upload.filename)
         row = await admin.register_adapter(session.actor, body.name, store)
     except GatewayError as exc:
-        if not was_audited(exc):
-            await admin.audit(session.actor, "adapter.register", "console", "rejected", exc.message)
+        await audit_refusal(admin, session.actor, "adapter.register", exc)
         if _wants_json(request):
             return JSONResponse(exc.body(), status_code=exc.status_code)
         return await adapters_page(request, session, gateway, error=FormError.of("upload", exc))

@@ -10,10 +10,10 @@ from fastapi.responses import Response
 from app.admin.queries import AuditFilter
 from app.api.deps import GatewayDep
 from app.console.auth import Session
-from app.console.rendering import page
+from app.console.rendering import ConsoleRoute, page
 from app.errors import BadRequestError
 
-router = APIRouter()
+router = APIRouter(route_class=ConsoleRoute)
 
 PAGE_SIZE = 50
 

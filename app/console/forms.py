@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import FormData
 
+from app.admin.service import AdminService, was_audited
 from app.errors import BadRequestError, GatewayError
 
 M = TypeVar("M", bound=BaseModel)
@@ -55,3 +56,10 @@ def model(cls: type[M], fields: dict[str, Any]) -> M:
         error = exc.errors()[0]
         param = ".".join(str(part) for part in error["loc"]) or None
         raise BadRequestError(f"`{param}`: {error['msg']}", param=param) from exc
+
+
+async def audit_refusal(admin: AdminService, actor: str, action: str, error: GatewayError) -> None:
+    """A form the admin models refused is audited as the REST API audits its 400s (the
+    service has audited its own refusals already)."""
+    if not was_audited(error):
+        await admin.audit(actor, action, "console", "rejected", error.message)

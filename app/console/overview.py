@@ -14,13 +14,13 @@ from app.admin.residency_report import Residency, read_residency
 from app.api.deps import GatewayDep
 from app.console.auth import Session
 from app.console.charts import Chart, bar_chart, series
-from app.console.rendering import page
+from app.console.rendering import ConsoleRoute, page
 from app.errors import GatewayError
 from app.gateway import Gateway
 from app.usage import top_tenants, usage_by_bucket
 from app.usage.refusals import refusals_by_bucket
 
-router = APIRouter()
+router = APIRouter(route_class=ConsoleRoute)
 
 
 async def _charts(gateway: Gateway, label: str, *, width: int, count: int) -> list[Chart]:

@@ -3,17 +3,20 @@ as text), and the headers every console response carries."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
+from fastapi.routing import APIRoute
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.admin.sessions import ConsoleSession
+from app.errors import GatewayError
 
 CONSOLE_PREFIX = "/admin/ui"
 TEMPLATES = Path(__file__).parent / "templates"
@@ -80,6 +83,9 @@ class ConsoleHeaders:
     """Adds :data:`SECURITY_HEADERS` to every response under the console's prefix, error
     pages and static files included."""
 
+    # It changes a response's start only: the app's streams may bypass it (StreamingApp).
+    passes_bodies_through = True
+
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
@@ -97,3 +103,21 @@ class ConsoleHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+class ConsoleRoute(APIRoute):
+    """A console route: a refusal no form of the page shows (an unknown tenant, a store that
+    is down) is an error page, not the API's JSON."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def console_handler(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except GatewayError as exc:
+                return page(
+                    request, "error.html", None, status=exc.status_code, message=exc.message
+                )
+
+        return console_handler

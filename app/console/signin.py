@@ -9,9 +9,9 @@ from app.api.admin.deps import actor_name
 from app.api.deps import GatewayDep, matches_any
 from app.console.auth import SESSION_COOKIE, Mutation, same_origin
 from app.console.forms import text
-from app.console.rendering import CONSOLE_PREFIX, page
+from app.console.rendering import CONSOLE_PREFIX, ConsoleRoute, page
 
-router = APIRouter()
+router = APIRouter(route_class=ConsoleRoute)
 
 
 def _source(request: Request) -> str:

@@ -16,18 +16,17 @@ from fastapi.responses import RedirectResponse, Response
 
 from app.admin import schemas
 from app.admin.rollouts import version_stats
-from app.admin.service import was_audited
 from app.admin.sessions import ConsoleSession
 from app.api.deps import GatewayDep
 from app.console.auth import Mutation, Session
 from app.console.charts import bar_chart, series
-from app.console.forms import FormError, checkbox, model, optional_int, text
-from app.console.rendering import CONSOLE_PREFIX, page
+from app.console.forms import FormError, audit_refusal, checkbox, model, optional_int, text
+from app.console.rendering import CONSOLE_PREFIX, ConsoleRoute, page
 from app.errors import BadRequestError, GatewayError
 from app.gateway import Gateway
 from app.usage import usage_by_bucket, usage_totals
 
-router = APIRouter(prefix="/tenants")
+router = APIRouter(prefix="/tenants", route_class=ConsoleRoute)
 
 PAGE_SIZE = 50
 USAGE_DAYS = 31
@@ -78,19 +77,12 @@ async def create_tenant(request: Request, session: Mutation, gateway: GatewayDep
         )
         await gateway.admin.create_tenant(session.actor, body)
     except GatewayError as exc:
-        await _audit_refusal(gateway, session.actor, "tenant.create", exc)
+        await audit_refusal(gateway.admin, session.actor, "tenant.create", exc)
         return await tenants_page(request, session, gateway, error=FormError.of("create", exc))
     return RedirectResponse(_tenant_url(body.id, "created"), status_code=303)
 
 
-async def _audit_refusal(gateway: Gateway, actor: str, action: str, error: GatewayError) -> None:
-    """A form the admin models refused is audited as the REST API audits its 400s (the
-    service audits its own refusals)."""
-    if not was_audited(error):
-        await gateway.admin.audit(actor, action, "console", "rejected", error.message)
-
-
-async def _usage(gateway: Gateway, tenant_uid: str) -> dict[str, Any]:
+async def _usage(gateway: Gateway, tenant_uid: str, key_names: dict[str, str]) -> dict[str, Any]:
     now = int(time.time())
     start = now // 86400 * 86400 - (USAGE_DAYS - 1) * 86400
     end = start + USAGE_DAYS * 86400
@@ -120,7 +112,13 @@ async def _usage(gateway: Gateway, tenant_uid: str) -> dict[str, Any]:
             bar_chart(
                 "tenant-keys",
                 "Tokens by key, all time",
-                [(t.group or "", t.prompt_tokens + t.completion_tokens) for t in by_key],
+                [
+                    (
+                        key_names.get(t.group or "", t.group or ""),
+                        t.prompt_tokens + t.completion_tokens,
+                    )
+                    for t in by_key
+                ],
             ),
         ],
     }
@@ -169,7 +167,7 @@ async def tenant_page(
         grants=grants,
         comparisons=comparisons,
         adapters=await admin.adapters_page(limit=None),
-        usage=await _usage(gateway, row.uid),
+        usage=await _usage(gateway, row.uid, {key.id: key.name or key.id for key in keys}),
         notice=notice,
         error=error,
         created_key=created_key,
@@ -219,7 +217,7 @@ async def _mutate(
     try:
         await change(await request.form())
     except GatewayError as exc:
-        await _audit_refusal(gateway, session.actor, action, exc)
+        await audit_refusal(gateway.admin, session.actor, action, exc)
         return await tenant_page(
             request, tenant_id, session, gateway, error=FormError.of(form_id, exc)
         )
@@ -255,7 +253,7 @@ async def create_key(
         body = model(schemas.KeyCreate, {"name": text(form, "name")})
         row, key = await gateway.admin.create_key(session.actor, tenant_id, body)
     except GatewayError as exc:
-        await _audit_refusal(gateway, session.actor, "key.create", exc)
+        await audit_refusal(gateway.admin, session.actor, "key.create", exc)
         return await tenant_page(
             request, tenant_id, session, gateway, error=FormError.of("keys", exc)
         )

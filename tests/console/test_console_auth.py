@@ -16,7 +16,7 @@ from sqlalchemy import update
 from app.server import server_config
 from app.settings import Settings
 from app.store.tables import ConsoleSessionRow
-from tests.support.console import UI, console, sign_in
+from tests.support.console import UI, console, sign_in, unlabelled_fields
 from tests.support.harness import ADMIN_TOKEN
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.serving import TENANT, Served, ServeFactory, eventually
@@ -132,7 +132,9 @@ async def test_a_mutation_without_the_session_csrf_token_changes_nothing(
         assert created.status_code == 303
 
 
-async def test_every_answer_carries_a_strict_content_security_policy(serve: ServeFactory) -> None:
+async def test_every_page_has_a_strict_policy_no_inline_code_and_labelled_fields(
+    serve: ServeFactory,
+) -> None:
     async with serve(ScriptedEngine()) as served, console(served.base_url) as ui:
         answers = [await ui.get(path) for path in PAGES]
         answers += [await ui.get("/static/console.js"), await ui.get("/tenants/no-such-tenant")]
@@ -143,6 +145,9 @@ async def test_every_answer_carries_a_strict_content_security_policy(serve: Serv
             assert "frame-ancestors 'none'" in policy
             assert answer.headers["x-content-type-options"] == "nosniff"
         assert all("<script>" not in a.text and " style=" not in a.text for a in answers)
+        for answer in answers:
+            if answer.headers["content-type"].startswith("text/html"):
+                assert unlabelled_fields(answer.text) == [], answer.url
 
 
 async def test_markup_a_tenant_or_admin_wrote_is_shown_as_text(serve: ServeFactory) -> None:
@@ -200,3 +205,19 @@ async def test_removing_the_admin_token_ends_its_sessions_everywhere(
             "/admin/v1/tenants", headers={"authorization": "Bearer lgw-admin-second"}
         )
         assert rest.status_code == 401
+
+
+async def test_turned_off_the_console_is_gone_and_nothing_else_changes(serve: ServeFactory) -> None:
+    async with serve(ScriptedEngine(), console=False) as off, serve(ScriptedEngine()) as on:
+        async with httpx.AsyncClient(base_url=off.base_url) as client:
+            for path in ("/admin/ui/", "/admin/ui/sign-in", "/admin/ui/static/console.js"):
+                answer = await client.get(path)
+                assert (
+                    answer.status_code == 404
+                    and answer.json()["error"]["type"] == "invalid_request_error"
+                )
+            assert "content-security-policy" not in answer.headers
+            schema_off = (await client.get("/openapi.json")).json()
+        async with httpx.AsyncClient(base_url=on.base_url) as client:
+            assert (await client.get("/openapi.json")).json() == schema_off
+        assert [t["id"] for t in await off.admin("GET", "/tenants")] == [TENANT]

@@ -5,58 +5,27 @@ upload is a 503 in OpenAI's error shape and nothing is recorded."""
 from __future__ import annotations
 
 import fcntl
-import io
-import json
 import os
-import tarfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
-from safetensors.numpy import save as save_tensors
 
 from app.tenancy.storage.s3 import S3Location, s3_client
+from tests.support.archives import tiny_adapter_archive
 from tests.support.harness import ADMIN_TOKEN
 from tests.support.s3_server import s3_server, use_s3
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.servers import free_port
 from tests.support.serving import TENANT, ServeFactory
 
-RANK = 4
-
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
     with s3_server() as endpoint:
         yield endpoint
-
-
-def archive(seed: int = 0) -> bytes:
-    """A rank-4 LoRA for the tiny model's q_proj, as a .tar.gz (its weights drawn from
-    ``seed``)."""
-    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
-    rng = np.random.default_rng(seed)
-    files = {
-        "adapter_config.json": json.dumps(
-            {"peft_type": "LORA", "r": RANK, "lora_alpha": 8, "target_modules": ["q_proj"]}
-        ).encode(),
-        "adapter_model.safetensors": save_tensors(
-            {
-                f"{prefix}.lora_A.weight": rng.standard_normal((RANK, 8)).astype(np.float32),
-                f"{prefix}.lora_B.weight": rng.standard_normal((8, RANK)).astype(np.float32),
-            }
-        ),
-    }
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 async def upload(base_url: str, name: str, seed: int = 0) -> httpx.Response:
@@ -68,7 +37,7 @@ async def upload(base_url: str, name: str, seed: int = 0) -> httpx.Response:
         return await admin.post(
             "/adapters",
             data={"name": name},
-            files={"file": ("adapter.tar.gz", archive(seed), "application/gzip")},
+            files={"file": ("adapter.tar.gz", tiny_adapter_archive(seed), "application/gzip")},
         )
 
 

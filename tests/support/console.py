@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from html.parser import HTMLParser
 from typing import Any
 
 import httpx
@@ -49,3 +50,41 @@ async def console(base_url: str, token: str = ADMIN_TOKEN) -> AsyncIterator[Cons
         answer = await sign_in(client, token)
         assert answer.status_code == 303, answer.text
         yield Console(client, csrf_of(await client.get(f"{UI}/")))
+
+
+class _Fields(HTMLParser):
+    """Form fields, the labels that name them, and whether each sits inside a label."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fields: list[tuple[str, str | None, bool]] = []
+        self.labelled: set[str] = set()
+        self._open_labels = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        named = dict(attrs)
+        if tag == "label":
+            self._open_labels += 1
+            if named.get("for"):
+                self.labelled.add(str(named["for"]))
+        elif tag in ("input", "select", "textarea") and named.get("type") not in (
+            "hidden",
+            "submit",
+        ):
+            self.fields.append((str(named.get("name")), named.get("id"), self._open_labels > 0))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "label":
+            self._open_labels -= 1
+
+
+def unlabelled_fields(html: str) -> list[str]:
+    """The names of a page's form fields that no label names: a screen reader could only
+    say "edit text"."""
+    parser = _Fields()
+    parser.feed(html)
+    return [
+        name
+        for name, field_id, inside_label in parser.fields
+        if not inside_label and (field_id is None or field_id not in parser.labelled)
+    ]

@@ -17,7 +17,7 @@ from app.admin import schemas
 from app.admin.residency_report import Residency, read_residency
 from app.api.admin.deps import Admin, AdminActor
 from app.api.deps import GatewayDep
-from app.errors import BadRequestError
+from app.errors import BadRequestError, NotFoundError
 from app.protocol import INT64_MAX
 from app.store.snapshot import adapter_of
 from app.store.tables import AdapterVersionRow
@@ -25,6 +25,10 @@ from app.store.tables import AdapterVersionRow
 router = APIRouter(prefix="/adapters", tags=["admin: adapters"])
 
 UPLOAD_CHUNK = 1 << 20
+RESIDENCY_IN_ENGINES = (
+    "This replica forwards requests to engine pods: each reports its adapters' residency on "
+    "its own /metrics (lora_gateway_adapter_tier)."
+)
 REGISTER_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
@@ -135,6 +139,10 @@ async def list_adapters(
 # Before "/{name}": /adapters/residency is not an adapter named "residency".
 @router.get("/residency", response_model=list[schemas.AdapterResidencyOut])
 async def adapter_residency(request: Request, admin: Admin, gateway: GatewayDep) -> object:
+    """Where each version is in this process's engine; a 404 in the front role, whose engines
+    (other pods) report it on their own /metrics."""
+    if not gateway.backends.holds_adapter_copies:
+        raise NotFoundError(RESIDENCY_IN_ENGINES)
     metrics_dir = getattr(request.app.state, "metrics_dir", None)
     measured = await asyncio.to_thread(read_residency, metrics_dir)
     listed = []

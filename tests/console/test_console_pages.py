@@ -1,0 +1,265 @@
+"""The console's pages and forms over a gateway with the scripted engine: every mutation goes
+through the admin service (what the REST API then reads, audited alike), refusals are shown
+next to their form naming the field, and the charts come from the store."""
+
+from __future__ import annotations
+
+import html
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+from sqlalchemy import insert
+
+from app.api.admin.deps import actor_name
+from app.store.tables import AdapterVersionRow, TenantRow
+from tests.support.archives import tiny_adapter_archive
+from tests.support.console import Console, console
+from tests.support.fake_upstream import fake_upstream
+from tests.support.front_app import front_settings, running_front
+from tests.support.harness import ADMIN_TOKEN
+from tests.support.scripted_engine import ScriptedEngine
+from tests.support.serving import TENANT, Served, ServeFactory, chat
+
+NEW_KEY = re.compile(r'<code id="new-key">([^<]+)</code>')
+
+
+async def upload(ui: Console, name: str, archive: bytes, *, script: bool = False) -> httpx.Response:
+    headers = {"accept": "application/json", "x-csrf-token": ui.csrf} if script else {}
+    return await ui.client.post(
+        "/admin/ui/adapters",
+        data={"name": name, **({} if script else {"csrf": ui.csrf})},
+        files={"file": ("adapter.tar.gz", archive, "application/gzip")},
+        headers=headers,
+    )
+
+
+def adapter_row(name: str) -> AdapterVersionRow:
+    """A version as the store lists it (its files are not needed to list it)."""
+    return AdapterVersionRow(
+        name=name,
+        version=1,
+        sha256="0" * 64,
+        path=name,
+        rank=8,
+        target_modules=["q_proj"],
+        size_bytes=1,
+        created_at=datetime.now(timezone.utc),
+    )
+
+
+async def models_of(served: Served, key: str) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=served.base_url) as client:
+        return await client.get("/v1/models", headers={"authorization": f"Bearer {key}"})
+
+
+async def test_forms_change_what_the_api_serves_and_are_audited_as_rest_calls(
+    serve: ServeFactory,
+) -> None:
+    async with serve(ScriptedEngine()) as served, console(served.base_url) as ui:
+        created = await ui.post(
+            "/tenants", {"id": "acme", "name": "ACME", "weight": "3", "priority": "batch"}
+        )
+        assert created.headers["location"] == "/admin/ui/tenants/acme?notice=created"
+        key_page = await ui.post("/tenants/acme/keys", {"name": "prod"})
+        assert key_page.status_code == 201 and "shown this once" in key_page.text
+        key = NEW_KEY.search(key_page.text).group(1)  # type: ignore[union-attr]
+        assert key not in (await ui.get("/tenants/acme")).text  # never shown again
+
+        for version in (1, 2):
+            assert (await upload(ui, "helper", tiny_adapter_archive(version))).status_code == 303
+        split = {"alias": "helper", "adapter": "helper", "versions": "1:50, 2:50", "sticky": "on"}
+        assert (await ui.post("/tenants/acme/grants", split)).status_code == 303
+        assert (
+            await ui.post("/tenants/acme/grants/helper/rollback", {"version": "1"})
+        ).status_code == 303
+        quota = {"requests_per_minute": "100", "token_budget": "5000", "budget_period": "day"}
+        assert (await ui.post("/tenants/acme/quota", quota)).status_code == 303
+        key_id = (await served.admin("GET", "/tenants/acme/keys"))[0]["id"]
+        assert (
+            await ui.post(f"/tenants/acme/keys/{key_id}/quota", {"tokens_per_minute": "900"})
+        ).status_code == 303
+        settings = {"name": "ACME Corp", "weight": "2", "priority": "interactive", "enabled": "on"}
+        assert (await ui.post("/tenants/acme/settings", settings)).status_code == 303
+
+        assert (await models_of(served, key)).json()["data"][0]["id"] == "helper"
+        tenant = await served.admin("GET", "/tenants/acme")
+        assert (tenant["name"], tenant["weight"], tenant["priority"]) == (
+            "ACME Corp",
+            2,
+            "interactive",
+        )
+        grant = (await served.admin("GET", "/tenants/acme/adapters"))[0]
+        assert (grant["version"], grant["versions"], grant["rolled_back"]["replaced"]) == (
+            1,
+            None,
+            "helper {v1: 50, v2: 50} sticky per user",
+        )
+        assert (await served.admin("GET", "/tenants/acme/quota"))["token_budget"] == 5000
+        assert (await served.admin("GET", f"/tenants/acme/keys/{key_id}/quota"))[
+            "tokens_per_minute"
+        ] == 900
+
+        assert (await ui.post(f"/tenants/acme/keys/{key_id}/revoke")).status_code == 303
+        assert (await models_of(served, key)).status_code == 401
+        assert (await ui.post("/tenants/acme/grants/helper/delete")).status_code == 303
+        assert await served.admin("GET", "/tenants/acme/adapters") == []
+
+        audit = (await served.admin("GET", "/audit?limit=50"))["data"]
+        console_actions = [
+            (r["action"], r["outcome"]) for r in audit if r["actor"] == actor_name(ADMIN_TOKEN)
+        ]
+        for action in (
+            "tenant.create",
+            "key.create",
+            "adapter.register",
+            "grant.put",
+            "grant.rollback",
+            "quota.put",
+            "key.quota.put",
+            "tenant.update",
+            "key.revoke",
+            "grant.delete",
+        ):
+            assert (action, "ok") in console_actions, action
+
+
+async def test_a_refused_form_names_the_field_next_to_it_and_is_audited(
+    serve: ServeFactory,
+) -> None:
+    async with serve(ScriptedEngine()) as served, console(served.base_url) as ui:
+        bad_id = await ui.post("/tenants", {"id": "Not An Id", "name": "x"})
+        assert (
+            bad_id.status_code == 400
+            and 'id="create-error"' in bad_id.text
+            and "`id`" in bad_id.text
+        )
+        no_period = await ui.post(f"/tenants/{TENANT}/quota", {"token_budget": "10"})
+        assert no_period.status_code == 400 and 'id="quota-error"' in no_period.text
+        not_a_number = await ui.post(f"/tenants/{TENANT}/quota", {"requests_per_minute": "ten"})
+        assert "`requests_per_minute` must be a whole number" in not_a_number.text
+        no_adapter = await ui.post(
+            f"/tenants/{TENANT}/grants", {"alias": "a", "adapter": "missing"}
+        )
+        assert no_adapter.status_code == 404 and 'id="grants-error"' in no_adapter.text
+        assert [t["id"] for t in await served.admin("GET", "/tenants")] == [TENANT]
+        assert await served.admin("GET", f"/tenants/{TENANT}/adapters") == []
+        unknown = await ui.get("/tenants/nobody")
+        assert unknown.status_code == 404 and "No tenant `nobody`." in unknown.text
+        assert unknown.headers["content-type"].startswith("text/html")
+        audit = (await served.admin("GET", "/audit?limit=50"))["data"]
+        rejected = {r["action"] for r in audit if r["outcome"] == "rejected"}
+        assert {"tenant.create", "quota.put", "grant.put"} <= rejected
+
+
+async def test_an_upload_refusal_shows_the_validators_reason_with_or_without_script(
+    serve: ServeFactory,
+) -> None:
+    async with serve(ScriptedEngine()) as served, console(served.base_url) as ui:
+        page = await upload(ui, "broken", b"this is not an archive")
+        assert page.status_code == 400
+        shown = re.search(r'id="upload-error">([^<]+)<', page.text)
+        assert shown is not None and "archive" in shown.group(1).lower()
+        scripted = await upload(ui, "broken", b"this is not an archive", script=True)
+        assert scripted.status_code == 400 and scripted.json()["error"]["message"] == html.unescape(
+            shown.group(1)
+        )
+        good = await upload(ui, "fine", tiny_adapter_archive(), script=True)
+        assert good.status_code == 201 and good.json() == {
+            "redirect": "/admin/ui/adapters/fine?notice=uploaded"
+        }
+        assert [a["name"] for a in await served.admin("GET", "/adapters")] == ["fine"]
+        detail = await ui.get("/adapters/fine")
+        assert "q_proj" in detail.text and "v1" in detail.text
+        assert "<td>storage</td>" in detail.text  # in-process: where it is now, not yet used
+
+
+async def test_deleting_a_granted_version_is_refused_with_the_grants_named(
+    serve: ServeFactory,
+) -> None:
+    async with serve(ScriptedEngine()) as served, console(served.base_url) as ui:
+        await upload(ui, "helper", tiny_adapter_archive())
+        await ui.post(
+            f"/tenants/{TENANT}/grants", {"alias": "assist", "adapter": "helper", "version": "1"}
+        )
+        refused = await ui.post("/adapters/helper/versions/1/delete")
+        assert (
+            refused.status_code == 409
+            and "assist" in refused.text
+            and 'id="delete-error"' in refused.text
+        )
+        assert len(await served.admin("GET", "/adapters")) == 1
+
+
+async def test_ten_thousand_tenants_are_searched_and_paged_in_the_store(
+    serve: ServeFactory,
+) -> None:
+    async with serve(ScriptedEngine()) as served, console(served.base_url) as ui:
+        now = datetime.now(timezone.utc)
+        async with served.gateway.sessions.begin() as session:
+            await session.execute(
+                insert(TenantRow),
+                [
+                    {"id": f"t{n:05d}", "name": f"Tenant {n}", "created_at": now}
+                    for n in range(10_000)
+                ],
+            )
+            session.add_all(adapter_row(f"a{n:04d}") for n in range(1000))
+        first = await ui.get("/tenants")
+        assert "10,001 tenants" in first.text and first.text.count("<tr>") == 51  # head + 50
+        second = await ui.get("/tenants?offset=50")
+        assert "t00050" in second.text and "t00099" in second.text and "t00049" not in second.text
+        found = await ui.get("/tenants?q=TENANT%209999")
+        assert "1 tenant matching" in found.text and "t09999" in found.text
+        adapters = await ui.get("/adapters?q=a09")
+        assert "100 adapters" in adapters.text
+        assert "1,000 adapters" in (await ui.get("/adapters")).text
+
+
+async def test_the_charts_and_csv_hold_the_tenants_requests_and_refusals(
+    serve: ServeFactory,
+) -> None:
+    async with (
+        serve(ScriptedEngine()) as served,
+        console(served.base_url) as ui,
+        served.client() as tenant,
+    ):
+        await served.set_quota(requests_per_minute=2)
+        statuses = [
+            (await tenant.post("/v1/chat/completions", json=chat(served, max_tokens=3))).status_code
+            for _ in range(3)
+        ]
+        assert statuses == [200, 200, 429]
+        records = await served.usage_records()
+        tokens = sum(r.prompt_tokens + r.completion_tokens for r in records)
+        overview = await ui.get("/")
+        assert f">{TENANT}</a></td><td>2</td>" in overview.text  # top tenants
+        hour = re.findall(r"<title>\d\d:\d\d: ([\d,]+)</title>", overview.text)
+        assert sum(int(v.replace(",", "")) for v in hour[:60]) == 2  # requests, last hour
+        assert sum(int(v.replace(",", "")) for v in hour[60:120]) == tokens
+        assert sum(int(v.replace(",", "")) for v in hour[120:180]) == 1  # the refusal
+        page = await ui.get(f"/tenants/{TENANT}")
+        day = re.findall(r"<title>\d{4}-\d\d-\d\d: ([\d,]+)</title>", page.text)
+        assert sum(int(v.replace(",", "")) for v in day[:31]) == tokens
+        csv = (await ui.get(f"/tenants/{TENANT}/usage.csv")).text.splitlines()
+        assert csv[0] == "day,model,api_key_id,requests,input_tokens,output_tokens"
+        (row,) = csv[1:]
+        assert row.split(",")[1:4] == [served.model, records[0].key_id, "2"]
+
+
+async def test_in_the_front_role_residency_is_said_to_be_in_the_engines(tmp_path: Path) -> None:
+    with fake_upstream() as upstream:
+        async with (
+            running_front(front_settings(upstream.url, tmp_path)) as front,
+            console(front.base_url) as ui,
+        ):
+            async with front.gateway.sessions.begin() as session:
+                session.add(adapter_row("helper"))
+            for page in (await ui.get("/"), await ui.get("/adapters/helper")):
+                assert "lives in the engines" in page.text
+                assert "Storage only" not in page.text and "<td>storage</td>" not in page.text
+            rest = await ui.client.get(
+                "/admin/v1/adapters/residency", headers={"authorization": f"Bearer {ADMIN_TOKEN}"}
+            )
+            assert rest.status_code == 404 and "/metrics" in rest.json()["error"]["message"]
