@@ -1,15 +1,19 @@
 """Database connections and start-up migrations.
 
 SQLite is set up for more than one process writing at once (the server, and the CLI an operator
-runs beside it): write-ahead logging, so readers and the writer do not block each other; a busy
-timeout, so a writer waits for another's transaction instead of failing with "database is
-locked"; and every transaction begun IMMEDIATE, so one that reads and then writes takes the
-write lock before it reads (a deferred one could only fail, not wait, if another process wrote
-in between).
+runs beside it): write-ahead logging (set in the file before it is opened), so readers and the
+writer do not block each other; a busy timeout, so a writer waits for another's transaction
+instead of failing with "database is locked"; and every transaction begun IMMEDIATE, so one that
+reads and then writes takes the write lock before it reads (a deferred one could only fail, not
+wait, if another process wrote in between).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import sqlite3
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -48,8 +52,24 @@ def _configure_sqlite(dbapi_connection, _record) -> None:  # type: ignore[no-unt
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-    cursor.execute("PRAGMA journal_mode=WAL")  # stored in the file; a no-op in memory
     cursor.close()
+
+
+def use_write_ahead_log(path: str) -> None:
+    """Switch the SQLite file at ``path`` to write-ahead logging (kept in the file), once,
+    before the engine opens it. Switching needs the file to itself, and SQLite answers "database
+    is locked" at once, whatever the busy timeout, while another process or replica holds it
+    (migrating, say): so this retries, for as long as the busy timeout, off the event loop."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        with contextlib.closing(sqlite3.connect(path, timeout=1.0)) as connection:
+            try:
+                if connection.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal":
+                    return
+            except sqlite3.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+        time.sleep(0.05)
 
 
 def _begin_immediate(connection: Connection) -> None:
@@ -71,6 +91,10 @@ def create_engine(url: str) -> AsyncEngine:
 @asynccontextmanager
 async def open_database(url: str) -> AsyncIterator[async_sessionmaker]:  # type: ignore[type-arg]
     """Migrate the schema to the latest revision, then hand out sessions."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(use_write_ahead_log, parsed.database)
     engine = create_engine(url)
     try:
         async with engine.begin() as connection:
