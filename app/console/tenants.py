@@ -19,7 +19,7 @@ from app.admin.rollouts import version_stats
 from app.admin.sessions import ConsoleSession
 from app.api.deps import GatewayDep
 from app.console.auth import Mutation, Session
-from app.console.charts import bar_chart, series
+from app.console.charts import Chart, bar_chart, series
 from app.console.forms import FormError, audit_refusal, checkbox, model, optional_int, text
 from app.console.rendering import CONSOLE_PREFIX, ConsoleRoute, page
 from app.errors import BadRequestError, GatewayError
@@ -82,7 +82,10 @@ async def create_tenant(request: Request, session: Mutation, gateway: GatewayDep
     return RedirectResponse(_tenant_url(body.id, "created"), status_code=303)
 
 
-async def _usage(gateway: Gateway, tenant_uid: str, key_names: dict[str, str]) -> dict[str, Any]:
+async def _usage_charts(
+    gateway: Gateway, tenant_uid: str, key_names: dict[str, str]
+) -> list[Chart]:
+    """Tokens and requests per day, tokens by model and by key (names, not ids)."""
     now = int(time.time())
     start = now // 86400 * 86400 - (USAGE_DAYS - 1) * 86400
     end = start + USAGE_DAYS * 86400
@@ -94,34 +97,32 @@ async def _usage(gateway: Gateway, tenant_uid: str, key_names: dict[str, str]) -
     )
     by_key = await usage_totals(gateway.sessions, tenant_uid, start=None, end=None, group_by="key")
     daily = {"start": start, "width": 86400, "count": USAGE_DAYS}
-    return {
-        "charts": [
-            bar_chart(
-                "tenant-tokens", f"Tokens per day, last {USAGE_DAYS} days", series(tokens, **daily)
-            ),
-            bar_chart(
-                "tenant-requests",
-                f"Requests per day, last {USAGE_DAYS} days",
-                series(requests, **daily),
-            ),
-            bar_chart(
-                "tenant-models",
-                "Tokens by model, all time",
-                [(t.group or "", t.prompt_tokens + t.completion_tokens) for t in by_model],
-            ),
-            bar_chart(
-                "tenant-keys",
-                "Tokens by key, all time",
-                [
-                    (
-                        key_names.get(t.group or "", t.group or ""),
-                        t.prompt_tokens + t.completion_tokens,
-                    )
-                    for t in by_key
-                ],
-            ),
-        ],
-    }
+    return [
+        bar_chart(
+            "tenant-tokens", f"Tokens per day, last {USAGE_DAYS} days", series(tokens, **daily)
+        ),
+        bar_chart(
+            "tenant-requests",
+            f"Requests per day, last {USAGE_DAYS} days",
+            series(requests, **daily),
+        ),
+        bar_chart(
+            "tenant-models",
+            "Tokens by model, all time",
+            [(t.group or "", t.prompt_tokens + t.completion_tokens) for t in by_model],
+        ),
+        bar_chart(
+            "tenant-keys",
+            "Tokens by key, all time",
+            [
+                (
+                    key_names.get(t.group or "", t.group or ""),
+                    t.prompt_tokens + t.completion_tokens,
+                )
+                for t in by_key
+            ],
+        ),
+    ]
 
 
 @router.get("/{tenant_id}")
@@ -167,7 +168,7 @@ async def tenant_page(
         grants=grants,
         comparisons=comparisons,
         adapters=await admin.adapters_page(limit=None),
-        usage=await _usage(gateway, row.uid, {key.id: key.name or key.id for key in keys}),
+        charts=await _usage_charts(gateway, row.uid, {key.id: key.name or key.id for key in keys}),
         notice=notice,
         error=error,
         created_key=created_key,
