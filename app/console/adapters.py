@@ -4,22 +4,18 @@ residency, deletion), through the admin service as the REST API does."""
 from __future__ import annotations
 
 import asyncio
-from functools import partial
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
-from pydantic import ValidationError
-from starlette.datastructures import UploadFile
 
-from app.admin import schemas
 from app.admin.residency_report import Residency, read_residency
 from app.admin.sessions import ConsoleSession
-from app.api.admin.adapters import retire_removed, spool_upload
+from app.api.admin.adapters import register_upload, retire_removed
 from app.api.deps import GatewayDep
 from app.console.auth import Mutation, Session
 from app.console.forms import FormError, audit_refusal, checkbox
 from app.console.rendering import CONSOLE_PREFIX, ConsoleRoute, page
-from app.errors import BadRequestError, GatewayError, NotFoundError
+from app.errors import GatewayError, NotFoundError
 from app.gateway import Gateway
 
 router = APIRouter(prefix="/adapters", route_class=ConsoleRoute)
@@ -72,27 +68,13 @@ async def upload(request: Request, session: Mutation, gateway: GatewayDep) -> Re
     a refusal is shown next to the form with the validator's reason."""
     admin = gateway.admin
     form = await request.form()
-    archive = None
     try:
-        upload, name = form.get("file"), form.get("name")
-        if not isinstance(upload, UploadFile) or not upload.filename:
-            raise BadRequestError("Choose an archive (.zip or .tar.gz) to upload.", param="file")
-        try:
-            body = schemas.AdapterRegister(name=str(name or ""), path=".")
-        except ValidationError as exc:
-            message = f"Invalid adapter name: {exc.errors()[0]['msg']}"
-            raise BadRequestError(message, param="name") from exc
-        archive = await spool_upload(upload, gateway.settings.max_adapter_bytes)
-        store = partial(admin.storage.from_archive, archive, upload.filename)
-        row = await admin.register_adapter(session.actor, body.name, store)
+        row = await register_upload(admin, session.actor, form, gateway.settings.max_adapter_bytes)
     except GatewayError as exc:
         await audit_refusal(admin, session.actor, "adapter.register", exc)
         if _wants_json(request):
             return JSONResponse(exc.body(), status_code=exc.status_code)
         return await adapters_page(request, session, gateway, error=FormError.of("upload", exc))
-    finally:
-        if archive is not None:
-            await asyncio.to_thread(archive.unlink)
     url = f"{CONSOLE_PREFIX}/adapters/{row.name}?notice=uploaded"
     if _wants_json(request):
         return JSONResponse({"redirect": url}, status_code=201)

@@ -11,10 +11,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response, status
 from pydantic import ValidationError
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
 
 from app.admin import schemas
 from app.admin.residency_report import Residency, read_residency
+from app.admin.service import AdminService
 from app.api.admin.deps import Admin, AdminActor
 from app.api.deps import GatewayDep
 from app.errors import BadRequestError, NotFoundError
@@ -75,6 +76,27 @@ async def spool_upload(upload: UploadFile, limit: int) -> Path:
     return Path(handle.name)
 
 
+async def register_upload(
+    admin: AdminService, actor: str, form: FormData, max_bytes: int
+) -> AdapterVersionRow:
+    """A new version from a multipart form's ``name`` and ``file`` (an archive), as the admin
+    API and the console's upload form send them; the spooled archive goes once it is stored."""
+    upload, name = form.get("file"), form.get("name")
+    if not isinstance(upload, UploadFile):
+        raise BadRequestError("Multipart field `file` (the archive) is required.", param="file")
+    try:
+        body = schemas.AdapterRegister(name=str(name or ""), path=".")
+    except ValidationError as exc:
+        message = f"Invalid adapter name: {exc.errors()[0]['msg']}"
+        raise BadRequestError(message, param="name") from exc
+    archive = await spool_upload(upload, max_bytes)
+    try:
+        store = partial(admin.storage.from_archive, archive, upload.filename or "")
+        return await admin.register_adapter(actor, body.name, store)
+    finally:
+        await asyncio.to_thread(archive.unlink)
+
+
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
@@ -86,24 +108,9 @@ async def register_adapter(
 ) -> object:
     """Register a new immutable version from a directory under the adapter root
     (JSON) or from an uploaded archive (multipart: ``name``, ``file``)."""
-    storage = admin.storage
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
         form = await request.form()
-        upload, name = form.get("file"), form.get("name")
-        if not isinstance(upload, UploadFile):
-            raise BadRequestError("Multipart field `file` (the archive) is required.", param="file")
-        try:
-            body = schemas.AdapterRegister(name=str(name or ""), path=".")
-        except ValidationError as exc:
-            message = f"Invalid adapter name: {exc.errors()[0]['msg']}"
-            raise BadRequestError(message, param="name") from exc
-        archive = await spool_upload(upload, gateway.settings.max_adapter_bytes)
-        try:
-            row = await admin.register_adapter(
-                actor, body.name, partial(storage.from_archive, archive, upload.filename or "")
-            )
-        finally:
-            await asyncio.to_thread(archive.unlink)
+        row = await register_upload(admin, actor, form, gateway.settings.max_adapter_bytes)
     else:
         try:
             body = schemas.AdapterRegister.model_validate_json(await request.body())
@@ -111,7 +118,8 @@ async def register_adapter(
             error = exc.errors()[0]
             param = ".".join(str(p) for p in error["loc"]) or None
             raise BadRequestError(f"Invalid request: {error['msg']}", param=param) from exc
-        row = await admin.register_adapter(actor, body.name, partial(storage.from_path, body.path))
+        store = partial(admin.storage.from_path, body.path)
+        row = await admin.register_adapter(actor, body.name, store)
     return _version(row)
 
 
