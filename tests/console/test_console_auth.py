@@ -173,13 +173,20 @@ async def test_sign_out_ends_the_session_on_every_replica(serve: ServeFactory) -
         assert [r["outcome"] for r in await audit_records(first, "console.sign_out")] == ["ok"]
 
 
-async def test_an_expired_session_no_longer_works(serve: ServeFactory) -> None:
-    async with serve(ScriptedEngine()) as served, console(served.base_url) as ui:
-        async with served.gateway.sessions.begin() as session:
+async def test_an_expired_session_no_longer_works_on_any_replica(serve: ServeFactory) -> None:
+    async with (
+        serve(ScriptedEngine()) as first,
+        serve(ScriptedEngine()) as second,
+        console(first.base_url) as ui,
+    ):
+        cookie = {"lgw_console": ui.client.cookies["lgw_console"]}
+        async with first.gateway.sessions.begin() as session:
             past = datetime.now(timezone.utc) - timedelta(seconds=1)
             await session.execute(update(ConsoleSessionRow).values(expires_at=past))
         assert (await ui.get("/tenants")).status_code == 303
         assert (await ui.post("/tenants", {"id": "late", "name": "L"})).status_code == 401
+        async with httpx.AsyncClient(base_url=second.base_url, cookies=cookie) as elsewhere:
+            assert (await elsewhere.get(f"{UI}/tenants")).status_code == 303
 
 
 async def test_removing_the_admin_token_ends_its_sessions_everywhere(
