@@ -44,11 +44,11 @@ async def apply_manifests(
         if any(getattr(current, f) != v for f, v in update_.model_dump(exclude_none=True).items()):
             await admin.update_tenant(actor, manifest.id, update_)
             changes.append(f"updated tenant {manifest.id}")
-        grants = {g.alias: g for g in await admin.list_grants(manifest.id)}
+        grants = {g.alias: g for g in await admin.grants.for_tenant(manifest.id)}
         for alias, spec in manifest.grants().items():
             grant = grants.pop(alias, None)
             if grant is None or grant.spec() != spec or grant.rolled_back:
-                await admin.put_grant(actor, manifest.id, alias, spec)
+                await admin.grants.put(actor, manifest.id, alias, spec)
                 change = f"granted {manifest.id}:{alias} -> {spec.describe()}"
                 if grant is not None and grant.rolled_back:
                     rollback = grant.rolled_back
@@ -58,7 +58,7 @@ async def apply_manifests(
                     )
                 changes.append(change)
         for alias in grants:
-            await admin.delete_grant(actor, manifest.id, alias)
+            await admin.grants.delete(actor, manifest.id, alias)
             changes.append(f"revoked {manifest.id}:{alias}")
     if prune:
         for tenant in await admin.list_tenants():

@@ -123,7 +123,7 @@ async def apply_rollback_rules(
             f"v{worst.version} failed {worst.errors} of {worst.requests} requests "
             f"({worst.error_rate:.1%} > {rule.error_rate:.1%}) in {rule.window_seconds} s"
         )
-        if await admin.roll_back_by_rule(tenant.id, alias, reason):
+        if await admin.grants.roll_back_by_rule(tenant.id, alias, reason):
             logger.warning("rolled %s:%s back to v%d: %s", tenant.id, alias, rule.to, reason)
             done.append(f"{tenant.id}:{alias}")
     return done

@@ -16,7 +16,7 @@ from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException
 from starlette.routing import Match, Route
 
-from app.admin.service import was_audited
+from app.admin.mutations import was_audited
 from app.api.admin.failure_audit import is_admin_path, record_admin_failure
 from app.errors import BadRequestError, GatewayError, StoreUnavailableError
 

@@ -9,7 +9,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import FormData
 
-from app.admin.service import AdminService, was_audited
+from app.admin.mutations import was_audited
+from app.admin.service import AdminService
 from app.errors import BadRequestError, GatewayError
 
 M = TypeVar("M", bound=BaseModel)

@@ -146,7 +146,7 @@ async def tenant_page(
     row = await admin.get_tenant(tenant_id)  # 404 for an unknown tenant
     keys = await admin.list_keys(tenant_id)
     key_quotas = {key.id: await admin.get_key_quota(tenant_id, key.id) for key in keys}
-    grants = await admin.list_grants(tenant_id)
+    grants = await admin.grants.for_tenant(tenant_id)
     await gateway.ledger.flush()  # this replica's latest requests are in the charts
     comparisons = {}
     for grant in grants:
@@ -354,7 +354,7 @@ async def put_grant(
 ) -> Response:
     async def change(form: Any) -> None:
         alias = schemas.check_grant_alias(text(form, "alias"), gateway.registry.base_model_id)
-        await gateway.admin.put_grant(session.actor, tenant_id, alias, _grant(form))
+        await gateway.admin.grants.put(session.actor, tenant_id, alias, _grant(form))
 
     return await _mutate(request, tenant_id, session, gateway, "grants", "grant.put", change)
 
@@ -367,7 +367,7 @@ async def rollback_grant(
         version = optional_int(form, "version")
         if version is None:
             raise BadRequestError("`version`: which version to roll back to.", param="version")
-        await gateway.admin.rollback_grant(session.actor, tenant_id, alias, version)
+        await gateway.admin.grants.roll_back(session.actor, tenant_id, alias, version)
 
     return await _mutate(request, tenant_id, session, gateway, "grants", "grant.rollback", change)
 
@@ -377,6 +377,6 @@ async def delete_grant(
     request: Request, tenant_id: str, alias: str, session: Mutation, gateway: GatewayDep
 ) -> Response:
     async def change(_: Any) -> None:
-        await gateway.admin.delete_grant(session.actor, tenant_id, alias)
+        await gateway.admin.grants.delete(session.actor, tenant_id, alias)
 
     return await _mutate(request, tenant_id, session, gateway, "grants", "grant.delete", change)

@@ -116,13 +116,13 @@ async def test_adapter_versions_grants_and_deletion(
     assert all(Path(v.path).parent == admin.storage.root / STORE_DIR for v in versions)
 
     await admin.create_tenant(ACTOR, schemas.TenantCreate(id="acme", name="ACME"))
-    await admin.put_grant(ACTOR, "acme", "latest", schemas.GrantPut(adapter="legal"))
-    await admin.put_grant(ACTOR, "acme", "pinned", schemas.GrantPut(adapter="legal", version=1))
+    await admin.grants.put(ACTOR, "acme", "latest", schemas.GrantPut(adapter="legal"))
+    await admin.grants.put(ACTOR, "acme", "pinned", schemas.GrantPut(adapter="legal", version=1))
     with pytest.raises(BadRequestError, match="no version 9") as refused:
-        await admin.put_grant(ACTOR, "acme", "x", schemas.GrantPut(adapter="legal", version=9))
+        await admin.grants.put(ACTOR, "acme", "x", schemas.GrantPut(adapter="legal", version=9))
     assert refused.value.param == "version"
     with pytest.raises(NotFoundError):
-        await admin.put_grant(ACTOR, "acme", "x", schemas.GrantPut(adapter="nope"))
+        await admin.grants.put(ACTOR, "acme", "x", schemas.GrantPut(adapter="nope"))
     tenant = (await registry(sessions)).tenant("acme")
     assert tenant is not None
     assert tenant.grants["latest"].adapters[0].version == 2
@@ -133,7 +133,7 @@ async def test_adapter_versions_grants_and_deletion(
         await admin.delete_adapter(ACTOR, "legal", force=False)
     removed = await admin.delete_adapter(ACTOR, "legal", force=True)
     assert [r.version for r in removed] == [1, 2]
-    assert await admin.list_grants("acme") == []
+    assert await admin.grants.for_tenant("acme") == []
     await admin.forget_files(removed)
     assert not any(Path(r.path).exists() for r in removed)
     with pytest.raises(NotFoundError):
@@ -211,11 +211,11 @@ async def test_splits_roll_back_in_one_call_and_hold_their_versions(
     await admin.create_tenant(ACTOR, schemas.TenantCreate(id="acme", name="ACME"))
     split = schemas.GrantPut(adapter="support", versions={1: 90, 2: 10}, sticky="user")
     with pytest.raises(BadRequestError, match="no version 7, 9") as refused:
-        await admin.put_grant(
+        await admin.grants.put(
             ACTOR, "acme", "support", schemas.GrantPut(adapter="support", versions={7: 1, 9: 1})
         )
     assert refused.value.param == "versions"
-    await admin.put_grant(ACTOR, "acme", "support", split)
+    await admin.grants.put(ACTOR, "acme", "support", split)
     grant = (await registry(sessions)).tenant("acme").grants["support"]
     assert grant.sticky and [(w.adapter.version, w.weight) for w in grant.versions] == [
         (1, 90),
@@ -229,7 +229,7 @@ async def test_splits_roll_back_in_one_call_and_hold_their_versions(
     with pytest.raises(NotFoundError):
         await admin.delete_adapter_version(ACTOR, "support", 3)
 
-    row = await admin.rollback_grant(ACTOR, "acme", "support", 1)
+    row = await admin.grants.roll_back(ACTOR, "acme", "support", 1)
     assert (row.version, row.weights) == (1, None)
     assert row.rolled_back is not None
     assert row.rolled_back["replaced"] == "support {v1: 90, v2: 10} sticky per user"
@@ -243,7 +243,7 @@ async def test_splits_roll_back_in_one_call_and_hold_their_versions(
         "to v1",
     )
     with pytest.raises(BadRequestError, match="no version 3"):
-        await admin.rollback_grant(ACTOR, "acme", "support", 3)
+        await admin.grants.roll_back(ACTOR, "acme", "support", 3)
 
     # The manifest puts the split back, and says it overwrote the rollback.
     manifest = TenantManifest(
@@ -257,7 +257,7 @@ async def test_splits_roll_back_in_one_call_and_hold_their_versions(
         "(overwrites the rollback to v1 of "
     )
     assert await apply_manifests(admin, ACTOR, [manifest]) == []
-    (out,) = await admin.list_grants("acme")
+    (out,) = await admin.grants.for_tenant("acme")
     assert out.rolled_back is None and out.weights == {"1": 90, "2": 10}
 
 
@@ -377,13 +377,13 @@ async def test_a_rollback_rule_fires_once_however_many_replicas_race(
     with pytest.raises(ValueError, match=r"`rollback.to` \(3\) is not a version of the split"):
         schemas.GrantPut(adapter="support", versions={1: 1, 2: 1}, rollback={**rule, "to": 3})
     split = schemas.GrantPut(adapter="support", versions={1: 50, 2: 50}, rollback=rule)
-    await admin.put_grant(ACTOR, "acme", "support", split)
+    await admin.grants.put(ACTOR, "acme", "support", split)
     grant = (await registry(sessions)).tenant("acme").grants["support"]
     assert grant.rollback is not None and grant.rollback.window_seconds == 300
 
     # Every replica found v2 failing at once; one of them rolls the split back.
     won = await asyncio.gather(
-        *(admin.roll_back_by_rule("acme", "support", "v2 failed") for _ in range(4))
+        *(admin.grants.roll_back_by_rule("acme", "support", "v2 failed") for _ in range(4))
     )
     assert sorted(won) == [False, False, False, True]
     entries_page = await admin.audit_page(limit=10)
@@ -391,6 +391,6 @@ async def test_a_rollback_rule_fires_once_however_many_replicas_race(
     assert [(e.actor, e.action, e.detail) for e in entries if e.action == "grant.rollback"] == [
         ("rollback-rule", "grant.rollback", "v2 failed")
     ]
-    (row,) = await admin.list_grants("acme")
+    (row,) = await admin.grants.for_tenant("acme")
     assert (row.version, row.weights, row.rollback) == (1, None, None)
     assert row.rolled_back is not None and row.rolled_back["reason"] == "v2 failed"

@@ -38,7 +38,7 @@ async def put_grant(
     gateway: GatewayDep,
 ) -> object:
     schemas.check_grant_alias(alias, gateway.registry.base_model_id)
-    return _out(await admin.put_grant(actor, tenant_id, alias, body), gateway)
+    return _out(await admin.grants.put(actor, tenant_id, alias, body), gateway)
 
 
 @router.post("/{alias}/rollback", response_model=schemas.GrantOut)
@@ -52,7 +52,7 @@ async def rollback_grant(
 ) -> object:
     """All of the alias's traffic to one version of its adapter, at once (audited); a split
     in place is replaced, and remembered in ``rolled_back``."""
-    return _out(await admin.rollback_grant(actor, tenant_id, alias, body.version), gateway)
+    return _out(await admin.grants.roll_back(actor, tenant_id, alias, body.version), gateway)
 
 
 @router.get("/{alias}/versions", response_model=schemas.VersionComparison)
@@ -80,10 +80,10 @@ async def compare_versions(
 
 @router.get("", response_model=list[schemas.GrantOut])
 async def list_grants(tenant_id: str, admin: Admin, gateway: GatewayDep) -> object:
-    return [_out(row, gateway) for row in await admin.list_grants(tenant_id)]
+    return [_out(row, gateway) for row in await admin.grants.for_tenant(tenant_id)]
 
 
 @router.delete("/{alias}", status_code=status.HTTP_204_NO_CONTENT)
 async def delete_grant(tenant_id: str, alias: str, admin: Admin, actor: AdminActor) -> Response:
-    await admin.delete_grant(actor, tenant_id, alias)
+    await admin.grants.delete(actor, tenant_id, alias)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
