@@ -83,19 +83,24 @@ services:
 		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-# The fast layer on both cores (pytest-xdist), then the tests that start real engines, one at
-# a time (an engine uses every core); each prints its time, and the whole is printed last.
+# The fast layer on both cores (pytest-xdist), then the tests that start real engines, on both
+# cores too: the tests that share an engine on one worker (tests/conftest.py); each layer
+# prints its time, and the whole is printed last.
+FAST_LAYER := -n 2 -m "not slow"
+SLOW_LAYER := -n 2 --dist loadfile -m slow
 test: install model adapters services
 	@start=$$(date +%s); \
-	$(BIN)/python -m pytest -ra -n 2 -m "not slow" && $(BIN)/python -m pytest -ra -m slow; \
+	$(BIN)/python -m pytest -ra $(FAST_LAYER) && $(BIN)/python -m pytest -ra $(SLOW_LAYER); \
 	status=$$?; echo "make test: $$(( $$(date +%s) - start )) s of tests"; exit $$status
 
 test-fast: install model adapters services
-	$(BIN)/python -m pytest -ra -n 2 -m "not slow"
+	$(BIN)/python -m pytest -ra $(FAST_LAYER)
 
-# The whole suite with line coverage of app/ (slower than `make test`; the figure to keep).
+# The whole suite as `make test` runs it, with line coverage of app/ (the figure to keep).
 coverage: install model adapters services
-	$(BIN)/python -m pytest -ra --cov=app --cov-report=term:skip-covered --cov-report=json:var/coverage.json
+	$(BIN)/python -m pytest -ra $(FAST_LAYER) --cov=app --cov-report=
+	$(BIN)/python -m pytest -ra $(SLOW_LAYER) --cov=app --cov-append \
+		--cov-report=term:skip-covered --cov-report=json:var/coverage.json
 
 # docs/console/*.png: the admin console's main pages, shot by its browser test on the way
 # through (a gateway over the scripted engine, Debian's chromium).
