@@ -18,8 +18,7 @@ from tools.gateway_cost.server import write_tiny_model
 # shares the session's engine (tests/e2e/conftest.py) or the scale-out cluster
 # (tests/e2e/scale_out/), and one scale-out test compares the two.
 OWN_ENGINES = frozenset(
-    f"tests/e2e/{name}.py"
-    for name in ("test_engine_death", "test_isolation", "test_metrics", "test_serve_command")
+    f"tests/e2e/{name}.py" for name in ("test_isolation", "test_metrics", "test_serve_command")
 )
 SHARED_ENGINES = "tests/e2e: the session's engine and the scale-out cluster"
 

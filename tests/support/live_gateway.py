@@ -1,15 +1,10 @@
 """The end-to-end suite's gateways: the harness (tests/support/harness.py) on the real vLLM
 engine with the embedded model, on a thread of their own (:func:`running_gateway`) or borrowing
-another's engine (:func:`borrowing_gateway`); ``lora-gateway serve`` processes
-(:func:`gateway_process`); and the settings and store set-up they share."""
+another's engine (:func:`borrowing_gateway`); and the settings and store set-up they share."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -25,7 +20,6 @@ from app.engine.base import Engine
 from app.serving.in_process.backend import EngineFactory, start_vllm_engine
 from app.settings import Settings
 from tests.support.harness import ADMIN_TOKEN, RunningApp, app_settings, serve_on_thread
-from tests.support.servers import wait_until_ready
 
 T = TypeVar("T")
 
@@ -140,28 +134,6 @@ async def forget_adapters(engine: Engine) -> None:
     llm = engine._llm  # type: ignore[attr-defined]
     for lora_id in await llm.list_loras():
         await llm.remove_lora(lora_id)
-
-
-@contextmanager
-def gateway_process(
-    env: dict[str, str], base_url: str, http: httpx.Client | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``lora-gateway serve`` with ``env`` as its whole environment until the block ends;
-    it must be ready at ``base_url`` (asked through ``http``) and stop cleanly on SIGINT."""
-    server = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve"], env=env, start_new_session=True
-    )
-    try:
-        wait_until_ready(
-            f"{base_url}/readyz",
-            alive=lambda: server.poll() is None,
-            timeout=ENGINE_START_TIMEOUT_S,
-            http=http,
-        )
-        yield server
-    finally:
-        os.killpg(server.pid, signal.SIGINT)
-        assert server.wait(timeout=90) == 0
 
 
 def long_stream(model: str) -> dict[str, Any]:
