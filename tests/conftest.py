@@ -16,11 +16,11 @@ from tools.gateway_cost.server import write_tiny_model
 
 # The end-to-end modules that start engines of their own. Every other module of tests/e2e/
 # shares the session's engine (tests/e2e/conftest.py) or the scale-out cluster
-# (tests/e2e/scale_out/), and one scale-out test compares the two.
+# (tests/e2e/scale_out/).
 OWN_ENGINES = frozenset(
     f"tests/e2e/{name}.py" for name in ("test_isolation", "test_metrics", "test_serve_command")
 )
-SHARED_ENGINES = "tests/e2e: the session's engine and the scale-out cluster"
+SCALE_OUT = "tests/e2e/scale_out/"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -40,21 +40,29 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadFil
 
 
 class EngineScheduling(LoadFileScheduling):
-    """pytest-xdist's ``loadfile``, with the files that share engines as one unit, so that
-    each engine starts on one worker, once."""
+    """pytest-xdist's ``loadfile``, with the files that share an engine as one unit (the
+    session's, the scale-out cluster's), so that each engine starts on one worker, once."""
 
     def _split_scope(self, nodeid: str) -> str:
         path = super()._split_scope(nodeid)
-        return SHARED_ENGINES if path.startswith("tests/e2e/") and path not in OWN_ENGINES else path
+        if path.startswith(SCALE_OUT):
+            return SCALE_OUT
+        if path.startswith("tests/e2e/") and path not in OWN_ENGINES:
+            return "tests/e2e/conftest.py"  # the session's engine
+        return path
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test on the session's engine outside its unit (an engine-role test, or a module of
+    OWN_ENGINES) would start a second one on another worker."""
     for item in items:
-        shares = {"gateway", "cluster"} & set(getattr(item, "fixturenames", ()))
-        if shares and item.nodeid.split("::", 1)[0] in OWN_ENGINES:
+        path = item.nodeid.split("::", 1)[0]
+        if "gateway" in getattr(item, "fixturenames", ()) and (
+            path in OWN_ENGINES or path.startswith(SCALE_OUT)
+        ):
             raise pytest.UsageError(
-                f"{item.nodeid} uses {', '.join(sorted(shares))}: its module is in "
-                "OWN_ENGINES (tests/conftest.py), whose tests run apart from the shared engines"
+                f"{item.nodeid} uses the session's engine (the gateway fixture) outside the "
+                "tests that share it (tests/conftest.py: OWN_ENGINES, SCALE_OUT)"
             )
 
 

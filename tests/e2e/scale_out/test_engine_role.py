@@ -1,6 +1,6 @@
 """Engines behind the front (the cluster: tests/support/scale_out.py): adapters resolved from
 the bucket on first use, loaded once, checked against their digests, served token-identically
-by either engine and as the in-process gateway serves them; metrics the endpoint picker reads;
+by either engine and as the reference (PEFT) decodes them; metrics the endpoint picker reads;
 the routes an engine refuses."""
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ import httpx
 import openai
 import pytest
 
+from app.settings import EMBEDDED_MODEL_DIR
 from app.tenancy.storage.s3 import s3_client
 from tests.support.engine_role import BASE_MODEL_ID, EngineProcess
-from tests.support.live_gateway import LiveGateway
 from tests.support.lora_requests_info import LoraRequestsInfo, parse_lora_requests_info
-from tests.support.scale_out import ADAPTER, ALIAS, COLD, TAMPERED, Cluster
+from tests.support.reference import reference_greedy
+from tests.support.scale_out import ADAPTER, ALIAS, COLD, SOURCES, TAMPERED, Cluster
 
 pytestmark = pytest.mark.slow
 
@@ -107,17 +108,24 @@ def test_an_engine_never_told_about_the_adapter_serves_it_token_identically(
         assert ADAPTER in {model["id"] for model in models}
 
 
-def test_the_engines_answer_as_the_in_process_gateway_does(
-    cluster: Cluster, gateway: LiveGateway
-) -> None:
-    # The session's in-process gateway (shared with the other e2e tests) serves the same demo
-    # adapter's content under the tenant's alias.
-    in_process = gateway.client("acme-legal").completions.create(
-        model="legal_advisor", prompt=PROMPT, max_tokens=8, temperature=0
+def test_an_engine_answers_as_the_reference_does(cluster: Cluster) -> None:
+    # The reference the isolation suite holds the in-process gateway to (PEFT on the demo
+    # adapter, float32, one request alone), so the two modes answer alike.
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(EMBEDDED_MODEL_DIR)
+    prompt = tokenizer(PROMPT)["input_ids"]
+    (expected,) = reference_greedy(
+        EMBEDDED_MODEL_DIR,
+        Path("var/adapters") / SOURCES["legal_advisor"],
+        [prompt],
+        8,
+        eos_token_id=tokenizer.eos_token_id,
     )
-    engine = complete(cluster.engines[1], ADAPTER)
+    engine = complete(cluster.engines[1], ADAPTER, prompt=prompt)
     assert engine.status_code == 200, engine.text
-    assert engine.json()["choices"][0]["text"] == in_process.choices[0].text
+    text = tokenizer.decode(expected.token_ids, skip_special_tokens=True)
+    assert engine.json()["choices"][0]["text"] == text
 
 
 def test_a_corrupted_object_is_refused_and_the_engine_keeps_serving(cluster: Cluster) -> None:
