@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from xdist.remote import Producer
 from xdist.scheduler import LoadFileScheduling
 
 from tests.support.serving import ServeFactory, serving
 from tools.gateway_cost.server import write_tiny_model
+
+if TYPE_CHECKING:
+    from xdist.remote import Producer
 
 # The end-to-end modules that start engines of their own. Every other module of tests/e2e/
 # shares the session's engine (tests/e2e/conftest.py) or the scale-out cluster
