@@ -76,11 +76,19 @@ def _begin_immediate(connection: Connection) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def create_engine(url: str) -> AsyncEngine:
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite ``url``, its folder made; None for another database or memory."""
     parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    path = Path(parsed.database)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def create_engine(url: str) -> AsyncEngine:
+    if make_url(url).get_backend_name() == "sqlite":
+        sqlite_file(url)
         engine = create_async_engine(url)
         event.listen(engine.sync_engine, "connect", _configure_sqlite)
         event.listen(engine.sync_engine, "begin", _begin_immediate)
@@ -91,10 +99,8 @@ def create_engine(url: str) -> AsyncEngine:
 @asynccontextmanager
 async def open_database(url: str) -> AsyncIterator[async_sessionmaker]:  # type: ignore[type-arg]
     """Migrate the schema to the latest revision, then hand out sessions."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(use_write_ahead_log, parsed.database)
+    if (path := sqlite_file(url)) is not None:
+        await asyncio.to_thread(use_write_ahead_log, str(path))
     engine = create_engine(url)
     try:
         async with engine.begin() as connection:
