@@ -41,8 +41,6 @@ def serve(settings: Settings) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
-    # httpx logs every request at INFO: in the front role, one line per forwarded request.
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     if settings.role == "engine":  # vLLM's own server with our plugins, no gateway app
         from app.engine_role.server import serve_engine
 

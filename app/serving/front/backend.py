@@ -16,16 +16,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from vllm.tokenizers import get_tokenizer
 from vllm.tool_parsers import ToolParser
 
-from app.errors import BadRequestError, GatewayError, UpstreamError
+from app.errors import BadRequestError, GatewayError
 from app.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -54,6 +54,8 @@ from app.tenancy.adapters import Adapter
 from app.tenancy.tenants import ModelTarget, Principal
 
 logger = logging.getLogger(__name__)
+
+AnswerT = TypeVar("AnswerT", bound=ChatCompletion | ChatCompletionChunk | Completion)
 
 
 # Sampling as the front decided it (from the prepared SamplingParams), not as the client
@@ -160,46 +162,35 @@ class FrontEndpoint(Prepared[RequestT]):
         return UpstreamRun(self._upstream, call, generation, reservation)
 
     async def complete(self, request: RequestT, run: UpstreamRun) -> BaseModel:
-        payload = await run.answer()
-        answer: BaseModel = self._read(self.answer_model, payload)
-        return answer.model_copy(update=self._ours(request, run))
+        return self._as_ours(await run.answer(self.answer_model), request, run)
 
     async def stream(self, request: RequestT, run: UpstreamRun) -> AsyncIterator[str]:
         """The upstream's chunks with the gateway's id and the tenant's model name; its usage
         chunk only when the client asked for one. A failure before the first event is raised
         (the response has not started: it gets its own status); after it, it is one error
         event before ``[DONE]``, as in-process."""
-        ours = self._ours(request, run)
         started = False
         try:
-            async with aclosing(run.chunks()) as chunks:
-                async for payload in chunks:
-                    chunk = self._read(self.chunk_model, payload)
+            async with aclosing(run.chunks(self.chunk_model)) as chunks:
+                async for chunk in chunks:
                     if chunk.choices:
-                        started = True
-                        yield event(chunk.model_copy(update={**ours, "usage": None}))
-                    elif request.include_usage and chunk.usage is not None:
-                        started = True
-                        yield event(chunk.model_copy(update=ours))
+                        chunk.usage = None
+                    elif not (request.include_usage and chunk.usage is not None):
+                        continue
+                    started = True
+                    yield event(self._as_ours(chunk, request, run))
         except GatewayError as exc:
             if not started:
                 raise
             yield f"data: {json.dumps(exc.body())}\n\n"
         yield DONE
 
-    def _ours(self, request: RequestT, run: UpstreamRun) -> dict[str, Any]:
-        """The fields an answer takes from the gateway: its id, and the model's name as the
-        tenant wrote it."""
-        return {"id": f"{self.id_prefix}{run.generation.request_id}", "model": request.model}
-
-    @staticmethod
-    def _read(model: type[BaseModel], payload: Mapping[str, Any]) -> Any:
-        try:
-            return model.model_validate(payload)
-        except ValidationError as exc:
-            logger.warning("unexpected upstream answer: %s", exc)
-            message = "The upstream answered in a shape this gateway does not know."
-            raise UpstreamError(message) from exc
+    def _as_ours(self, answer: AnswerT, request: RequestT, run: UpstreamRun) -> AnswerT:
+        """``answer`` (read from the upstream, ours to change) with the gateway's id and the
+        model's name as the tenant wrote it."""
+        answer.id = f"{self.id_prefix}{run.generation.request_id}"
+        answer.model = request.model
+        return answer
 
 
 class FrontChatService(FrontEndpoint[ChatCompletionRequest]):

@@ -1,10 +1,10 @@
 """The front role's one connection to its upstream: vLLM's OpenAI server, or in Kubernetes the
 inference gateway in front of the engine pool.
 
-One :class:`httpx.AsyncClient` per process, opened and closed by :func:`open_upstream` (the
-app's lifespan enters it). This module also turns what the upstream answers into the
-gateway's errors (:func:`refusal`, :func:`transport_error`), so nothing above it handles an
-``httpx`` exception or reads an upstream error body.
+One :class:`~app.serving.front.http1.Http1Client` per process, opened and closed by
+:func:`open_upstream` (the app's lifespan enters it). This module also turns what the upstream
+answers into the gateway's errors (:func:`refusal`, :func:`transport_error`), so nothing above
+it handles a transport's exception or reads an upstream error body.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
-
 from app.errors import (
     GatewayError,
     UpstreamError,
@@ -25,6 +23,7 @@ from app.errors import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
+from app.serving.front.http1 import ConnectFailed, Http1Client, ReadTimedOut, TransportError
 from app.settings import Settings
 from app.tenancy.tenants import Tenant
 
@@ -45,9 +44,9 @@ _FRONT_FAULTS = frozenset({401, 403, 407})
 
 
 class Upstream:
-    """Where requests are forwarded, through one shared connection pool."""
+    """Where requests are forwarded, through one shared set of connections."""
 
-    def __init__(self, client: httpx.AsyncClient) -> None:
+    def __init__(self, client: Http1Client) -> None:
         self.client = client
 
 
@@ -56,17 +55,17 @@ async def open_upstream(settings: Settings) -> AsyncIterator[Upstream]:
     """The upstream of ``settings`` (``upstream_url``), its connections closed on exit."""
     if not settings.upstream_url:
         raise ValueError("the front role needs upstream_url")
-    timeout = httpx.Timeout(
-        settings.upstream_timeout_seconds,
-        connect=min(CONNECT_SECONDS, settings.upstream_timeout_seconds),
-    )
     # No connection limit of our own: quotas bound the requests a tenant has in flight, and
     # a limit here would queue requests the upstream's scheduler should see.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    async with httpx.AsyncClient(
-        base_url=settings.upstream_url.rstrip("/"), timeout=timeout, limits=limits
-    ) as client:
+    client = Http1Client(
+        settings.upstream_url,
+        timeout=settings.upstream_timeout_seconds,
+        connect_timeout=min(CONNECT_SECONDS, settings.upstream_timeout_seconds),
+    )
+    try:
         yield Upstream(client)
+    finally:
+        await client.aclose()
 
 
 def request_headers(tenant: Tenant, request_id: str, *, shadow: bool = False) -> dict[str, str]:
@@ -89,11 +88,11 @@ def objective_of(tenant: Tenant) -> str | None:
     return tenant.priority
 
 
-def transport_error(exc: httpx.HTTPError) -> GatewayError:
+def transport_error(exc: TransportError) -> GatewayError:
     """The gateway's error for a request that got no usable answer from the upstream."""
-    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+    if isinstance(exc, ConnectFailed):
         return UpstreamUnavailableError("The upstream is unreachable; retry shortly.")
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, ReadTimedOut):
         return UpstreamTimeoutError("The upstream did not answer in time.")
     return UpstreamError("The upstream failed while answering.")
 

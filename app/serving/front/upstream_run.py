@@ -20,19 +20,31 @@ What is charged, however the request ends:
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
-import httpx
+from pydantic import ValidationError
 
 from app import metrics
 from app.errors import GatewayError, UpstreamError
+from app.protocol import ChatCompletion, ChatCompletionChunk, Completion
 from app.quota import Reservation
+from app.serving.front.http1 import Response, TransportError
 from app.serving.front.upstream import Upstream, refusal, transport_error
 from app.serving.lifecycle.runs import RunBase
 from app.serving.preparation.generation import Generation
+
+logger = logging.getLogger(__name__)
+
+ReadT = TypeVar("ReadT", bound=ChatCompletion | ChatCompletionChunk | Completion)
+
+DONE_WITHIN_SECONDS = 1.0
+"""How long the end of a stream's body may take after its ``[DONE]`` before the connection is
+closed rather than kept for the next request."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +72,8 @@ class UpstreamRun(RunBase):
         super().__init__(generation, reservation)
         self.call = call
         self._upstream = upstream
-        self._response: httpx.Response | None = None
+        self._streamed = bool(call.body.get("stream"))
+        self._response: Response | None = None
         self._started = time.monotonic()
         # completion tokens seen when a token was last timed
         self._timed_tokens = 0
@@ -86,65 +99,60 @@ class UpstreamRun(RunBase):
             return self.generation.completion_budget
         return 0
 
-    @property
-    def _streamed(self) -> bool:
-        return bool(self.call.body.get("stream"))
-
     def when_ended(self, callback: Callable[[], None]) -> None:
         # The engine tier's own server schedules the request; the front has no slot to free.
         return None
 
-    async def answer(self) -> dict[str, Any]:
-        """The upstream's whole (non-streamed) answer."""
+    async def answer(self, model: type[ReadT]) -> ReadT:
+        """The upstream's whole (non-streamed) answer, read as ``model``."""
         self._send_once()
         call = self.call
         try:
-            response = await self._upstream.client.post(
-                call.path, json=call.body, headers=call.headers
-            )
-            if response.status_code != httpx.codes.OK:
+            response = await self._post()
+            try:
+                content = await response.read()
+            finally:
+                await response.aclose()  # the client left: the upstream aborts
+            if response.status != 200:
                 retry_after = response.headers.get("retry-after")
-                raise refusal(response.status_code, response.content, call.names, retry_after)
-            payload = _object(response.content)
-        except httpx.HTTPError as exc:
+                raise refusal(response.status, content, call.names, retry_after)
+            answer = _read(model, content, call.names)
+        except TransportError as exc:
             self.failed = True
             raise transport_error(exc) from exc
         except GatewayError:
             self.failed = True
             raise
-        self._observe(payload)
-        self._time_tokens(payload)
+        self._observe(answer)
+        self._time_tokens(answer)
         self.finished = True
-        return payload
+        return answer
 
-    async def chunks(self) -> AsyncGenerator[dict[str, Any]]:
-        """The upstream's stream, one chunk (a ``data:`` payload) at a time, until
-        ``[DONE]``; an error it streams is raised as the gateway's. Closing this generator
-        closes the connection: the upstream aborts the request."""
+    async def chunks(self, model: type[ReadT]) -> AsyncGenerator[ReadT]:
+        """The upstream's stream, one chunk (a ``data:`` payload read as ``model``) at a time,
+        until ``[DONE]``; an error it streams is raised as the gateway's. Closing this
+        generator closes the connection: the upstream aborts the request."""
         self._send_once()
         call = self.call
-        client = self._upstream.client
         try:
-            request = client.build_request("POST", call.path, json=call.body, headers=call.headers)
-            self._response = response = await client.send(request, stream=True)
-            if response.status_code != httpx.codes.OK:
-                said, retry_after = await response.aread(), response.headers.get("retry-after")
-                raise refusal(response.status_code, said, call.names, retry_after)
-            async for line in response.aiter_lines():
-                data = line.removeprefix("data:").strip() if line.startswith("data:") else None
-                if data is None:
-                    continue
-                if data == "[DONE]":
-                    self.finished = True
-                    return
-                payload = _object(data.encode())
-                error = payload.get("error")
-                if error is not None:
-                    raise _streamed_error(error, call.names)
-                self._observe(payload)
-                self._time_tokens(payload)
-                yield payload
-        except httpx.HTTPError as exc:
+            self._response = response = await self._post()
+            if response.status != 200:
+                said, retry_after = await response.read(), response.headers.get("retry-after")
+                raise refusal(response.status, said, call.names, retry_after)
+            async with aclosing(response.events()) as events:
+                async for data in events:
+                    if data == b"[DONE]":
+                        break
+                    chunk = _read(model, data, call.names)
+                    self._observe(chunk)
+                    self._time_tokens(chunk)
+                    yield chunk
+                else:
+                    self.failed = True
+                    raise UpstreamError("The upstream ended the stream early.")
+            self.finished = True
+            await response.finish(DONE_WITHIN_SECONDS)
+        except TransportError as exc:
             self.failed = True
             raise transport_error(exc) from exc
         except GatewayError:
@@ -152,39 +160,35 @@ class UpstreamRun(RunBase):
             raise
         finally:
             await self.close()
-        self.failed = True
-        raise UpstreamError("The upstream ended the stream early.")
+
+    async def _post(self) -> Response:
+        call = self.call
+        body = json.dumps(call.body, separators=(",", ":"), ensure_ascii=False).encode()
+        return await self._upstream.client.post(call.path, body, call.headers)
 
     def _send_once(self) -> None:
         if self._sent:
             raise RuntimeError("a request is forwarded once")
         self._sent = True
 
-    def _observe(self, payload: Mapping[str, Any]) -> None:
-        usage = payload.get("usage")
-        if not isinstance(usage, Mapping):
+    def _observe(self, answer: ChatCompletion | ChatCompletionChunk | Completion) -> None:
+        usage = answer.usage
+        if usage is None:
             return
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if not isinstance(prompt, int) or not isinstance(completion, int):
-            return
-        self._prompt_tokens = prompt
-        choices = payload.get("choices")
-        if self._streamed and choices:
-            for choice in choices:
-                if isinstance(choice, Mapping) and isinstance(choice.get("index"), int):
-                    self._per_choice[choice["index"]] = completion
+        self._prompt_tokens = usage.prompt_tokens
+        if self._streamed and answer.choices:
+            for choice in answer.choices:
+                self._per_choice[choice.index] = usage.completion_tokens
         else:
             # The answer's usage, or a stream's final usage chunk (no choices): the total.
-            self._total = completion
+            self._total = usage.completion_tokens
 
-    def _time_tokens(self, payload: Mapping[str, Any]) -> None:
+    def _time_tokens(self, answer: ChatCompletion | ChatCompletionChunk | Completion) -> None:
         """Note the first choice's finish reason and, in a stream, a chunk that carries output
         (chat's opening role chunk does not): the first one is the time to first token. A
         whole answer says nothing of when its tokens came."""
-        choices = payload.get("choices")
-        first = choices[0] if isinstance(choices, list) and choices else None
-        if isinstance(first, Mapping) and isinstance(first.get("finish_reason"), str):
-            self.timing.finish_reason = first["finish_reason"]
+        if answer.choices and answer.choices[0].finish_reason is not None:
+            self.timing.finish_reason = answer.choices[0].finish_reason
         if not self._streamed:
             return
         produced = self._total if self._total is not None else sum(self._per_choice.values())
@@ -206,14 +210,21 @@ class UpstreamRun(RunBase):
             await self._response.aclose()
 
 
-def _object(content: bytes) -> dict[str, Any]:
+def _read(model: type[ReadT], content: bytes, names: Mapping[str, str]) -> ReadT:
+    """``content`` as ``model``; an error the upstream sent in its place (a stream's error
+    event) as the gateway's error."""
     try:
-        payload = json.loads(content)
-    except ValueError as exc:
-        raise UpstreamError("The upstream answered something that is not JSON.") from exc
-    if not isinstance(payload, dict):
-        raise UpstreamError("The upstream answered something that is not a JSON object.")
-    return payload
+        return cast(ReadT, model.model_validate_json(content))
+    except ValidationError as exc:
+        try:
+            payload = json.loads(content)
+        except ValueError:
+            raise UpstreamError("The upstream answered something that is not JSON.") from exc
+        if isinstance(payload, dict) and payload.get("error") is not None:
+            raise _streamed_error(payload["error"], names) from None
+        logger.warning("unexpected upstream answer: %s", exc)
+        message = "The upstream answered in a shape this gateway does not know."
+        raise UpstreamError(message) from exc
 
 
 def _streamed_error(error: Any, names: Mapping[str, str]) -> GatewayError:

@@ -267,7 +267,7 @@ async def test_a_shadow_goes_upstream_sheddable_and_is_never_the_tenants(
         replicas.upstream.requests.clear()
         answer = await replicas.post(first, model=SHADOWED, max_tokens=3)
         assert answer.headers["x-adapter-version"] == "1" and answer.json()["model"] == SHADOWED
-        replicas.upstream.wait_for_requests(2)
+        await asyncio.to_thread(replicas.upstream.wait_for_requests, 2)
         tenant_call, shadow_call = replicas.upstream.requests
         assert tenant_call.body["model"] == "helper@v1"
         assert shadow_call.body["model"] == "helper@v2" and "stream" not in shadow_call.body
