@@ -72,7 +72,7 @@ class Http1Client:
                 connection, reused = await self._connect(), False
             try:
                 await connection.send(head + body)
-                await connection.read_head(self.timeout)
+                await connection.read_head()
             except ConnectionLost:
                 connection.close()
                 if reused and not connection.received:
@@ -121,7 +121,7 @@ class Http1Client:
                 )
         except (OSError, TimeoutError) as exc:
             raise ConnectFailed(f"cannot connect to {self._authority}: {exc!r}") from exc
-        return _Connection(reader, writer)
+        return _Connection(reader, writer, self.timeout)
 
     def _release(self, connection: _Connection) -> None:
         if connection.reusable and len(self._idle) < self._max_idle:
@@ -145,7 +145,7 @@ class Response:
         """The whole body."""
         connection = self._open()
         while not connection.complete:
-            await connection.read_more(self._client.timeout)
+            await connection.read_more()
         body = b"".join(connection.take_body())
         await self.aclose()
         return body
@@ -165,7 +165,7 @@ class Response:
             if connection.complete:
                 await self.aclose()
                 return
-            await connection.read_more(self._client.timeout)
+            await connection.read_more()
 
     async def finish(self, within: float) -> None:
         """Read what is left of the body (a stream's end after its last event) for up to
@@ -176,7 +176,7 @@ class Response:
         try:
             async with asyncio.timeout(within):
                 while not connection.complete:
-                    await connection.read_more(within)
+                    await connection.read_more()
         except (TimeoutError, TransportError):
             pass
         await self.aclose()
@@ -200,9 +200,18 @@ class _Connection:
     """One connection and the answer being read on it (httptools calls the ``on_*``
     methods as it parses)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout: float
+    ) -> None:
         self._reader = reader
         self._writer = writer
+        self._timeout = timeout
+        # One timer per connection, re-armed by the reads since it was set: a timeout per
+        # read (a context manager and a timer each) cost a front as much as parsing the read.
+        self._loop = asyncio.get_running_loop()
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._reading = self._timed_out = False
         self._parser: httptools.HttpResponseParser | None = None
         self._body: list[bytes] = []
         self.headers: dict[str, str] = {}
@@ -230,19 +239,26 @@ class _Connection:
         except OSError as exc:
             raise ConnectionLost(f"the upstream closed the connection: {exc!r}") from exc
 
-    async def read_head(self, timeout: float) -> None:
+    async def read_head(self) -> None:
         while not self._head_done:
-            await self.read_more(timeout)
+            await self.read_more()
 
-    async def read_more(self, timeout: float) -> None:
-        """Feed the parser one socket read (``timeout`` seconds at most)."""
+    async def read_more(self) -> None:
+        """Feed the parser one socket read (the client's ``timeout`` seconds at most)."""
+        self._deadline = self._loop.time() + self._timeout
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._deadline, self._expire)
+        self._reading = True
         try:
-            async with asyncio.timeout(timeout):
-                data = await self._reader.read(READ_SIZE)
-        except TimeoutError as exc:
-            raise ReadTimedOut(f"no answer from the upstream in {timeout:g} s") from exc
+            data = await self._reader.read(READ_SIZE)
         except OSError as exc:
+            if self._timed_out:
+                raise self._read_timed_out() from exc
             raise ConnectionLost(f"the upstream connection failed: {exc!r}") from exc
+        finally:
+            self._reading = False
+        if self._timed_out:
+            raise self._read_timed_out()
         if not data:
             raise ConnectionLost("the upstream closed the connection before the answer's end")
         self.received = True
@@ -252,11 +268,26 @@ class _Connection:
         except httptools.HttpParserError as exc:
             raise ConnectionLost(f"the upstream's answer is not HTTP: {exc}") from exc
 
+    def _expire(self) -> None:
+        if self._loop.time() < self._deadline:  # read since: wait for the latest deadline
+            self._timer = self._loop.call_at(self._deadline, self._expire)
+            return
+        self._timer = None
+        if self._reading:
+            self._timed_out = True
+            self._writer.transport.abort()  # ends the pending read
+
+    def _read_timed_out(self) -> ReadTimedOut:
+        return ReadTimedOut(f"no answer from the upstream in {self._timeout:g} s")
+
     def take_body(self) -> list[bytes]:
         body, self._body = self._body, []
         return body
 
     def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._writer.close()
 
     # httptools' callbacks

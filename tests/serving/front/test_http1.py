@@ -194,3 +194,24 @@ async def test_the_end_of_a_stream_after_its_last_event_keeps_the_connection() -
         await response.finish(within=1.0)
         assert await (await upstream.post("/", b"{}", {})).read() == b"same connection"
         await upstream.aclose()
+
+
+async def test_the_timeout_is_a_wait_for_the_next_byte_not_for_the_whole_answer() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        head, *events, end = chunked(*(b"data: %d\n\n" % i for i in range(6)))
+        writer.write(head)
+        for write in [*events, end] if n == 1 else events[:2]:
+            await asyncio.sleep(0.1)
+            writer.write(write)
+        await asyncio.sleep(10)
+
+    async with server(handler) as (url, _):
+        upstream = client(url, timeout=0.3)
+        slow_but_steady = await upstream.post("/", b"{}", {})  # 0.7 s in all
+        assert [data async for data in slow_but_steady.events()] == [b"%d" % i for i in range(6)]
+        stalled = await client(url, timeout=0.3).post("/", b"{}", {})
+        events = stalled.events()
+        assert [await anext(events), await anext(events)] == [b"0", b"1"]
+        with pytest.raises(ReadTimedOut, match=r"in 0\.3 s"):
+            await anext(events)
