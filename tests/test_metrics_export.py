@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from multiprocessing.synchronize import Event
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -13,25 +12,8 @@ from prometheus_client import REGISTRY, values
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.api.metrics import router
-from app.inside_vllm.prometheus_recorder import PrometheusRecorder
 from app.metrics import METRICS, MULTIPROC_ENV, collection_registry, multiprocess_dir
-
-
-def _record_in_child(done: Event, scraped: Event) -> None:
-    """The worker's side: one of each event; exits once scraped."""
-    recorder = PrometheusRecorder()
-    recorder._reporting = True  # skip importing vLLM to ask for the rank
-    recorder.start()
-    recorder.use("storage", "legal", "3", 1)
-    recorder.use("device", "legal", "3", 2)
-    recorder.swap("load", 0.2, "legal", "3")
-    recorder.swap("activate", 0.003, "legal", "3")
-    recorder.placed("legal", "3", "device")
-    recorder.eviction("host", 1)
-    recorder.resident("device", 1)
-    recorder.resident("host", 2)
-    done.set()
-    scraped.wait(timeout=120)
+from tests.support.metrics_child import record_in_child
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -81,7 +63,7 @@ def test_a_child_process_reports_through_the_parents_endpoint() -> None:
     with multiprocess_dir() as path, TestClient(app) as client:
         app.state.metrics_dir = path  # as the gateway's lifespan does
         done, scraped = context.Event(), context.Event()
-        child = context.Process(target=_record_in_child, args=(done, scraped))
+        child = context.Process(target=record_in_child, args=(done, scraped))
         child.start()
         assert done.wait(timeout=120)
         response = client.get("/metrics")
