@@ -116,7 +116,7 @@ class UpstreamRun(RunBase):
             if response.status != 200:
                 retry_after = response.headers.get("retry-after")
                 raise refusal(response.status, content, call.names, retry_after)
-            answer = _read(model, content, call.names)
+            answer = read_answer(model, content, call.names)
         except TransportError as exc:
             self.failed = True
             raise transport_error(exc) from exc
@@ -143,7 +143,7 @@ class UpstreamRun(RunBase):
                 async for data in events:
                     if data == b"[DONE]":
                         break
-                    chunk = _read(model, data, call.names)
+                    chunk = read_answer(model, data, call.names)
                     self._observe(chunk)
                     self._time_tokens(chunk)
                     yield chunk
@@ -210,7 +210,7 @@ class UpstreamRun(RunBase):
             await self._response.aclose()
 
 
-def _read(model: type[ReadT], content: bytes, names: Mapping[str, str]) -> ReadT:
+def read_answer(model: type[ReadT], content: bytes, names: Mapping[str, str]) -> ReadT:
     """``content`` as ``model``; an error the upstream sent in its place (a stream's error
     event) as the gateway's error."""
     try:
