@@ -63,8 +63,9 @@ class Http1Client:
 
     async def post(self, path: str, body: bytes, headers: Mapping[str, str]) -> Response:
         """Send ``body`` (JSON) to ``path``; the answer once its status and headers are in.
-        A kept-alive connection the upstream had closed meanwhile is retried once on a new
-        one (nothing of the request can have been read from it)."""
+        A kept-alive connection the upstream closes before answering is dropped and the
+        request sent again on another (nothing of it was answered); a new one that does so
+        is a :class:`ConnectionLost`."""
         head = self._head(path, len(body), headers)
         while True:
             connection, reused = self._take_idle(), True
