@@ -19,7 +19,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel
 from vllm.tokenizers import get_tokenizer
@@ -37,7 +37,7 @@ from app.protocol import (
 from app.quota import Reservation
 from app.scheduling import FcfsAdmission
 from app.serving.front.upstream import Upstream, open_upstream, request_headers
-from app.serving.front.upstream_run import UpstreamCall, UpstreamRun
+from app.serving.front.upstream_run import ReadT, UpstreamCall, UpstreamRun
 from app.serving.preparation.chat import ChatPreparation
 from app.serving.preparation.completions import CompletionPreparation
 from app.serving.preparation.generation import (
@@ -54,8 +54,6 @@ from app.tenancy.adapters import Adapter
 from app.tenancy.tenants import ModelTarget, Principal
 
 logger = logging.getLogger(__name__)
-
-AnswerT = TypeVar("AnswerT", bound=ChatCompletion | ChatCompletionChunk | Completion)
 
 
 # Sampling as the front decided it (from the prepared SamplingParams), not as the client
@@ -185,7 +183,7 @@ class FrontEndpoint(Prepared[RequestT]):
             yield f"data: {json.dumps(exc.body())}\n\n"
         yield DONE
 
-    def _as_ours(self, answer: AnswerT, request: RequestT, run: UpstreamRun) -> AnswerT:
+    def _as_ours(self, answer: ReadT, request: RequestT, run: UpstreamRun) -> ReadT:
         """``answer`` (read from the upstream, ours to change) with the gateway's id and the
         model's name as the tenant wrote it."""
         answer.id = f"{self.id_prefix}{run.generation.request_id}"

@@ -184,12 +184,8 @@ class Response:
 
     async def aclose(self) -> None:
         connection, self._connection = self._connection, None
-        if connection is None:
-            return
-        if connection.complete:
-            self._client._release(connection)
-        else:
-            connection.close()
+        if connection is not None:
+            self._client._release(connection)  # kept only if read to its end
 
     def _open(self) -> _Connection:
         if self._connection is None:
