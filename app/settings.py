@@ -17,6 +17,9 @@ EMBEDDED_MODEL_DIR = Path("models/SmolLM2-135M-Instruct")
 MODEL_FILES_WITHOUT_WEIGHTS = ("*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken")
 
 
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="LORA_GATEWAY_", env_file=".env", extra="ignore", frozen=True
@@ -110,8 +113,10 @@ class Settings(BaseSettings):
     served_model_name: str | None = Field(
         None, description="Id of the base model in the API (default: the model's directory name)."
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Weight and activation dtype of the engine."
+    dtype: Dtype = Field(
+        "auto",
+        description="Weight and activation dtype of the engine; auto: the checkpoint's, or "
+        "float32 on an x86 CPU with no bfloat16 matmul.",
     )
     max_model_len: int = Field(
         2048, ge=16, description="Longest prompt plus completion, in tokens."

@@ -181,7 +181,7 @@ def _first_error(sample: Sample) -> str | None:
     return next((r.error for r in sample.records if r.error), None)
 
 
-async def _registered_phase(
+async def registered_phase(
     config: BenchConfig,
     engine: EngineConfig,
     model: Path,
@@ -308,7 +308,7 @@ async def run_bench(config: BenchConfig, settings: Settings, command: str) -> Pa
             )
             order.append(name)
         if config.registered:
-            samples += await _registered_phase(
+            samples += await registered_phase(
                 config, engine, Path(settings.model), work_dir, out_dir, status
             )
     finally:

@@ -27,6 +27,7 @@ from typing import IO, Any, Protocol
 
 import httpx
 
+from app.engine.vllm_engine import engine_dtype
 from app.inside_vllm.plugin import ENV_VAR as ISOLATION_FIX_ENV
 from app.settings import Settings
 from bench.client import Call
@@ -125,9 +126,14 @@ async def wait_ready(process: Process, url: str, *, name: str) -> float:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """The engine settings both systems get (ours: ``engine_args(settings)``)."""
+    """The engine settings both systems get (ours: ``engine_args(settings)``), the dtype
+    resolved as the gateway resolves ``auto``, so that vLLM's server runs the same one."""
 
     settings: Settings
+
+    def __post_init__(self) -> None:
+        dtype = engine_dtype(self.settings.dtype)
+        object.__setattr__(self, "settings", self.settings.model_copy(update={"dtype": dtype}))
 
     @property
     def kv_cache_bytes(self) -> int | None:
@@ -147,6 +153,11 @@ class System(Protocol):
     def call_for(self, planned: PlannedRequest, adapters: Sequence[BenchAdapter]) -> Call: ...
 
     async def metrics_text(self) -> str | None: ...
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (vLLM's processes are below it)."""
+        ...
 
     def stop(self) -> None: ...
 
@@ -281,6 +292,10 @@ class GatewaySystem:
             response.raise_for_status()
             return response.text
 
+    @property
+    def pid(self) -> int | None:
+        return self._process.process.pid if self._process is not None else None
+
     def stop(self) -> None:
         if self._process is not None:
             self._process.stop()
@@ -345,6 +360,10 @@ class VLLMServer:
 
     async def metrics_text(self) -> str | None:
         return None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.process.pid if self._process is not None else None
 
     def stop(self) -> None:
         if self._process is not None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import platform
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import torch
 import vllm
 from vllm import AsyncEngineArgs, AsyncLLMEngine, RequestOutput, SamplingParams
 from vllm.config import StructuredOutputsConfig, VllmConfig
@@ -24,19 +26,20 @@ from app.engine.base import EngineLoad
 from app.errors import BadRequestError, EngineUnavailableError
 from app.inside_vllm.plugin import ENV_VAR as ISOLATION_FIX_ENV
 from app.inside_vllm.plugin import require_isolation_fix
-from app.settings import Settings
+from app.settings import Dtype, Settings
 from app.tenancy.adapters import Adapter
 
 logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
+X86 = ("x86_64", "AMD64")
 
 
 def engine_args(settings: Settings) -> AsyncEngineArgs:
     return AsyncEngineArgs(
         model=settings.model,
         served_model_name=settings.base_model_id,
-        dtype=settings.dtype,
+        dtype=engine_dtype(settings.dtype),
         max_model_len=settings.max_model_len,
         max_num_seqs=settings.max_num_seqs,
         enable_lora=True,
@@ -51,6 +54,19 @@ def engine_args(settings: Settings) -> AsyncEngineArgs:
         seed=settings.seed,
         structured_outputs_config=structured_outputs_config(settings.structured_outputs_compact),
     )
+
+
+def engine_dtype(requested: Dtype) -> Dtype:
+    """The dtype vLLM is asked for. ``auto`` takes the checkpoint's, bfloat16 for most models,
+    which vLLM's CPU build runs even on an x86 CPU with no bfloat16 matmul (neither AVX-512
+    BF16 nor AMX) by emulating it, several times slower than float32: there ``auto`` means
+    float32 (docs/performance.md, "Scenario (c) in situ")."""
+    if requested != "auto" or not current_platform.is_cpu() or platform.machine() not in X86:
+        return requested
+    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        return requested
+    logger.info("dtype auto: float32, this CPU has no bfloat16 matmul")
+    return "float32"
 
 
 def structured_outputs_config(compact: bool) -> StructuredOutputsConfig:

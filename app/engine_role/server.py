@@ -46,7 +46,7 @@ PATHS_MIDDLEWARE = "app.engine_role.paths.EnginePathsOnly"
 
 def vllm_server_argv(settings: Settings) -> list[str]:
     """The command line of vLLM's server for ``settings`` (the flags mirror ``engine_args``)."""
-    from app.engine.vllm_engine import structured_outputs_config
+    from app.engine.vllm_engine import engine_dtype, structured_outputs_config
 
     structured = structured_outputs_config(settings.structured_outputs_compact)
     structured_flag = {
@@ -62,7 +62,7 @@ def vllm_server_argv(settings: Settings) -> list[str]:
         "--served-model-name",
         settings.base_model_id,
         "--dtype",
-        settings.dtype,
+        engine_dtype(settings.dtype),
         "--max-model-len",
         str(settings.max_model_len),
         "--max-num-seqs",

@@ -40,8 +40,8 @@ def used_ranks(stacked: torch.Tensor, rank_dim: int) -> list[int]:
 def _used_rank(matrix: torch.Tensor, dim: int) -> int:
     """How many leading rows (``dim=1``: reduce along columns) or columns (``dim=0``) of a
     matrix are not all zero: vLLM pads every adapter to ``max_lora_rank`` with zeros."""
-    used = torch.nonzero(matrix.ne(0).any(dim=dim))
-    return int(used[-1]) + 1 if used.numel() else 0
+    used = matrix.any(dim=dim).tolist()  # a few dozen flags: read in Python, not by more ops
+    return next((len(used) - i for i, flag in enumerate(reversed(used)) if flag), 0)
 
 
 def matrices(stacked: torch.Tensor) -> torch.Tensor:
@@ -178,8 +178,11 @@ class LayerLoRA:
         shrink, expand, offset, used = [], [], 0, 0
         for a_i, b_i, size in zip(a, b, output_slices, strict=True):
             a_slot, b_slot = matrices(a_i)[slot], matrices(b_i)[slot, :size]
-            # A rank position adds something only where both its A row and B column do.
-            if rank := min(_used_rank(a_slot, dim=1), _used_rank(b_slot, dim=0)):
+            # A's rows first: a slice the adapter skips is zero there, and its B (up to
+            # the vocabulary's rows for the logits) need not be read. An untrained adapter's
+            # B is zero: nothing to add.
+            rank = _used_rank(a_slot, dim=1)
+            if rank and b_slot[:, :rank].any():
                 shrink.append(a_slot[:rank])
                 b_t = b_slot[:, :rank].t().contiguous()
                 expand.append((slice(offset, offset + size), slice(used, used + rank), b_t))

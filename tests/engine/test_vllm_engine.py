@@ -1,5 +1,6 @@
 """What vLLM raises about a request becomes a 400 before any output, and a dead engine a 503
-(``VLLMEngine.generate`` over a stand-in for vLLM's AsyncLLM: the mapping, not the engine)."""
+(``VLLMEngine.generate`` over a stand-in for vLLM's AsyncLLM: the mapping, not the engine);
+the dtype the engine is asked for."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
+from app.engine import vllm_engine
 from app.engine.vllm_engine import VLLMEngine
 from app.errors import BadRequestError, EngineUnavailableError
+from app.settings import Settings
 
 
 class FailingLLM:
@@ -89,3 +92,31 @@ async def test_a_dead_engine_is_a_503() -> None:
     # The readiness probe's question, to the same dead engine.
     with pytest.raises(EngineUnavailableError, match="not running"):
         await VLLMEngine(FailingLLM(EngineDeadError())).check_health()  # type: ignore[arg-type]
+
+
+BF16_CHECKS = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+
+
+@pytest.mark.parametrize(
+    ("requested", "machine", "native_bf16", "asked"),
+    [
+        ("auto", "x86_64", False, "float32"),  # emulated bfloat16: float32 instead
+        ("auto", "x86_64", True, "auto"),  # the checkpoint's bfloat16, natively
+        ("auto", "aarch64", False, "auto"),  # not ours to judge there
+        ("bfloat16", "x86_64", False, "bfloat16"),  # asked for: given
+    ],
+)
+def test_auto_dtype_is_float32_on_a_cpu_without_bfloat16_matmul(
+    monkeypatch: pytest.MonkeyPatch, requested: str, machine: str, native_bf16: bool, asked: str
+) -> None:
+    monkeypatch.setattr(vllm_engine.current_platform, "is_cpu", lambda: True)
+    monkeypatch.setattr(vllm_engine.platform, "machine", lambda: machine)
+    for check in BF16_CHECKS:
+        monkeypatch.setattr(vllm_engine.torch.cpu, check, lambda: native_bf16)
+    assert vllm_engine.engine_dtype(requested) == asked
+    assert vllm_engine.engine_args(Settings(_env_file=None, dtype=requested)).dtype == asked
+
+
+def test_auto_dtype_is_left_to_vllm_off_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_engine.current_platform, "is_cpu", lambda: False)
+    assert vllm_engine.engine_dtype("auto") == "auto"

@@ -98,3 +98,23 @@ def test_two_swaps_in_one_step_and_a_write_no_list_announces(gen: torch.Generato
     # The same ids, new weights (vLLM reloaded an adapter id): stacked again from scratch.
     write(gen, a, b, 2, 8, (0, 1, 2))
     assert_stacked_equal(prepared.of(a, b, SLICES), LayerLoRA.of(a, b, SLICES))
+
+
+def test_a_slot_is_prepared_at_its_adapters_rank_and_an_untrained_one_adds_nothing(
+    gen: torch.Generator,
+) -> None:
+    a, b = stacks(gen, [8, 4, 0, 2, 8, 3], touched=(0, 2))
+    for b_i in b:
+        b_i[4] = 0  # slot 4: an untrained adapter (PEFT starts B at zero)
+    layer = LayerLoRA.of(a, b, SLICES)
+    for slot, rank in enumerate([8, 4, 0, 2, 0, 3]):
+        weights = layer.slots[slot]
+        if not rank:
+            assert weights is None
+            continue
+        assert weights is not None
+        assert weights.shrink.shape == (IN_DIM, 2 * rank)  # slices 0 and 2, not 1
+        assert [(c, r.stop - r.start) for c, r, _ in weights.expand] == [
+            (slice(0, 12), rank),
+            (slice(20, 28), rank),
+        ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tools.abuse.checks import CHECKS, Check, run_check
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,7 +18,11 @@ def test_items_4_to_8_each_name_tests_that_exist() -> None:
             assert (ROOT / node_id.split("::")[0]).is_file(), node_id
 
 
-def test_a_check_passes_fails_or_is_not_run_as_its_tests_say(tmp_path: Path) -> None:
+def test_a_check_passes_fails_or_is_not_run_as_its_tests_say(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # These runs need no plugin; loading every installed one is most of each run's time.
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     (tmp_path / "test_good.py").write_text("def test_ok():\n    assert True\n")
     (tmp_path / "test_bad.py").write_text("def test_no():\n    assert False\n")
     (tmp_path / "test_empty.py").write_text("")
