@@ -31,7 +31,7 @@ import bench.scenarios
 from app.settings import Settings
 from bench.config import GATEWAY, VLLM, BenchConfig
 from bench.random_adapters import ensure_bench_adapters
-from bench.runner import build_system, registered_phase, warm_up
+from bench.runner import build_system, registered_phase, scenario_engine, warm_up
 from bench.scenarios import Measure, saturation
 from bench.stats import Sample
 from bench.status import StatusLine
@@ -203,14 +203,7 @@ async def profile_c(config: BenchConfig, settings: Settings, out_dir: Path, spy:
 
 
 async def profile_a(config: BenchConfig, settings: Settings, out_dir: Path, spy: Recorder) -> None:
-    engine = EngineConfig(
-        settings.model_copy(
-            update={
-                "max_loras": config.max_loras,
-                "max_cpu_loras": max(settings.max_cpu_loras, config.max_loras),
-            }
-        )
-    )
+    engine = scenario_engine(config, settings)
     adapters = await asyncio.to_thread(
         ensure_bench_adapters, Path(settings.model), config.adapter_cache, config.adapters
     )

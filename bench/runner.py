@@ -261,20 +261,23 @@ def _context(
     }
 
 
+def scenario_engine(config: BenchConfig, settings: Settings) -> EngineConfig:
+    """The engine of scenarios a, b and d: ``config.max_loras`` slots, a host tier that holds
+    at least as many."""
+    update = {
+        "max_loras": config.max_loras,
+        "max_cpu_loras": max(settings.max_cpu_loras, config.max_loras),
+    }
+    return EngineConfig(settings.model_copy(update=update))
+
+
 async def run_bench(config: BenchConfig, settings: Settings, command: str) -> Path:
     """Run the benchmark; return the results directory."""
     started_at = datetime.now(timezone.utc)
     out_dir = config.out / started_at.strftime("%Y%m%dT%H%M%SZ")
     work_dir = out_dir / "tmp"
     work_dir.mkdir(parents=True, exist_ok=True)
-    engine = EngineConfig(
-        settings.model_copy(
-            update={
-                "max_loras": config.max_loras,
-                "max_cpu_loras": max(settings.max_cpu_loras, config.max_loras),
-            }
-        )
-    )
+    engine = scenario_engine(config, settings)
     status = StatusLine(planned_requests(config))
     status.set("-", "writing adapters")
     adapters = await asyncio.to_thread(
