@@ -126,6 +126,13 @@ class Settings(BaseSettings):
     max_cpu_loras: int = Field(
         8, ge=1, description="Adapters cached in host memory (>= max_loras)."
     )
+    lora_slot_quantum_tokens: int = Field(
+        16,
+        ge=0,
+        description="Tokens each running request of a resident adapter generates before a "
+        "waiting request of another adapter may take its device slot, pausing them (0: a "
+        "waiting adapter waits until a slot frees; docs/scheduling.md).",
+    )
     max_lora_rank: Literal[8, 16, 32, 64, 128, 256] = Field(
         32, description="Largest adapter rank the engine accepts."
     )

@@ -25,8 +25,10 @@ from bench.config import (
 )
 from bench.scenarios import FLOOD_COMPLETED, FLOOD_REFUSED
 from bench.stats import (
+    E2E_P50,
     LATENCY_FIGURES,
     LOADS,
+    LONGEST_GAP_P99,
     OUTPUT_TPS,
     SWAP_FIGURES,
     THROUGHPUT_FIGURES,
@@ -168,18 +170,22 @@ def registered_table(samples: Sequence[Sample], point: str, seed: int, draws: in
 
 
 def cliff_table(samples: Sequence[Sample], slots: int, seed: int, draws: int) -> list[str]:
-    """(d): per popularity and adapter count, every system's TTFT and output tok/s, and the
-    gateway's TTFT p99 against its own over as many adapters as slots."""
+    """(d): per popularity and adapter count, every system's TTFT, end-to-end p50, longest
+    gap between a stream's tokens and output tok/s, and the gateway's TTFT p99 against its
+    own over as many adapters as slots."""
     points = [p for p in _points(samples) if p.startswith("d: ")]
     systems = _systems([s for s in samples if s.point in points])
     lines = [
-        "| point | " + " | ".join(f"{n}: TTFT p50 / p99 (ms) | {n}: output tok/s" for n in systems)
-        + f" | {GATEWAY}: p99 / p99 at slots [95%] |",
-        "|---|" + "---:|---:|" * len(systems) + "---:|",
+        "| point | " + " | ".join(
+            f"{n}: TTFT p50 / p99 (ms) | {n}: end-to-end p50 (ms) | {n}: longest gap p99 (ms) "
+            f"| {n}: output tok/s" for n in systems
+        ) + f" | {GATEWAY}: p99 / p99 at slots [95%] |",
+        "|---|" + "---:|---:|---:|---:|" * len(systems) + "---:|",
     ]  # fmt: skip
     for point in points:
         cells = [
-            f"{_value(TTFT_P50, group)} / {_value(TTFT_P99, group)} | {_value(OUTPUT_TPS, group)}"
+            f"{_value(TTFT_P50, group)} / {_value(TTFT_P99, group)} | {_value(E2E_P50, group)} "
+            f"| {_value(LONGEST_GAP_P99, group)} | {_value(OUTPUT_TPS, group)}"
             for group in (_of(samples, system, point) for system in systems)
         ]
         ratio = ""
@@ -191,7 +197,7 @@ def cliff_table(samples: Sequence[Sample], slots: int, seed: int, draws: int) ->
         lines.append(f"| {point} | " + " | ".join(cells) + f" | {ratio} |")
     errors = [f"{sum(s.errors for s in samples if s.system == n and s.point in points)}"
               for n in systems]  # fmt: skip
-    lines.append("| errors | " + "".join(f"{e} | | " for e in errors) + " |")
+    lines.append("| errors | " + "".join(f"{e} | | | | " for e in errors) + " |")
     return lines
 
 

@@ -165,6 +165,11 @@ E2E_P50 = Figure("e2e_p50", "end-to-end p50 (ms)", False, lambda r: r.e2e if r.o
                  _quantile(50), scale=1000.0)  # fmt: skip
 E2E_P99 = Figure("e2e_p99", "end-to-end p99 (ms)", False, lambda r: r.e2e if r.ok else None,
                  _quantile(99), scale=1000.0)  # fmt: skip
+# A paused stream's client sees its tokens stop: the longest gap between two of them.
+LONGEST_GAP_P99 = Figure(
+    "longest_gap_p99", "longest gap between tokens p99 (ms)", False,
+    lambda r: max(r.itl) if r.ok and r.itl else None, _quantile(99), scale=1000.0,
+)  # fmt: skip
 LOADS_PER_100 = Figure(
     "loads_per_100", "adapter loads per 100 requests", False,
     lambda r: 1.0 if r.ok else None, _per_hundred(LOADS),

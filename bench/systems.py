@@ -208,6 +208,7 @@ class GatewaySystem:
             "MAX_LORAS": s.max_loras,
             "MAX_CPU_LORAS": s.max_cpu_loras,
             "MAX_LORA_RANK": s.max_lora_rank,
+            "LORA_SLOT_QUANTUM_TOKENS": s.lora_slot_quantum_tokens,
             "KV_CACHE_GIB": s.kv_cache_gib,
             "ENFORCE_EAGER": s.enforce_eager,
             "SEED": s.seed,

@@ -24,6 +24,7 @@ from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, Schedule
 
 from app.engine.base import EngineLoad
 from app.errors import BadRequestError, EngineUnavailableError
+from app.inside_vllm import slot_sharing
 from app.inside_vllm.plugin import ENV_VAR as ISOLATION_FIX_ENV
 from app.inside_vllm.plugin import require_isolation_fix
 from app.settings import Dtype, Settings
@@ -53,6 +54,7 @@ def engine_args(settings: Settings) -> AsyncEngineArgs:
         enforce_eager=settings.enforce_eager,
         seed=settings.seed,
         structured_outputs_config=structured_outputs_config(settings.structured_outputs_compact),
+        **slot_sharing.engine_options(settings.lora_slot_quantum_tokens),
     )
 
 

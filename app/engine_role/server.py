@@ -47,6 +47,7 @@ PATHS_MIDDLEWARE = "app.engine_role.paths.EnginePathsOnly"
 def vllm_server_argv(settings: Settings) -> list[str]:
     """The command line of vLLM's server for ``settings`` (the flags mirror ``engine_args``)."""
     from app.engine.vllm_engine import engine_dtype, structured_outputs_config
+    from app.inside_vllm import slot_sharing
 
     structured = structured_outputs_config(settings.structured_outputs_compact)
     structured_flag = {
@@ -90,6 +91,10 @@ def vllm_server_argv(settings: Settings) -> list[str]:
         "--middleware",
         PATHS_MIDDLEWARE,
     ]
+    slots = slot_sharing.engine_options(settings.lora_slot_quantum_tokens)
+    if slots:
+        argv += ["--scheduler-cls", slots["scheduler_cls"]]
+        argv += ["--additional-config", json.dumps(slots["additional_config"])]
     if settings.kv_cache_gib is not None:
         argv += ["--kv-cache-memory-bytes", str(int(settings.kv_cache_gib * GIB))]
     if settings.tool_call_parser is not None:

@@ -11,7 +11,9 @@ When every slot is busy, a request with another adapter cannot run: vLLM would h
 own queue, where it may wait for ever behind the running adapters' new requests. So the
 scheduler holds it instead, and when it has waited long enough, :meth:`AdapterAffinity.make_room`
 drains one slot for it: the running adapter with the fewest requests in the engine takes no
-more until they end, and the freed slot is kept for the held adapter until it starts.
+more until they end, and the freed slot is kept for the held adapter until it starts. Where the
+engine shares its slots in turns (``lora_slot_quantum_tokens``,
+:mod:`app.inside_vllm.slot_sharing`) nothing is held: such a request only ranks last.
 """
 
 from __future__ import annotations
@@ -26,8 +28,11 @@ CROWDS: Fit = 2  # every slot is busy with running requests (or draining): it ca
 
 
 class AdapterAffinity:
-    def __init__(self, max_loras: int) -> None:
+    def __init__(self, max_loras: int, *, hold: bool = True) -> None:
         self.max_loras = max_loras
+        # Whether a request that crowds waits here; if not, the engine pauses a slot's
+        # requests for it.
+        self.hold = hold
         self._running: Counter[int] = Counter()
         # Adapters whose last request ended, most recent last.
         self._idle: OrderedDict[int, None] = OrderedDict()
@@ -37,8 +42,11 @@ class AdapterAffinity:
         self.reserved: int | None = None
 
     def crowds(self, adapter: int | None) -> bool:
-        """Whether a request for ``adapter`` cannot run now: it would need a slot that
-        running requests (or a reservation) hold."""
+        """Whether a request for ``adapter`` is held: it cannot run now, needing a slot
+        that running requests (or a reservation) hold."""
+        return self.hold and self._slots_taken(adapter)
+
+    def _slots_taken(self, adapter: int | None) -> bool:
         if adapter is None:
             return False
         if adapter == self.draining:
@@ -51,7 +59,7 @@ class AdapterAffinity:
         return taken >= self.max_loras
 
     def fit(self, adapter: int | None) -> Fit:
-        if self.crowds(adapter):
+        if self._slots_taken(adapter):
             return CROWDS
         if adapter is None or adapter in self._running:
             return RESIDENT

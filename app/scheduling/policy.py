@@ -58,6 +58,7 @@ class FairQueue:
         quantum: int,
         max_adapter_wait: float,
         max_loras: int,
+        hold_crowding: bool = True,
         per_step: int = 0,
         max_constrained: int = 1,
     ) -> None:
@@ -71,7 +72,7 @@ class FairQueue:
         self.headroom = min(headroom, window - 1)
         self.quantum = quantum
         self.max_adapter_wait = max_adapter_wait
-        self.affinity = AdapterAffinity(max_loras)
+        self.affinity = AdapterAffinity(max_loras, hold=hold_crowding)
         self.in_flight = 0
         self._tenants: dict[str, TenantState] = {}
         self._demand: Counter[int | None] = Counter()  # waiting requests per adapter

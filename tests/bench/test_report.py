@@ -150,10 +150,14 @@ def test_the_cliff_has_a_table_per_point_with_the_gateways_ratio_to_its_own_at_s
     data = []
     for r in range(2):
         for system, slow in ((GATEWAY, 1.0), (VLLM, 3.0)):
+            paused = sample(system, cliff_point("zipf", 8, 4), r, ttft=0.15 * slow)
+            if system == GATEWAY:
+                for record in paused.records:
+                    record.itl[5] = 2.0
             data += [
                 sample(system, cliff_saturation_point(4), r, wall=2.0),
                 sample(system, cliff_point("zipf", 4, 4), r, ttft=0.1),
-                sample(system, cliff_point("zipf", 8, 4), r, ttft=0.15 * slow),
+                paused,
             ]
     context = {
         **CONTEXT, "cliff_rates": {0: 1.25, 1: 1.5}, "cliff": "zipf over 1x, 2x the slots",
@@ -162,16 +166,18 @@ def test_the_cliff_has_a_table_per_point_with_the_gateways_ratio_to_its_own_at_s
     text, _ = render_markdown(data, [], context, None)
     assert "## d: the cold-start cliff" in text
     assert "zipf over 1x, 2x the slots; offered rates: round 1: 1.250 req/s, round 2: 1.500" in text
+    columns = "TTFT p50 / p99 (ms) | {0}: end-to-end p50 (ms) | {0}: longest gap p99 (ms) | {0}"
     assert (
-        "| point | gateway: TTFT p50 / p99 (ms) | gateway: output tok/s | vllm: TTFT p50 / p99 "
-        "(ms) | vllm: output tok/s | gateway: p99 / p99 at slots [95%] |" in text
+        f"| point | gateway: {columns.format('gateway')}: output tok/s | vllm: "
+        f"{columns.format('vllm')}: output tok/s | gateway: p99 / p99 at slots [95%] |" in text
+    )
+    # Every stream's tokens 50 ms apart, but one gap of 2 s in the gateway's at 2x.
+    assert (
+        f"| {cliff_point('zipf', 4, 4)} | 100.0 / 100.0 | 1650.0 | 50.0 | 12.80 "
+        "| 100.0 / 100.0 | 1650.0 | 50.0 | 12.80 | 1.000" in text
     )
     assert (
-        f"| {cliff_point('zipf', 4, 4)} | 100.0 / 100.0 | 12.80 | 100.0 / 100.0 | 12.80 | 1.000"
-        in text
-    )
-    assert (
-        f"| {cliff_point('zipf', 8, 4)} | 150.0 / 150.0 | 12.80 | 450.0 / 450.0 | 12.80 | 1.500"
-        in text
+        f"| {cliff_point('zipf', 8, 4)} | 150.0 / 150.0 | 1700.0 | 2000.0 | 12.80 "
+        "| 450.0 / 450.0 | 2000.0 | 50.0 | 12.80 | 1.500" in text
     )
     assert f"## {cliff_point('zipf', 8, 4)}" not in text  # not a table of its own

@@ -152,6 +152,9 @@ def isolation_settings(setup: Setup, *, isolation_fix: bool) -> Settings:
         # for most of a round, which on vLLM's own CPU ops (no fix) takes tens of seconds,
         # more on a loaded machine: a round must not meet the queue's time limit.
         scheduler_max_queue_seconds=600,
+        # The slots change hands every few tokens, so answers are paused and resumed (in
+        # other batches, from the prefix cache) on their way to the reference.
+        lora_slot_quantum_tokens=4,
     )
     assert settings.max_loras < settings.max_cpu_loras < len(ADAPTERS)
     return settings
@@ -244,6 +247,7 @@ def test_without_the_fix_base_requests_borrow_an_adapter(setup: Setup) -> None:
 def test_mixed_batches_match_the_reference(setup: Setup, fixed_gateway: LiveGateway) -> None:
     assert mismatches(setup, fixed_gateway) == []
     assert fixed_gateway.wait_idle() == 0
+    assert fixed_gateway.samples("vllm:num_preemptions_total") > 0
 
 
 def test_a_new_adapter_version_is_served_at_once(setup: Setup, fixed_gateway: LiveGateway) -> None:

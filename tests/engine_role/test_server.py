@@ -75,6 +75,8 @@ def test_vllm_reads_the_engine_arguments_the_in_process_engine_takes(compact: bo
         "gpu_memory_utilization",
         "enforce_eager",
         "seed",
+        "scheduler_cls",
+        "additional_config",
     ):
         assert getattr(from_cli, name) == getattr(expected, name), name
     assert from_cli.served_model_name == ["base-model"]

@@ -20,6 +20,7 @@ def queue(
     max_adapter_wait: float = 10.0,
     max_loras: int = 2,
     max_constrained: int = 1,
+    hold_crowding: bool = True,
 ) -> FairQueue:
     return FairQueue(
         window=window,
@@ -28,6 +29,7 @@ def queue(
         max_adapter_wait=max_adapter_wait,
         max_loras=max_loras,
         max_constrained=max_constrained,
+        hold_crowding=hold_crowding,
     )
 
 
@@ -128,6 +130,21 @@ def test_a_request_whose_adapter_cannot_run_waits_here_while_others_go() -> None
     fair.done(running[1], None)
     second = fair.pop(0.0)
     assert second is not None and second.waiting.ticket.tenant == "x"
+
+
+def test_where_the_engine_shares_its_slots_a_request_that_crowds_them_goes_in_last() -> None:
+    """The engine pauses a slot's requests for it (app.inside_vllm.slot_sharing): nothing
+    waits here for a slot, but with a choice the resident adapters still go first."""
+    fair = queue(window=4, max_loras=2, hold_crowding=False)
+    adapters_in_flight(fair, 1, 2)  # both slots busy
+    fair.push(ticket("x", 0, adapter=3), 0.0)  # would need a third slot
+    fair.push(ticket("y", 0, adapter=2), 0.0)  # resident
+    fair.push(ticket("z", 0, adapter=4), 0.0)  # would need a third slot too
+    first, second = fair.pop(0.0), fair.pop(0.0)
+    assert first is not None and second is not None
+    assert [first.waiting.ticket.tenant, second.waiting.ticket.tenant] == ["y", "x"]
+    assert fair.pop(0.0) is None  # the window, not a slot, holds z
+    assert fair.affinity.draining is None and fair.affinity.reserved is None
 
 
 def test_affinity_prefers_an_adapter_that_fits_to_one_that_crowds() -> None:

@@ -1,0 +1,288 @@
+"""LoRA slots shared in turns: the plan on its own, then vLLM's real scheduler driven step by
+step (no model: each step's sampled token is made up) with one slot and two adapters."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from vllm.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.lora.request import LoRARequest
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
+
+from app.inside_vllm.slot_sharing import (
+    NEW_REQUEST_LEAD,
+    QUANTUM_KEY,
+    SCHEDULER_CLS,
+    SlotSharingScheduler,
+    engine_options,
+    plan,
+)
+from app.settings import EMBEDDED_MODEL_DIR
+
+
+@dataclass
+class Lora:
+    lora_int_id: int
+
+
+@dataclass
+class Fake:
+    request_id: str
+    adapter: int | None
+    num_output_tokens: int = 0
+    arrival_time: float = 0.0
+    status: RequestStatus = RequestStatus.WAITING
+    lora_request: Lora | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.lora_request = Lora(self.adapter) if self.adapter is not None else None
+
+
+def running(request_id: str, adapter: int | None, tokens: int) -> Fake:
+    return Fake(request_id, adapter, tokens, status=RequestStatus.RUNNING)
+
+
+def test_nothing_is_taken_while_a_slot_is_free() -> None:
+    takes = plan(
+        [running("r1", 1, 50)],
+        [Fake("w", 2)],
+        max_loras=2,
+        quantum=4,
+        slice_start={},
+        waiting_since={},
+    )
+    assert takes == []
+
+
+def test_a_paused_request_takes_a_slot_once_each_of_its_requests_had_its_quantum() -> None:
+    slots = [running("a1", 1, 8), running("a2", 1, 3), running("b1", 2, 4)]
+    paused = Fake("p", 3, num_output_tokens=5, status=RequestStatus.PREEMPTED)
+    (take,) = plan(slots, [paused], max_loras=2, quantum=4, slice_start={}, waiting_since={})
+    assert take[0] is paused
+    assert [r.request_id for r in take[1]] == ["b1"]  # a2 has had 3 tokens only
+    # A resumed request's turn counts from where it was paused.
+    again = plan(slots, [paused], max_loras=2, quantum=4, slice_start={"b1": 1}, waiting_since={})
+    assert again == []
+
+
+def test_a_new_request_takes_a_slot_once_each_of_its_requests_had_a_token() -> None:
+    slots = [running("a1", 1, 0), running("b1", 2, 7), running("b2", 2, 7)]
+    start = {"b1": 6, "b2": 7}  # b2 resumed and has no token of its turn yet
+    waiting = [Fake("w", 3)]
+    assert plan(slots, waiting, max_loras=2, quantum=4, slice_start=start, waiting_since={}) == []
+    start["b2"] = 6
+    (take,) = plan(slots, waiting, max_loras=2, quantum=4, slice_start=start, waiting_since={})
+    assert [r.request_id for r in take[1]] == ["b1", "b2"]
+
+
+def test_a_paused_request_first_in_line_keeps_the_next_slot_from_new_ones() -> None:
+    """Past the lead, a paused request goes first; while no turn is long enough for it, the
+    new request behind it does not take the slot it will need."""
+    slots = [running("a1", 1, 2)]
+    paused = Fake("p", 2, num_output_tokens=5, status=RequestStatus.PREEMPTED)
+    new = Fake("n", 3, arrival_time=100.0)
+    since = {"p": 100.0 - NEW_REQUEST_LEAD - 1}
+    takes = plan(slots, [new, paused], max_loras=1, quantum=4, slice_start={}, waiting_since=since)
+    assert takes == []
+
+
+def test_the_adapter_with_the_fewest_requests_gives_its_slot_up_first() -> None:
+    slots = [running("a1", 1, 9), running("a2", 1, 9), running("b1", 2, 5)]
+    takes = plan(
+        slots,
+        [Fake("w1", 3), Fake("w2", 4), Fake("w3", 5)],
+        max_loras=2,
+        quantum=4,
+        slice_start={},
+        waiting_since={},
+    )
+    assert [(w.request_id, [r.request_id for r in v]) for w, v in takes] == [
+        ("w1", ["b1"]),
+        ("w2", ["a1", "a2"]),
+    ]
+
+
+def test_base_model_requests_neither_hold_slots_nor_wait_for_them() -> None:
+    slots = [running("base", None, 50), running("a1", 1, 50)]
+    waiting = [Fake("base2", None), Fake("w", 2)]
+    assert plan(slots, waiting, max_loras=2, quantum=4, slice_start={}, waiting_since={}) == []
+    (take,) = plan(slots, waiting, max_loras=1, quantum=4, slice_start={}, waiting_since={})
+    assert take[0].request_id == "w" and [r.request_id for r in take[1]] == ["a1"]
+
+
+def test_a_request_with_no_token_yet_comes_before_recently_paused_ones_only() -> None:
+    slots = [running("a1", 1, 9)]
+    paused = Fake("p", 2, num_output_tokens=5, status=RequestStatus.PREEMPTED)
+    new = Fake("n", 3, arrival_time=100.0)
+    for paused_at, first in [(99.0, "n"), (100.0 - NEW_REQUEST_LEAD - 0.1, "p")]:
+        (take,) = plan(
+            slots,
+            [paused, new],
+            max_loras=1,
+            quantum=4,
+            slice_start={"p": 5},
+            waiting_since={"p": paused_at},
+        )
+        assert take[0].request_id == first
+
+
+def test_requests_not_ready_to_run_are_not_served_a_slot() -> None:
+    waiting = [Fake("grammar", 2, status=RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR)]
+    slots = [running("a1", 1, 9)]
+    assert plan(slots, waiting, max_loras=1, quantum=4, slice_start={}, waiting_since={}) == []
+
+
+def test_the_engine_options_name_the_scheduler_and_its_quantum() -> None:
+    assert engine_options(0) == {}
+    assert engine_options(8) == {
+        "scheduler_cls": SCHEDULER_CLS,
+        "additional_config": {QUANTUM_KEY: 8},
+    }
+
+
+# -- vLLM's scheduler --------------------------------------------------------------------
+
+BLOCK = 32
+PROMPT = 40
+ANSWER = 6
+
+
+def scheduler(quantum: int, *, asynchronous: bool = False) -> Scheduler:
+    """The scheduler the engine core builds from :func:`engine_options` over the embedded
+    model's config, with one LoRA slot and a KV cache of placeholder blocks (nothing is
+    computed)."""
+    options = engine_options(quantum)
+    model = ModelConfig(
+        model=str(EMBEDDED_MODEL_DIR), dtype="float32", seed=0, skip_tokenizer_init=True
+    )
+    config = VllmConfig(
+        model_config=model,
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=8,
+            max_num_batched_tokens=512,
+            max_model_len=512,
+            is_encoder_decoder=False,
+            scheduler_cls=options.get("scheduler_cls"),
+        ),
+        cache_config=CacheConfig(block_size=BLOCK),
+        lora_config=LoRAConfig(max_loras=1, max_lora_rank=8),
+        additional_config=options.get("additional_config", {}),
+    )
+    config.cache_config.num_gpu_blocks = 64
+    # As on a GPU (the CPU platform turns it off).
+    config.scheduler_config.async_scheduling = asynchronous
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    kv_cache = KVCacheConfig(
+        num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)]
+    )
+    cls = config.scheduler_config.get_scheduler_cls()
+    assert cls is (SlotSharingScheduler if quantum else Scheduler)
+    built = cls(  # type: ignore[call-arg]
+        vllm_config=config,
+        kv_cache_config=kv_cache,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=BLOCK,
+    )
+    assert isinstance(built, AsyncScheduler) == (asynchronous and bool(quantum))
+    return built
+
+
+def request(number: int, adapter: int) -> Request:
+    init_none_hash(sha256)
+    return Request(
+        request_id=f"r{number}",
+        prompt_token_ids=[number + 1] * PROMPT,
+        sampling_params=SamplingParams(max_tokens=ANSWER, ignore_eos=True),
+        pooling_params=None,
+        lora_request=LoRARequest(f"adapter-{adapter}", adapter, "/unused"),
+        arrival_time=time.time(),
+        block_hasher=get_request_block_hasher(BLOCK, sha256),
+    )
+
+
+@dataclass
+class Run:
+    """Which requests each step scheduled and preempted, and each request's tokens."""
+
+    steps: list[tuple[set[str], set[str]]] = field(default_factory=list)
+    computed: list[dict[str, int]] = field(default_factory=list)  # tokens each step
+    tokens: Counter[str] = field(default_factory=Counter)
+
+    def first_step(self, request_id: str) -> int:
+        return next(i for i, (ran, _) in enumerate(self.steps) if request_id in ran)
+
+    def last_step(self, request_id: str) -> int:
+        return max(i for i, (ran, _) in enumerate(self.steps) if request_id in ran)
+
+
+def drive(sched: Scheduler, arrivals: dict[int, Request]) -> Run:
+    """Steps until every request is done, each sampling one token for every request whose
+    prompt (or recomputed tokens) it completes; ``arrivals``: requests added before a step."""
+    run = Run()
+    for step in range(100):
+        if step in arrivals:
+            sched.add_request(arrivals[step])
+        if not sched.has_requests():
+            return run
+        output = sched.schedule()
+        ran = set(output.num_scheduled_tokens)
+        run.steps.append((ran, set(output.preempted_req_ids or ())))
+        run.computed.append(dict(output.num_scheduled_tokens))
+        ids = sorted(ran)
+        result = ModelRunnerOutput(
+            req_ids=ids,
+            req_id_to_index={rid: i for i, rid in enumerate(ids)},
+            sampled_token_ids=[[7] for _ in ids],
+        )
+        for outputs in sched.update_from_output(output, result).values():
+            for finished in outputs.outputs:
+                run.tokens[finished.request_id] += len(finished.new_token_ids)
+    raise AssertionError("the requests did not finish")
+
+
+def test_vllm_alone_makes_the_second_adapter_wait_for_the_whole_first_answer() -> None:
+    run = drive(scheduler(0), {0: request(0, 1), 1: request(1, 2)})
+    assert run.first_step("r1") > run.last_step("r0")
+    assert run.tokens == {"r0": ANSWER, "r1": ANSWER}
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_the_slot_is_shared_in_turns_and_every_answer_is_whole(asynchronous: bool) -> None:
+    sched = scheduler(2, asynchronous=asynchronous)
+    run = drive(sched, {0: request(0, 1), 1: request(1, 2)})
+    # r1 has its first token the step after it came, once r0 had its first one: it takes
+    # r0's slot. r0 resumes when r1 has had its turn of two tokens.
+    assert run.steps[1] == ({"r1"}, {"r0"})
+    assert run.steps[3] == ({"r0"}, {"r1"})
+    assert run.last_step("r0") > run.first_step("r1")
+    # r0 resumes from the prefix cache: its prompt's full block is not computed again.
+    assert run.computed[3]["r0"] == PROMPT + 1 - BLOCK
+    # Each paused request resumed where it was: every token, once.
+    assert run.tokens == {"r0": ANSWER, "r1": ANSWER}
+    preempted = [p for _, p in run.steps if p]
+    assert len(preempted) >= 2  # turns, both ways
+    assert sched._slice_start == {} and sched._waiting_since == {}  # forgotten once done
+
+
+def test_only_first_come_first_served_queues_can_be_reordered() -> None:
+    sched = scheduler(0)
+    sched.scheduler_config.policy = "priority"
+    with pytest.raises(ValueError, match="first come, first served"):
+        SlotSharingScheduler(
+            vllm_config=sched.vllm_config,
+            kv_cache_config=sched.kv_cache_config,
+            structured_output_manager=sched.structured_output_manager,
+            block_size=BLOCK,
+        )
