@@ -105,15 +105,18 @@ def plan(
         """Tokens the adapter's requests have each generated since they last started."""
         return min(r.num_output_tokens - slice_start.get(r.request_id, 0) for r in requests)
 
-    holders = sorted(resident.values(), key=lambda requests: (len(requests), -turn(requests)))
+    holders = sorted(
+        ((turn(requests), requests) for requests in resident.values()),
+        key=lambda holder: (len(holder[1]), -holder[0]),
+    )
     takes: list[tuple[Candidate, list[Candidate]]] = []
     for _, request in sorted(blocked.values(), key=lambda item: item[0]):
         needed = 1 if request.num_output_tokens == 0 else quantum
-        holder = next((h for h in holders if turn(h) >= needed), None)
+        holder = next((h for h in holders if h[0] >= needed), None)
         if holder is None:
             break  # the next slot is this request's
         holders.remove(holder)
-        takes.append((request, holder))
+        takes.append((request, holder[1]))
     return takes
 
 
