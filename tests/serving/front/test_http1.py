@@ -43,10 +43,15 @@ async def server(handler: Handler) -> AsyncIterator[tuple[str, list[bytes]]]:
     """A server calling ``handler`` with each connection and its number; yields its URL and
     the requests it read (appended by the handlers)."""
     connections = 0
+    handlers: set[asyncio.Task[None]] = set()
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal connections
         connections += 1
+        handler_task = asyncio.current_task()
+        assert handler_task is not None
+        handlers.add(handler_task)
+        handler_task.add_done_callback(handlers.discard)
         try:
             await handler(reader, writer, connections)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -59,7 +64,12 @@ async def server(handler: Handler) -> AsyncIterator[tuple[str, list[bytes]]]:
     try:
         yield f"http://127.0.0.1:{port}/prefix/", []
     finally:
+        # A handler waiting on a connection the client kept open would outlive the test (the
+        # event loop is the session's) and be counted by another's check for leftover tasks.
         listening.close()
+        for task in list(handlers):
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
         await listening.wait_closed()
 
 
