@@ -31,21 +31,23 @@ def ask(
     return response.choices[0].message.content or ""
 
 
-def ask_together(gateway: LiveGateway, asks: list[tuple[str, str]]) -> list[str]:
-    """(tenant, model) pairs asked :data:`QUESTION` at once: one batch (batches are exact,
-    tests/e2e/test_isolation.py)."""
+def ask_together(
+    gateway: LiveGateway, asks: list[tuple[str, str, str]], max_tokens: int = 32
+) -> list[str]:
+    """(tenant, model, question) triples asked at once, so one batch mixes them (batches are
+    exact: tests/e2e/test_isolation.py)."""
 
-    async def one(tenant: str, model: str) -> str:
+    async def one(tenant: str, model: str, question: str) -> str:
         response = await gateway.async_client(tenant).chat.completions.create(
             model=model,
-            messages=[{"role": "user", "content": QUESTION}],
+            messages=[{"role": "user", "content": question}],
             temperature=0,
-            max_tokens=32,
+            max_tokens=max_tokens,
         )
         return response.choices[0].message.content or ""
 
     async def all_at_once() -> list[str]:
-        return await asyncio.gather(*(one(tenant, model) for tenant, model in asks))
+        return await asyncio.gather(*(one(*ask) for ask in asks))
 
     return asyncio.run(all_at_once())
 
@@ -53,19 +55,19 @@ def ask_together(gateway: LiveGateway, asks: list[tuple[str, str]]) -> list[str]
 def test_each_adapter_answers_differently_and_deterministically(gateway: LiveGateway) -> None:
     models = (BASE, *ADAPTERS)
     answers = dict(
-        zip(models, ask_together(gateway, [("demo-all", m) for m in models]), strict=True)
+        zip(models, ask_together(gateway, [("demo-all", m, QUESTION) for m in models]), strict=True)
     )
     assert len(set(answers.values())) == 4, answers
     assert all(answers.values())
     # Same request, same answer at temperature 0; and the tenant that owns an adapter gets the
     # very same weights.
     again = [
-        ("demo-all", "legal_advisor"),
-        ("acme-legal", "legal_advisor"),
-        ("st-marys", "medical_scribe"),
-        ("callcenter", "telephony_support"),
+        ("demo-all", "legal_advisor", QUESTION),
+        ("acme-legal", "legal_advisor", QUESTION),
+        ("st-marys", "medical_scribe", QUESTION),
+        ("callcenter", "telephony_support", QUESTION),
     ]
-    assert ask_together(gateway, again) == [answers[model] for _, model in again]
+    assert ask_together(gateway, again) == [answers[model] for _, model, _ in again]
 
 
 def test_seed_client_snippet_gets_a_legal_answer(gateway: LiveGateway) -> None:
@@ -136,20 +138,6 @@ def test_concurrent_mixed_adapter_requests_match_their_solo_answers(
     models = [BASE, *ADAPTERS]
     questions = [QUESTION, "Name three colours.", "What should I do if my laptop is stolen?"]
     solo = {(m, q): ask(gateway, "demo-all", m, q, MIXED_TOKENS) for m in models for q in questions}
-
-    async def all_at_once() -> list[str]:
-        client = gateway.async_client("demo-all")
-
-        async def one(model: str, question: str) -> str:
-            response = await client.chat.completions.create(
-                model=model,
-                messages=[{"role": "user", "content": question}],
-                temperature=0,
-                max_tokens=MIXED_TOKENS,
-            )
-            return response.choices[0].message.content or ""
-
-        return await asyncio.gather(*(one(m, q) for (m, q) in solo))
-
+    together = [("demo-all", m, q) for (m, q) in solo]
     for _ in range(2):
-        assert dict(zip(solo, asyncio.run(all_at_once()), strict=True)) == solo
+        assert dict(zip(solo, ask_together(gateway, together, MIXED_TOKENS), strict=True)) == solo
