@@ -90,12 +90,14 @@ def write_tiny_adapter(directory: Path) -> None:
 
 
 class Seeds:
-    """The store objects the fuzzer is pointed at, and putting them back once it removed one."""
+    """The store objects the fuzzer is pointed at, and putting back what it changed: read
+    first, written only where it differs (every admin write reloads the gateway's registry)."""
 
     def __init__(self, admin: httpx.Client) -> None:
         self.admin = admin
         self.tenant_key = ""
         self.victim_key_id = ""
+        self._grants: dict[str, Any] = {}
 
     def _call(self, method: str, path: str, body: Any = None) -> httpx.Response:
         return self.admin.request(method, path, json=body)
@@ -103,8 +105,12 @@ class Seeds:
     def _ensure_tenant(self, tenant_id: str) -> tuple[str, str] | None:
         """The key and key id of a tenant created now; None if it existed (its state put
         back)."""
-        update = {"enabled": True, "allow_base_model": True}
-        if self._call("PATCH", f"/tenants/{tenant_id}", update).status_code == 200:
+        found = self._call("GET", f"/tenants/{tenant_id}")
+        if found.status_code == 200:
+            if not (found.json()["enabled"] and found.json()["allow_base_model"]):
+                update = {"enabled": True, "allow_base_model": True}
+                patched = self._call("PATCH", f"/tenants/{tenant_id}", update)
+                assert patched.status_code == 200, patched.text
             return None
         body = {"id": tenant_id, "name": tenant_id, "allow_base_model": True}
         created = self._call("POST", "/tenants", body)
@@ -112,6 +118,14 @@ class Seeds:
         key = self._call("POST", f"/tenants/{tenant_id}/keys", {"name": "fuzz"})
         assert key.status_code == 201, key.text
         return str(key.json()["key"]), str(key.json()["id"])
+
+    def _ensure_grant(self, tenant_id: str) -> None:
+        grants = self._call("GET", f"/tenants/{tenant_id}/adapters").json()
+        if self._grants.get(tenant_id) in grants:
+            return
+        granted = self._call("PUT", f"/tenants/{tenant_id}/adapters/{ALIAS}", {"adapter": ADAPTER})
+        assert granted.status_code == 200, granted.text
+        self._grants[tenant_id] = granted.json()
 
     def restore(self) -> None:
         for tenant_id in (TENANT, VICTIM):
@@ -126,10 +140,7 @@ class Seeds:
             registered = self._call("POST", "/adapters", {"name": ADAPTER, "path": ADAPTER})
             assert registered.status_code == 201, registered.text
         for tenant_id in (TENANT, VICTIM):
-            granted = self._call(
-                "PUT", f"/tenants/{tenant_id}/adapters/{ALIAS}", {"adapter": ADAPTER}
-            )
-            assert granted.status_code == 200, granted.text
+            self._ensure_grant(tenant_id)
         victim_keys = self._call("GET", f"/tenants/{VICTIM}/keys").json()
         if not any(k["id"] == self.victim_key_id and k["revoked_at"] is None for k in victim_keys):
             key = self._call("POST", f"/tenants/{VICTIM}/keys", {"name": "fuzz"})
