@@ -65,7 +65,7 @@ QUESTIONS = (
     "Explain what a contract is in one sentence.",
 )
 MAX_TOKENS = 16
-ROUNDS = 3
+ROUNDS = 2
 LOGPROB_TOKENS = 3
 LOGPROB_TOLERANCE = 1e-3
 TENANT = "isolation"

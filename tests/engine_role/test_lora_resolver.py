@@ -124,15 +124,22 @@ async def test_a_global_name_resolves_to_this_hosts_checked_copy(
             assert path == tmp_path / "host-b" / "sha256" / digest_of(registered, lora.lora_name)
 
 
-@pytest.mark.parametrize("registered", ["s3", "local"], indirect=True)
-@pytest.mark.parametrize(
-    "name", ["legal@v3", "nobody@v1", "legal", "legal@v0", "legal@1", "../legal@v1", "a,b@v1"]
+NOT_STORED_VERSIONS = (
+    "legal@v3",
+    "nobody@v1",
+    "legal",
+    "legal@v0",
+    "legal@1",
+    "../legal@v1",
+    "a,b@v1",
 )
-async def test_what_is_not_a_stored_version_is_none(
-    registered: Settings, tmp_path: Path, name: str
-) -> None:
+
+
+@pytest.mark.parametrize("registered", ["s3", "local"], indirect=True)
+async def test_what_is_not_a_stored_version_is_none(registered: Settings, tmp_path: Path) -> None:
     resolver = StoreLoRAResolver.from_settings(engine_settings(registered, tmp_path / "host-b"))
-    assert await resolver.resolve_lora(BASE, name) is None
+    for name in NOT_STORED_VERSIONS:
+        assert await resolver.resolve_lora(BASE, name) is None, name
 
 
 @pytest.mark.parametrize("registered", ["s3"], indirect=True)
