@@ -1,4 +1,7 @@
-"""Admin authentication: bearer tokens from settings, compared in constant time."""
+"""Admin authentication: bearer tokens from settings, compared in constant time.
+
+The dependencies are coroutines although nothing in them awaits: FastAPI runs a plain function
+in its thread pool, a hop that costs more than the function."""
 
 from __future__ import annotations
 
@@ -17,10 +20,6 @@ INVALID_ADMIN_TOKEN = "Invalid admin token."
 def actor_name(token: str) -> str:
     """The audit name of an admin token: a hash prefix, never the token."""
     return "admin:" + hashlib.sha256(token.encode()).hexdigest()[:12]
-
-
-# The dependencies are coroutines although nothing in them awaits: FastAPI runs a plain
-# function in its thread pool, a hop that costs more than the function.
 
 
 async def admin_actor(request: Request, gateway: GatewayDep) -> str:
