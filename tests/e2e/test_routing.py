@@ -22,13 +22,9 @@ MIXED_TOKENS = 16
 def ask(
     gateway: LiveGateway, tenant: str, model: str, question: str = QUESTION, max_tokens: int = 32
 ) -> str:
-    response = gateway.client(tenant).chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": question}],
-        temperature=0,
-        max_tokens=max_tokens,
-    )
-    return response.choices[0].message.content or ""
+    """One question, asked alone."""
+    (answer,) = ask_together(gateway, [(tenant, model, question)], max_tokens)
+    return answer
 
 
 def ask_together(
