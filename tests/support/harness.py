@@ -11,7 +11,10 @@ app read."""
 from __future__ import annotations
 
 import asyncio
+import io
+import sys
 import threading
+import traceback
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -147,6 +150,29 @@ async def serve(
         await task
 
 
+def _stuck(server: uvicorn.Server, loop: asyncio.AbstractEventLoop) -> str:
+    """What a server that does not stop is waiting for: its connections and tasks, the stacks
+    of the loop's tasks and of every thread."""
+    state = server.server_state
+    lines = [f"connections: {len(state.connections)}, tasks: {len(state.tasks)}"]
+
+    async def tasks() -> list[str]:
+        described = []
+        for task in asyncio.all_tasks():
+            stream = io.StringIO()
+            task.print_stack(file=stream)
+            described.append(f"{task!r}\n{stream.getvalue()}")
+        return described
+
+    try:
+        lines += asyncio.run_coroutine_threadsafe(tasks(), loop).result(timeout=5)
+    except TimeoutError:
+        lines.append("the loop does not answer")
+    for thread_id, frame in sys._current_frames().items():
+        lines.append(f"thread {thread_id}:\n{''.join(traceback.format_stack(frame))}")
+    return "\n".join(lines)
+
+
 @contextmanager
 def serve_on_thread(
     settings: Settings,
@@ -172,7 +198,10 @@ def serve_on_thread(
         yield RunningApp(base_url, app), loop
     finally:
         server.should_exit = True
-        serving.result(timeout=120)
+        try:
+            serving.result(timeout=120)
+        except TimeoutError:
+            raise AssertionError(f"the server did not stop:\n{_stuck(server, loop)}") from None
         if own_loop:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=10)

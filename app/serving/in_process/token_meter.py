@@ -4,6 +4,7 @@ tokens, time to first token, queue wait and inter-token latency."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vllm import RequestOutput
@@ -29,6 +30,9 @@ class TokenMeter:
     started: float = field(default_factory=time.monotonic)
     completion_tokens: int = 0
     last_token_at: float | None = None
+    # The clock the gaps are read from (a test's own; never time.monotonic patched, which
+    # every thread's event loop reads).
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
     _gaps: metrics.HistogramTally | None = field(default=None, init=False, repr=False)
     _flushed_at: float = field(default=0.0, init=False, repr=False)
 
@@ -38,7 +42,7 @@ class TokenMeter:
             new += len(choice.token_ids)
         if new:
             self.completion_tokens += new
-            now = time.monotonic()
+            now = self.clock()
             if self.last_token_at is None:
                 self._first_token(output, now)
                 self._flushed_at = now

@@ -65,12 +65,9 @@ def itl(tenant: str, suffix: str) -> float:
     return value or 0.0
 
 
-def test_the_meter_observes_each_token_after_the_first_and_flushes_on_time_and_at_the_end(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_meter_observes_each_token_after_the_first_and_flushes_on_time_and_at_the_end() -> None:
     clock = [100.0]
-    monkeypatch.setattr(token_meter.time, "monotonic", lambda: clock[0])
-    meter = TokenMeter("meter-test", "m", started=99.0)
+    meter = TokenMeter("meter-test", "m", started=99.0, clock=lambda: clock[0])
     meter.observe(output(1))  # the first token: time to first token, no gap
     clock[0] += 0.02
     meter.observe(output(1))
@@ -96,10 +93,9 @@ def test_the_meter_observes_each_token_after_the_first_and_flushes_on_time_and_a
     assert ttft == pytest.approx(1.0)
 
 
-def test_flush_writes_what_an_unfinished_stream_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_flush_writes_what_an_unfinished_stream_counted() -> None:
     clock = [0.0]
-    monkeypatch.setattr(token_meter.time, "monotonic", lambda: clock[0])
-    meter = TokenMeter("meter-flush", "m", started=0.0)
+    meter = TokenMeter("meter-flush", "m", started=0.0, clock=lambda: clock[0])
     for _ in range(4):
         clock[0] += 0.01
         meter.observe(output(1))
