@@ -11,7 +11,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError
 from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException
 from starlette.routing import Match, Route
@@ -19,6 +19,7 @@ from starlette.routing import Match, Route
 from app.admin.mutations import was_audited
 from app.api.admin.failure_audit import is_admin_path, record_admin_failure
 from app.errors import BadRequestError, GatewayError, StoreUnavailableError
+from app.store.db import store_is_down
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,8 @@ def _allowed_methods(request: Request) -> str:
 
 
 async def _store_error(request: Request, exc: Exception) -> JSONResponse:
+    if not store_is_down(exc):
+        return await _unexpected_error(request, exc)
     logger.error("the store failed on %s %s: %s", request.method, request.url.path, exc)
     await _audit_admin(request, 503, f"store unavailable: {type(exc).__name__}")
     return render(StoreUnavailableError("The gateway's store is unavailable; retry shortly."))
@@ -116,7 +119,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
-    # The database cannot be reached (or the connection broke): a retryable 503, not a 500.
-    for unreachable in (OperationalError, InterfaceError, ConnectionError):
+    # The database cannot serve now (unreachable, starting up...): a retryable 503, not a 500.
+    for unreachable in (DBAPIError, ConnectionError):
         app.add_exception_handler(unreachable, _store_error)
     app.add_exception_handler(Exception, _unexpected_error)

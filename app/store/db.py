@@ -22,11 +22,31 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 15_000
 MIGRATION_LOCK_ID = 0x4C47_5753  # "LGWS": one advisory lock id for every replica's migration
+UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57")
+"""PostgreSQL's error classes that say the server cannot serve now, whatever was sent: a
+connection exception, insufficient resources (too many connections, disk full), operator
+intervention (shutting down, or starting up and recovering after a crash)."""
+
+
+def store_is_down(exc: BaseException) -> bool:
+    """Whether a call failed because of the store (the same call may succeed later), not because
+    of what was sent (retrying cannot help). asyncpg's errors reach SQLAlchemy as its generic
+    ``DBAPIError``, so a server that answers "starting up" is known by its SQLSTATE."""
+    if isinstance(exc, (OSError, TimeoutError)):
+        return True
+    if not isinstance(exc, DBAPIError):
+        return False
+    if exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError)):
+        return True
+    # The driver's error: asyncpg's (as SQLAlchemy adapts it) and psycopg's carry the code.
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    return isinstance(sqlstate, str) and sqlstate[:2] in UNAVAILABLE_SQLSTATE_CLASSES
 
 
 def alembic_config() -> Config:

@@ -1,7 +1,7 @@
 """What tenants used: the ledger that records every request (:mod:`.ledger`) and the reports
 read from it (:mod:`.reports`)."""
 
-from app.usage.ledger import UsageLedger, UsageRecord, store_is_down
+from app.usage.ledger import UsageLedger, UsageRecord
 from app.usage.reports import (
     BucketGroup,
     BucketTotal,
@@ -19,7 +19,6 @@ __all__ = [
     "UsageLedger",
     "UsageRecord",
     "UsageTotal",
-    "store_is_down",
     "top_tenants",
     "usage_by_bucket",
     "usage_totals",

@@ -28,10 +28,10 @@ from datetime import datetime
 from typing import Any, Literal
 
 from sqlalchemy import insert, select
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import metrics
+from app.store.db import store_is_down
 from app.store.tables import UsageRow
 from app.usage.refusals import RefusalCounts, add_refusals
 
@@ -80,16 +80,6 @@ class UsageRecord:
 
 _RECORD_FIELDS = tuple(f.name for f in fields(UsageRecord))
 _USAGE_TABLE = UsageRow.metadata.tables[UsageRow.__tablename__]
-
-
-def store_is_down(exc: BaseException) -> bool:
-    """Whether a write failed because of the store (retry the same records later), not
-    because of what was written (retrying cannot help)."""
-    if isinstance(exc, (OSError, TimeoutError)):
-        return True
-    if isinstance(exc, DBAPIError):
-        return exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError))
-    return False
 
 
 class UsageLedger:

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
-from app.usage import UsageLedger, UsageRecord, UsageTotal, store_is_down, usage_totals
-from tests.support.servers import free_port
+from app.store.db import store_is_down
+from app.usage import UsageLedger, UsageRecord, UsageTotal, usage_totals
+from tests.support.servers import free_port, postgres_starting_up
 from tests.support.usage import ACME_UID, DAY, record
 
 
@@ -157,6 +158,22 @@ async def test_while_the_store_is_down_the_backlog_is_kept_bounded_and_logged(
     ]
     assert counted("logged") == logged + 3
     assert (ledger.pending, pending_gauge()) == (0, 0)
+
+
+async def test_records_wait_while_postgres_starts_up() -> None:
+    # Its "starting up" refusal reaches SQLAlchemy as a generic DBAPIError: the records are
+    # kept for the next write, not set aside as records the store rejected.
+    async with postgres_starting_up() as url:
+        engine = create_async_engine(url)
+        ledger = UsageLedger(async_sessionmaker(engine))
+        rejected = counted("rejected")
+        ledger.record(record(1, model="b", key="k", day=DAY, prompt=1, completion=1))
+        with pytest.raises(DBAPIError) as raised:
+            await ledger.flush()
+        await engine.dispose()
+    assert "starting up" in str(raised.value)
+    assert store_is_down(raised.value)
+    assert (ledger.pending, counted("rejected")) == (1, rejected)
 
 
 def test_store_down_or_record_refused() -> None:

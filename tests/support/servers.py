@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 import httpx
 
@@ -43,3 +46,32 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 5) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+# What PostgreSQL answers every connection while it starts up or recovers after a crash: an
+# ErrorResponse, SQLSTATE 57P03.
+_STARTING_UP = b"SFATAL\0VFATAL\0C57P03\0Mthe database system is starting up\0\0"
+_ENCRYPTION_REQUESTS = (80877103, 80877104)  # SSLRequest, GSSENCRequest: answered "no"
+
+
+@asynccontextmanager
+async def postgres_starting_up() -> AsyncIterator[str]:
+    """A loopback server that speaks PostgreSQL's protocol just far enough to refuse every
+    connection as "starting up"; yields an asyncpg URL for it."""
+
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                length = int.from_bytes(await reader.readexactly(4), "big")
+                code = int.from_bytes((await reader.readexactly(length - 4))[:4], "big")
+                if code not in _ENCRYPTION_REQUESTS:
+                    break
+                writer.write(b"N")
+            writer.write(b"E" + (len(_STARTING_UP) + 4).to_bytes(4, "big") + _STARTING_UP)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield f"postgresql+asyncpg://postgres@127.0.0.1:{port}/postgres"
