@@ -315,6 +315,7 @@ METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
     SCHEDULER_DISPATCHES,
     SCHEDULER_REJECTIONS,
     SCHEDULER_SLOTS,
+    CONNECTIONS_REFUSED,
 )
 
 

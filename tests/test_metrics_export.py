@@ -8,9 +8,11 @@ import os
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from prometheus_client import REGISTRY, values
+from prometheus_client import REGISTRY, Counter, Gauge, values
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
+from app import metrics
 from app.api.metrics import router
 from app.metrics import METRICS, MULTIPROC_ENV, collection_registry, multiprocess_dir
 from tests.support.metrics_child import record_in_child
@@ -29,6 +31,23 @@ def test_every_metric_is_labelled() -> None:
     # sets up the multiprocess directory (app.metrics' contract).
     for metric in METRICS:
         assert metric._labelnames, metric._name
+
+
+def test_every_metric_works_in_the_next_gateway_s_directory() -> None:
+    # A child made in one gateway's lifetime writes to that directory's file, closed when
+    # the lifetime ends: each lifetime starts by clearing the children of every metric.
+    defined = [m for m in vars(metrics).values() if isinstance(m, MetricWrapperBase)]
+    assert len(defined) == len(METRICS)
+    for _ in range(2):
+        with multiprocess_dir():
+            for metric in defined:
+                child = metric.labels(*("x" for _ in metric._labelnames))
+                if isinstance(child, Counter):
+                    child.inc()
+                elif isinstance(child, Gauge):
+                    child.set(1)
+                else:
+                    child.observe(1)
 
 
 def test_the_directory_lives_as_long_as_the_block() -> None:
