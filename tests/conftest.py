@@ -4,10 +4,14 @@ the end-to-end layer on both cores."""
 
 from __future__ import annotations
 
+import functools
 import os
+import ssl
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import httpx
+import httpx._transports.default
 import pytest
 from xdist.scheduler import LoadFileScheduling
 
@@ -29,11 +33,27 @@ SCALE_OUT = "tests/e2e/scale_out/"
 def pytest_configure(config: pytest.Config) -> None:
     """Each pytest-xdist worker's engines on a core of their own. On a CPU vLLM binds an
     engine's threads to the cores it picks, the same for every engine (on two cores, one of
-    them): two workers' engines would share that core while the other stays idle."""
+    them): two workers' engines would share that core while the other stays idle.
+
+    And one default TLS context per test process: httpx builds one for every client, loading
+    certifi's whole CA bundle (about 30 ms of CPU), and the tests make thousands of clients,
+    nearly all to plain HTTP on loopback. The same context, shared (as httpx advises)."""
+    httpx._transports.default.create_ssl_context = _shared_default_tls  # type: ignore[assignment]
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1...
     if worker is not None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         cores = sorted(os.sched_getaffinity(0))
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cores[int(worker[2:]) % len(cores)])
+
+
+@functools.cache
+def _default_tls() -> ssl.SSLContext:
+    return httpx.create_ssl_context()
+
+
+def _shared_default_tls(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+    if verify is True and cert is None:
+        return _default_tls()
+    return httpx.create_ssl_context(verify, cert, trust_env)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadFileScheduling | None:

@@ -27,15 +27,17 @@ def wait_until_ready(
     """Poll ``url`` (through ``http``) until it answers 200; fail as soon as ``alive()`` is
     false (the server stopped) or after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if (http or httpx).get(url).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert alive(), f"the server for {url} stopped before it was ready"
-        assert time.monotonic() < deadline, f"{url} did not answer 200 within {timeout} s"
-        time.sleep(0.2)
+    with contextlib.ExitStack() as opened:
+        client = http or opened.enter_context(httpx.Client())
+        while True:
+            try:
+                if client.get(url).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert alive(), f"the server for {url} stopped before it was ready"
+            assert time.monotonic() < deadline, f"{url} did not answer 200 within {timeout} s"
+            time.sleep(0.02)
 
 
 def stop(process: subprocess.Popen[bytes], timeout: float = 5) -> None:
