@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager, suppress
 
 import httpx
 
@@ -27,7 +26,7 @@ def wait_until_ready(
     """Poll ``url`` (through ``http``) until it answers 200; fail as soon as ``alive()`` is
     false (the server stopped) or after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    with contextlib.ExitStack() as opened:
+    with ExitStack() as opened:
         client = http or opened.enter_context(httpx.Client())
         while True:
             try:
@@ -62,7 +61,7 @@ async def postgres_starting_up() -> AsyncIterator[str]:
     connection as "starting up"; yields an asyncpg URL for it."""
 
     async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+        with suppress(ConnectionError, asyncio.IncompleteReadError):
             while True:
                 length = int.from_bytes(await reader.readexactly(4), "big")
                 code = int.from_bytes((await reader.readexactly(length - 4))[:4], "big")
