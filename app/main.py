@@ -14,6 +14,7 @@ from app.api import health, metrics, openai, organization
 from app.api.admin import router as admin_router
 from app.api.errors import install_error_handlers
 from app.api.middleware import EarlyRefusalMiddleware, RequestIdMiddleware
+from app.api.routes import include_routers
 from app.api.streaming_app import StreamingApp
 from app.console import install_console
 from app.gateway import Gateway
@@ -83,10 +84,8 @@ def create_app(
     )
     app.add_middleware(RequestIdMiddleware)
     install_error_handlers(app)
-    app.include_router(health.router)
-    app.include_router(openai.router)
-    app.include_router(organization.router)
-    app.include_router(metrics.router)
-    app.include_router(admin_router)
+    include_routers(
+        app, health.router, openai.router, organization.router, metrics.router, admin_router
+    )
     install_console(app, settings)
     return app

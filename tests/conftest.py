@@ -1,6 +1,9 @@
 """Fixtures every layer shares: a gateway over a scripted engine (its harness:
 tests/support/serving.py), for the serving, API and console tests; and how `make test` runs
-the end-to-end layer on both cores."""
+the end-to-end layer on both cores.
+
+pytest-xdist's controller loads this module too and runs no test, so what it imports for the
+fixtures (the app, and with it vLLM and torch: about 10 s of CPU) is imported in them."""
 
 from __future__ import annotations
 
@@ -15,11 +18,10 @@ import httpx._transports.default
 import pytest
 from xdist.scheduler import LoadFileScheduling
 
-from tests.support.serving import ServeFactory, serving
-from tools.gateway_cost.server import write_tiny_model
-
 if TYPE_CHECKING:
     from xdist.remote import Producer
+
+    from tests.support.serving import ServeFactory
 
 # The end-to-end modules that start engines of their own. Every other module of tests/e2e/
 # shares the session's engine (tests/e2e/conftest.py) or the scale-out cluster
@@ -91,10 +93,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tools.gateway_cost.server import write_tiny_model
+
     return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-model")
 
 
 @pytest.fixture
 def serve(tiny_model_dir: Path, tmp_path: Path) -> ServeFactory:
     """``async with serve(engine, **settings) as served``: a gateway over ``engine``."""
+    from tests.support.serving import serving
+
     return serving(tiny_model_dir, tmp_path)

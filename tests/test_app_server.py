@@ -42,7 +42,7 @@ SERVER = textwrap.dedent(
     server.run(app, Settings(_env_file=None, port=int(sys.argv[1]), log_level="warning"))
     """
 )
-DEADLINE_SECONDS = 5.0
+DEADLINE_SECONDS = 3.0
 
 
 def serve_then_interrupt(how: str) -> tuple[int, str, float]:

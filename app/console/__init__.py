@@ -9,6 +9,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from app.api.routes import include_routers
 from app.console import adapters, audit, overview, signin, tenants
 from app.console.auth import CsrfRefused, NotSignedIn
 from app.console.rendering import CONSOLE_PREFIX, STATIC, ConsoleHeaders, page
@@ -38,7 +39,7 @@ def install_console(app: FastAPI, settings: Settings) -> None:
     if not settings.console:
         return
     app.state.console_sign_ins = LocalRateLimit(settings.console_sign_ins_per_minute)
-    app.include_router(router)
+    include_routers(app, router)
     app.mount(f"{CONSOLE_PREFIX}/static", StaticFiles(directory=STATIC), name="console-static")
     app.add_exception_handler(NotSignedIn, _not_signed_in)
     app.add_exception_handler(CsrfRefused, _csrf_refused)

@@ -17,6 +17,7 @@ shared config files, or an instance role.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from collections.abc import Iterator
@@ -27,6 +28,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import boto3
+import botocore.loaders
+import botocore.session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -75,8 +78,18 @@ class S3Location:
 
 
 def s3_client() -> Any:
-    """A client configured the standard way (``AWS_*`` variables, config files, roles)."""
-    return boto3.session.Session().client("s3", config=_CLIENT_CONFIG)
+    """A client configured the standard way (``AWS_*`` variables, config files, roles), as
+    they are now: a session of its own, with the process's one loader of botocore's data."""
+    session = botocore.session.get_session()
+    session.register_component("data_loader", _botocore_data())
+    return boto3.session.Session(botocore_session=session).client("s3", config=_CLIENT_CONFIG)
+
+
+@functools.cache
+def _botocore_data() -> botocore.loaders.Loader:
+    """botocore's service models and endpoints, parsed once per process: a session's own
+    loader parses their JSON again (about 0.1 s of CPU for each client, against 20 ms)."""
+    return botocore.loaders.create_loader()
 
 
 class S3Content:
