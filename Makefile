@@ -83,10 +83,11 @@ services:
 		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-# The fast layer on both cores (pytest-xdist), then the tests that start real engines, on both
-# cores too: the tests that share an engine on one worker (tests/conftest.py); each layer
-# prints its time, and the whole is printed last.
-FAST_LAYER := -n 2 -m "not slow"
+# The fast layer on one worker more than the cores (pytest-xdist): about half of a fast test's
+# time is waiting (for a subprocess, a server, a timeout), which the extra worker fills. Then
+# the tests that start real engines, on two workers: the tests that share an engine on one
+# (tests/conftest.py). Each layer prints its time, and the whole is printed last.
+FAST_LAYER := -n $(shell echo $$(( $$(nproc) + 1 ))) -m "not slow"
 SLOW_LAYER := -n 2 --dist loadfile -m slow
 test: install model adapters services
 	@start=$$(date +%s); \
