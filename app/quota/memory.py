@@ -144,7 +144,7 @@ class MemoryBackend(QuotaBackend):
                 if wait > 0:
                     violations.append(Violation(index, "tokens", wait, plan.tokens[0]))
             if limits.max_concurrent is not None:
-                live = len(self._live_leases(subject, now))
+                live = self._live_count(subject, limits.max_concurrent, now)
                 if live >= limits.max_concurrent:
                     violations.append(Violation(index, "concurrent", None, live))
             if limits.token_budget is not None and limits.budget_period is not None:
@@ -189,10 +189,11 @@ class MemoryBackend(QuotaBackend):
             for charge in reservation.charges:
                 if charge.limits.max_concurrent is None:
                     continue
-                leases = self._live_leases(charge.subject, now)
-                if reservation.id in leases:
+                leases = self._leases.get(charge.subject, {})
+                if leases.get(reservation.id, 0) > now:
                     leases[reservation.id] = now + round(self.lease_seconds * 1_000_000)
                 else:
+                    leases.pop(reservation.id, None)
                     held = False
             return held
 
@@ -246,11 +247,16 @@ class MemoryBackend(QuotaBackend):
         if period is not None and stored is not None and stored[0] == period:
             self._budgets[subject] = (period, max(0, stored[1] + delta))
 
-    def _live_leases(self, subject: str, now: int) -> dict[str, int]:
-        leases = self._leases.setdefault(subject, {})
-        for rid in [rid for rid, until in leases.items() if until <= now]:
-            del leases[rid]
-        return leases
+    def _live_count(self, subject: str, limit: int, now: int) -> int:
+        """How many of ``subject``'s leases are live, as far as ``limit`` is concerned. Leases
+        end with their requests; one outlives its request only when the request's process
+        stopped renewing it, so the expired are swept only when their count could refuse: a
+        sweep per request would read every live lease of the subject."""
+        leases = self._leases.get(subject, {})
+        if len(leases) >= limit:
+            for rid in [rid for rid, until in leases.items() if until <= now]:
+                del leases[rid]
+        return len(leases)
 
     def _budget_used(self, subject: str, period: str) -> int:
         stored = self._budgets.get(subject)
