@@ -11,11 +11,16 @@ app read."""
 from __future__ import annotations
 
 import asyncio
+import atexit
+import functools
 import io
+import shutil
 import sys
+import tempfile
 import threading
 import traceback
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +38,7 @@ from app.main import create_app
 from app.metrics import render
 from app.serving.in_process.backend import EngineFactory, start_vllm_engine
 from app.settings import Settings
+from app.store.db import open_database
 from app.store.tables import UsageRow
 from tests.support.servers import free_port, wait_until_ready
 
@@ -43,14 +49,37 @@ ServerFactory = Callable[[FastAPI, Settings], uvicorn.Server]
 
 def app_settings(state_dir: Path, **overrides: Any) -> Settings:
     """Settings for a test app: its store and adapters in ``state_dir`` (shared by apps given
-    the same one: replicas), the test admin token, a free port, no ``.env``."""
+    the same one: replicas), the test admin token, a free port, no ``.env``. A new SQLite
+    store starts as a copy of one already migrated: the app finds it at the latest revision
+    (migrating each test's store anew took most of a scripted app's start)."""
+    store = state_dir / "gateway.db"
     defaults: dict[str, Any] = {
-        "database_url": f"sqlite+aiosqlite:///{state_dir / 'gateway.db'}",
+        "database_url": f"sqlite+aiosqlite:///{store}",
         "adapter_root": state_dir / "adapters",
         "admin_token": ADMIN_TOKEN,
         "port": free_port(),
     }
+    if "database_url" not in overrides and not store.exists():
+        state_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_migrated_store(), store)
     return Settings(_env_file=None, **{**defaults, **overrides})  # type: ignore[call-arg]
+
+
+@functools.cache
+def _migrated_store() -> Path:
+    """A SQLite store at the latest revision, migrated once per process (on a thread of its
+    own: the caller may be on an event loop) and removed at exit."""
+    directory = Path(tempfile.mkdtemp(prefix="migrated-store-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    path = directory / "gateway.db"
+
+    async def migrate() -> None:
+        async with open_database(f"sqlite+aiosqlite:///{path}"):
+            pass
+
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(asyncio.run, migrate()).result()
+    return path
 
 
 def scripted(engine: Engine) -> EngineFactory:
