@@ -93,8 +93,10 @@ async def test_usage_covers_every_key_of_the_tenant_and_no_other_tenant(
 
 async def test_minute_buckets_page_through_the_report(serve: ServeFactory) -> None:
     async with serve(ScriptedEngine()) as served, served.client() as tenant:
-        await complete(served, served.key, 1)
+        # Taken before the request: its record is then in the last bucket, however close to
+        # a second's end it was written.
         start = int(time.time()) - 240
+        await complete(served, served.key, 1)
         params: dict[str, Any] = {
             "start_time": start,
             "end_time": start + 300,
