@@ -303,9 +303,10 @@ def profile_ops(tokens: int, adapters: int, steps: int = 3) -> str:
 def profile_swaps(slots: int, swaps: int = 9) -> str:
     """What one adapter swap costs our ops in a step that batches ``slots`` adapters, over
     every LoRA projection of the model (the real shapes, rank 16 and 8 alternating on all
-    seven projections): preparing the swapped slot and refilling the stacked weights in
-    place, as the wrapper does, against stacking every slot again after preparing the
-    swapped one, as it did before, timed side by side."""
+    seven projections), timed side by side: a new adapter's slot prepared and the stacked
+    weights refilled in place, as the wrapper does; the same with every slot stacked again,
+    as it did before; and the slot's previous adapter coming back from the host tier, its
+    preparation kept with it."""
     import torch
 
     from app.inside_vllm.lora_weights import LayerLoRA, PreparedLoRA
@@ -328,6 +329,10 @@ def profile_swaps(slots: int, swaps: int = 9) -> str:
             a_i[slot, 0, :used] = torch.randn(used, a_i.shape[-1], generator=gen) * 0.01
             b_i[slot, 0, :, :used] = torch.randn(b_i.shape[2], used, generator=gen) * 0.01
 
+    @dataclass(eq=False)
+    class HostAdapter:  # vLLM's host-tier copy, a new object at every load
+        id: int
+
     layers = []
     for _ in range(config["num_hidden_layers"]):
         for width, outs in projections:
@@ -336,36 +341,60 @@ def profile_swaps(slots: int, swaps: int = 9) -> str:
             for slot in range(slots):
                 load(a, b, slot)
             layers.append((a, b, outs, PreparedLoRA()))
-    ids = list(range(1, slots + 1))
+    hosts = [HostAdapter(slot + 1) for slot in range(slots)]
     torch.set_num_threads(1)  # as the CPU engine's worker runs
-    for a, b, outs, prepared in layers:
-        prepared.assign(ids)
-        prepared.of(a, b, outs).stacked  # noqa: B018 (a step batched every slot)
-    refill, again = [], []
+
+    def activate(slot: int, host: HostAdapter) -> None:
+        hosts[slot] = host
+        for _, _, _, prepared in layers:
+            prepared.activated(slot, host)
+            prepared.assign([h.id for h in hosts])
+
+    def step() -> float:
+        started = time.perf_counter()
+        for a, b, outs, prepared in layers:
+            prepared.of(a, b, outs).stacked  # noqa: B018 (a step batched every slot)
+        return time.perf_counter() - started
+
+    for slot, host in enumerate(hosts):
+        activate(slot, host)
+    step()
+    refill, again, back = [], [], []
     for swap in range(swaps):
         slot = swap % slots
-        ids[slot] += slots
-        before = []
+        leaving = hosts[slot]
+        before, held = [], []
         for a, b, outs, prepared in layers:
             layer = prepared.of(a, b, outs)  # as the last step left it
             before.append(LayerLoRA(layer.output_slices, layer.width, layer.slots))
+            pairs = zip(a, b, strict=True)
+            held.append([(a_i[slot].clone(), b_i[slot].clone()) for a_i, b_i in pairs])
             load(a, b, slot)
-            prepared.assign(ids)
-        started = time.perf_counter()
-        for a, b, outs, prepared in layers:
-            prepared.of(a, b, outs).stacked  # noqa: B018
-        refill.append(time.perf_counter() - started)
+        activate(slot, HostAdapter(leaving.id + slots))
+        refill.append(step())
         started = time.perf_counter()
         for (a, b, outs, _), kept in zip(layers, before, strict=True):
             LayerLoRA.of(a, b, outs, kept, [slot]).stacked  # noqa: B018 (stacked anew)
         again.append(time.perf_counter() - started)
-    ratios = sorted(r / g for r, g in zip(refill, again, strict=True))
+        for (a, b, _, _), weights in zip(layers, held, strict=True):  # the old one is back
+            for a_i, b_i, (a_w, b_w) in zip(a, b, weights, strict=True):
+                a_i[slot], b_i[slot] = a_w, b_w
+        activate(slot, leaving)
+        back.append(step())
+
+    def ratio(num: list[float], den: list[float]) -> str:
+        ratios = sorted(n / d for n, d in zip(num, den, strict=True))
+        return f"{statistics.median(ratios):.3f} [{ratios[0]:.3f}, {ratios[-1]:.3f}]"
+
+    def ms(times: list[float]) -> str:
+        return f"{statistics.median(times) * 1000:.1f} ms"
+
     return (
-        f"one swap among {slots} slots, {len(layers)} LoRA projections, {swaps} swaps: "
-        f"prepare the slot and refill in place {statistics.median(refill) * 1000:.1f} ms, "
-        f"prepare it and stack every slot again {statistics.median(again) * 1000:.1f} ms "
-        "(medians); "
-        f"ratio {statistics.median(ratios):.3f} [{ratios[0]:.3f}, {ratios[-1]:.3f}]"
+        f"one swap among {slots} slots, {len(layers)} LoRA projections, {swaps} swaps "
+        f"(medians): a new adapter prepared and refilled in place {ms(refill)}, "
+        f"prepared and every slot stacked again {ms(again)} (ratio {ratio(refill, again)}), "
+        f"an adapter back from the host tier {ms(back)} (ratio to a new one "
+        f"{ratio(back, refill)})"
     )
 
 

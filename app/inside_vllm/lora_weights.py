@@ -13,7 +13,9 @@ slices) and each slice's ``B`` transposed (one ``addmm_`` per slice, in place), 
 first time a step batches many adapters, every slot stacked for ``bmm``
 (:class:`StackedLoRA`). :class:`PreparedLoRA` keeps one per layer and prepares a slot again
 when vLLM loads another adapter into it, writing it into the stacked weights in place
-rather than stacking every slot again.
+rather than stacking every slot again. A slot's preparation is kept with the host-tier
+adapter it came from, so an adapter that leaves its slot and comes back from vLLM's host
+cache is prepared once per host-tier load, not once per slot change.
 
 Slots never mix: a slot's weights only ever multiply rows of that slot (batched: its rows
 and zero padding), so a request is computed with its own adapter or none.
@@ -22,8 +24,10 @@ and zero padding), so a request is computed with its own adapter or none.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -152,14 +156,15 @@ class LayerLoRA:
         output_slices: Sequence[int],
         keep: LayerLoRA | None = None,
         changed: Collection[int] = (),
+        prepare: Callable[[int], SlotLoRA | None] | None = None,
     ) -> LayerLoRA:
         """Prepared from the stacks: every slot, or with ``keep`` only the ``changed`` slots
         (the rest are taken from ``keep``, and its stacked weights, once built, are refilled
-        in place for the changed slots where their layout holds them: ``keep`` is spent)."""
+        in place for the changed slots where their layout holds them: ``keep`` is spent).
+        ``prepare`` gives a slot's weights where they may be known already."""
+        prepare = prepare or functools.partial(cls.slot_of, a, b, output_slices)
         slots = tuple(
-            cls._slot(a, b, output_slices, slot)
-            if keep is None or slot in changed
-            else keep.slots[slot]
+            prepare(slot) if keep is None or slot in changed else keep.slots[slot]
             for slot in range(a[0].shape[0])
         )
         layer = cls(tuple(output_slices), sum(output_slices), slots)
@@ -169,7 +174,7 @@ class LayerLoRA:
         return layer
 
     @staticmethod
-    def _slot(
+    def slot_of(
         a: Sequence[torch.Tensor],
         b: Sequence[torch.Tensor],
         output_slices: Sequence[int],
@@ -201,22 +206,45 @@ class _Built:
     layer: LayerLoRA
 
 
+class HostAdapter(Protocol):
+    """An adapter in vLLM's host tier (its ``LoRAModel``): the object a slot is written from,
+    replaced by a new one whenever vLLM loads the adapter again."""
+
+    id: int
+
+
+# Where a layer's slot preparation is kept: the layer's first stack and its output slices.
+Site = tuple[int, tuple[int, ...]]
+
+
 class PreparedLoRA:
     """:class:`LayerLoRA` per layer, kept until vLLM writes into its stacks.
 
     vLLM loads an adapter into a slot in place, which moves the stacks' version counters but
     does not say which slot changed; :meth:`assign` does, from vLLM's slot-to-adapter list,
     so only slots whose adapter changed are prepared again. A write that changes no slot's
-    adapter (none that vLLM makes) rebuilds the whole layer.
+    adapter (none that vLLM makes) rebuilds the whole layer from the stacks.
+
+    :meth:`activated` says which host-tier adapter vLLM wrote into a slot; a changed slot's
+    preparation is kept with that adapter for as long as vLLM keeps it in its host cache (a
+    weak key), and taken from there when the adapter comes back into a slot. The host tier
+    then holds, beside each adapter, its prepared copy: the adapter's used ranks, transposed.
     """
 
     def __init__(self) -> None:
         self._slot_ids: tuple[int | None, ...] = ()
         self._built: dict[int, _Built] = {}
+        self._activated: dict[int, weakref.ref[HostAdapter]] = {}
+        self._by_adapter: weakref.WeakKeyDictionary[HostAdapter, dict[Site, SlotLoRA | None]]
+        self._by_adapter = weakref.WeakKeyDictionary()
 
     def assign(self, slot_ids: Sequence[int | None]) -> None:
         """The adapter each slot holds now (vLLM's ``lora_index_to_id``)."""
         self._slot_ids = tuple(slot_ids)
+
+    def activated(self, slot: int, adapter: HostAdapter) -> None:
+        """vLLM wrote ``adapter``, from its host tier, into ``slot``."""
+        self._activated[slot] = weakref.ref(adapter)
 
     def of(
         self,
@@ -228,13 +256,36 @@ class PreparedLoRA:
         versions = tuple(t._version for t in a) + tuple(t._version for t in b)
         built = self._built.get(id(a[0]))
         keep, changed = None, []
+        announced: Collection[int] = range(len(self._slot_ids))  # a first build: every slot
         if built and built.stack is a[0] and built.layer.output_slices == output_slices:
             if built.versions == versions:
                 return built.layer
+            announced = []  # unless a slot's adapter changed, the stacks alone are trusted
             if len(built.slot_ids) == len(self._slot_ids):
                 pairs = zip(built.slot_ids, self._slot_ids, strict=True)
                 changed = [slot for slot, (then, now) in enumerate(pairs) if then != now]
-                keep = built.layer if changed else None
-        layer = LayerLoRA.of(a, b, output_slices, keep, changed)
+                keep, announced = (built.layer, changed) if changed else (None, [])
+        site = (id(a[0]), output_slices)
+        prepare = functools.partial(self._prepare, a, b, site, frozenset(announced))
+        layer = LayerLoRA.of(a, b, output_slices, keep, changed, prepare)
         self._built[id(a[0])] = _Built(a[0], versions, self._slot_ids, layer)
         return layer
+
+    def _prepare(
+        self,
+        a: Sequence[torch.Tensor],
+        b: Sequence[torch.Tensor],
+        site: Site,
+        announced: Collection[int],
+        slot: int,
+    ) -> SlotLoRA | None:
+        """The slot's weights: kept with its host-tier adapter when the slot's adapter changed
+        to the one vLLM said it activated there, prepared from the stacks otherwise."""
+        held = self._activated.get(slot) if slot in announced else None
+        adapter = held() if held is not None else None
+        if adapter is None or adapter.id != self._slot_ids[slot]:
+            return LayerLoRA.slot_of(a, b, site[1], slot)
+        prepared = self._by_adapter.setdefault(adapter, {})
+        if site not in prepared:
+            prepared[site] = LayerLoRA.slot_of(a, b, site[1], slot)
+        return prepared[site]

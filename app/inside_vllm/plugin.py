@@ -99,15 +99,17 @@ def register() -> None:
     # The wrapper module binds the op names at import, so they are replaced in
     # its namespace; vllm.lora.ops.torch_ops itself is left as shipped.
     import vllm.lora.punica_wrapper.punica_cpu as upstream
+    from vllm.lora.model_manager import LoRAModelManager
 
     from app.inside_vllm import punica_cpu
-    from app.inside_vllm.punica_wrapper import PlannedPunicaWrapper
+    from app.inside_vllm.punica_wrapper import PlannedPunicaWrapper, report_activations
 
     for name in PATCHED_OPS:
         setattr(upstream, name, getattr(punica_cpu, name))
     # The platform names the wrapper class by this qualname and resolves it when the
     # model's LoRA layers are built, after plugins are loaded.
     upstream.PunicaWrapperCPU = PlannedPunicaWrapper  # type: ignore[misc]
+    report_activations(LoRAModelManager)
     _outcome = "active"
     logger.info(
         "CPU punica isolation fix active (vLLM %s, pid %d): %s.{%s} -> %s, PunicaWrapperCPU -> %s",

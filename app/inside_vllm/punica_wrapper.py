@@ -16,14 +16,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import partial
+from functools import partial, wraps
 from typing import Any
 
 import torch
 from vllm.lora.layers.utils import LoRAMapping
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 
-from app.inside_vllm.lora_weights import LayerLoRA, PreparedLoRA, matrices, used_ranks
+from app.inside_vllm.lora_weights import (
+    HostAdapter,
+    LayerLoRA,
+    PreparedLoRA,
+    matrices,
+    used_ranks,
+)
 
 # Runs of rows sharing an adapter are computed in place, a few matmuls per run, when they
 # are long on average (prefill), or hardly more than the groups: gathering and scattering
@@ -362,6 +368,11 @@ class PlannedPunicaWrapper(PunicaWrapperCPU):
         self._tokens = RowGroups.of(self.token_lora_indices, self._tokens)
         self._requests = RowGroups.of(self.sampler_indices, self._requests)
 
+    def activated(self, slot: int, adapter: HostAdapter) -> None:
+        """vLLM wrote ``adapter`` from its host tier into ``slot`` (see
+        :func:`report_activations`): its prepared weights are kept with it."""
+        self._layers.activated(slot, adapter)
+
     def _fits(self, x: torch.Tensor, plan: RowGroups) -> bool:
         return x.shape[0] == plan.num_rows
 
@@ -467,3 +478,33 @@ class PlannedPunicaWrapper(PunicaWrapperCPU):
         width = min(flat_y.shape[1], lora_b_stacked.shape[-2])
         layer = self._layers.of((lora_a_stacked,), (lora_b_stacked,), (width,))
         _lora_linear(flat_y, flat_x.to(flat_y.dtype), layer, scale, plan, id(lora_a_stacked))
+
+
+_REPORTS_ACTIVATIONS = "__lora_gateway_reports_activations__"
+
+
+def report_activations(manager_cls: type[Any]) -> None:
+    """Make ``manager_cls.activate_adapter`` (vLLM's ``LoRAModelManager``) tell its planned
+    wrappers which host-tier adapter it wrote into which slot; once per class.
+
+    The wrapper's ``update_metadata`` sees only the slots' adapter ids, and an id can be
+    loaded again with other weights (vLLM's in-place reload): the host-tier object, replaced
+    on every load, is what a slot's prepared weights may be kept with.
+    """
+    activate_adapter: Callable[[Any, int], bool] = manager_cls.activate_adapter
+    if getattr(activate_adapter, _REPORTS_ACTIVATIONS, False):
+        return
+
+    @wraps(activate_adapter)
+    def activate(self: Any, lora_id: int) -> bool:
+        activated: bool = activate_adapter(self, lora_id)
+        if activated:
+            slot = self.lora_index_to_id.index(lora_id)
+            adapter = self._registered_adapters[lora_id]
+            for wrapper in self.punica_wrapper_mapping.values():
+                if isinstance(wrapper, PlannedPunicaWrapper):
+                    wrapper.activated(slot, adapter)
+        return activated
+
+    setattr(activate, _REPORTS_ACTIVATIONS, True)
+    manager_cls.activate_adapter = activate

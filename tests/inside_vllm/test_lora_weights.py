@@ -1,8 +1,12 @@
 """A layer's stacked weights after vLLM swaps the adapter in a slot: refilled in place for
 that slot when their layout holds it, stacked again when it does not, and always equal to
-weights stacked from scratch (no trace of the slot's previous adapter)."""
+weights stacked from scratch (no trace of the slot's previous adapter); a slot's preparation
+kept with its host-tier adapter, for as long as vLLM keeps that adapter."""
 
 from __future__ import annotations
+
+import gc
+import weakref
 
 import pytest
 import torch
@@ -118,3 +122,85 @@ def test_a_slot_is_prepared_at_its_adapters_rank_and_an_untrained_one_adds_nothi
             (slice(0, 12), rank),
             (slice(20, 28), rank),
         ]
+
+
+class HostAdapter:
+    """An adapter in vLLM's host tier (its ``LoRAModel``): a new object at every load."""
+
+    def __init__(self, lora_id: int) -> None:
+        self.id = lora_id
+
+
+def held_in(a, b, slot: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(a_i[slot].clone(), b_i[slot].clone()) for a_i, b_i in zip(a, b, strict=True)]
+
+
+def write_back(a, b, slot: int, weights: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """vLLM activating a host-tier adapter into ``slot``: its weights copied in."""
+    for (a_i, b_i), (a_w, b_w) in zip(zip(a, b, strict=True), weights, strict=True):
+        a_i[slot] = a_w
+        b_i[slot] = b_w
+
+
+def test_an_adapter_back_from_the_host_tier_keeps_its_preparation(gen: torch.Generator) -> None:
+    a, b = stacks(gen, [8, 4, 6, 2, 8, 3])
+    prepared = PreparedLoRA()
+    first = HostAdapter(1)
+    for slot, lora_id in enumerate(IDS):
+        prepared.activated(slot, first if lora_id == 1 else HostAdapter(lora_id))
+    prepared.assign(IDS)
+    before = prepared.of(a, b, SLICES)
+    weights = held_in(a, b, 0)
+
+    write(gen, a, b, 0, 5, (0, 1, 2))  # adapter 1 leaves its slot for adapter 11
+    prepared.activated(0, HostAdapter(11))
+    prepared.assign([11, *IDS[1:]])
+    prepared.of(a, b, SLICES).stacked  # noqa: B018 (a step batched the slots)
+
+    write_back(a, b, 5, weights)  # and comes back from the host tier, into slot 5
+    prepared.activated(5, first)
+    prepared.assign([11, *IDS[1:5], 1])
+    back = prepared.of(a, b, SLICES)
+    assert back.slots[5] is before.slots[0]  # not prepared again
+    assert_stacked_equal(back, LayerLoRA.of(a, b, SLICES))
+
+
+def test_an_adapter_loaded_again_is_prepared_from_the_stacks(gen: torch.Generator) -> None:
+    a, b = stacks(gen, [8, 4, 6, 2, 8, 3])
+    prepared = PreparedLoRA()
+    for slot, lora_id in enumerate(IDS):
+        prepared.activated(slot, HostAdapter(lora_id))
+    prepared.assign(IDS)
+    before = prepared.of(a, b, SLICES)
+
+    # vLLM reloads adapter 1 in place (new weights, the same id): its slot is emptied, then
+    # written from the new host-tier object. Then new weights in the slot that no activation
+    # announced: the stacks are what counts, not what was kept with the adapter.
+    for announced in (True, False):
+        if announced:
+            prepared.assign([None, *IDS[1:]])
+            prepared.of(a, b, SLICES)
+            prepared.activated(0, HostAdapter(1))
+        write(gen, a, b, 0, 7, (0, 2))
+        prepared.assign(IDS)
+        after = prepared.of(a, b, SLICES)
+        assert after.slots[0] is not before.slots[0]
+        assert_stacked_equal(after, LayerLoRA.of(a, b, SLICES))
+        before = after
+
+
+def test_a_preparation_goes_with_its_host_tier_adapter(gen: torch.Generator) -> None:
+    a, b = stacks(gen, [8, 4, 6, 2, 8, 3])
+    prepared = PreparedLoRA()
+    adapter = HostAdapter(1)
+    prepared.activated(0, adapter)
+    prepared.assign(IDS)
+    kept = weakref.ref(prepared.of(a, b, SLICES).slots[0])
+
+    write(gen, a, b, 0, 5, (0, 1, 2))  # vLLM evicts adapter 1 from both tiers
+    prepared.activated(0, HostAdapter(11))
+    prepared.assign([11, *IDS[1:]])
+    prepared.of(a, b, SLICES)
+    del adapter
+    gc.collect()
+    assert kept() is None

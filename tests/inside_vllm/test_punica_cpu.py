@@ -245,6 +245,7 @@ def plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     upstream ops (an engine may have applied the fix in this process already);
     all undone after."""
     import vllm.lora.punica_wrapper.punica_cpu as wrapper
+    from vllm.lora.model_manager import LoRAModelManager
     from vllm.lora.ops.torch_ops import lora_ops as upstream
 
     from app.inside_vllm import plugin as vllm_plugin
@@ -253,8 +254,20 @@ def plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     for name in vllm_plugin.PATCHED_OPS:
         monkeypatch.setattr(wrapper, name, getattr(upstream, name))
     monkeypatch.setattr(wrapper, "PunicaWrapperCPU", PlannedPunicaWrapper.__mro__[1])
+    activate = LoRAModelManager.activate_adapter
+    unwrapped = getattr(activate, "__wrapped__", activate)
+    monkeypatch.setattr(LoRAModelManager, "activate_adapter", unwrapped)
     monkeypatch.delenv(vllm_plugin.ENV_VAR, raising=False)
     yield vllm_plugin
+
+
+def reports_activations() -> bool:
+    """vLLM's model manager tells the planned wrapper what it activates, wrapped once."""
+    from vllm.lora.model_manager import LoRAModelManager
+
+    activate = LoRAModelManager.activate_adapter
+    wrapped = getattr(activate, "__wrapped__", None)
+    return wrapped is not None and not hasattr(wrapped, "__wrapped__")
 
 
 def _gateway_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -276,6 +289,7 @@ def test_plugin_patches_wrapper_namespace_once(
         assert getattr(wrapper, name) is getattr(fixed, name)
         assert getattr(upstream, name) is not getattr(fixed, name)  # only the wrapper's view
     assert wrapper.PunicaWrapperCPU is PlannedPunicaWrapper
+    assert reports_activations()
     records = _gateway_records(caplog)
     assert len(records) == 1
     assert records[0].levelno == logging.INFO
@@ -299,6 +313,7 @@ def test_plugin_disabled_by_env(
     vllm_plugin.register()
     assert all(getattr(wrapper, n) is not getattr(fixed, n) for n in vllm_plugin.PATCHED_OPS)
     assert wrapper.PunicaWrapperCPU is not PlannedPunicaWrapper
+    assert not reports_activations()
     records = _gateway_records(caplog)
     assert len(records) == 1
     assert "DISABLED" in records[0].getMessage()

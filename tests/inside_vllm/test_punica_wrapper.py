@@ -7,8 +7,8 @@ import pytest
 import torch
 from vllm.lora.layers.utils import LoRAMapping
 
-from app.inside_vllm.lora_weights import PreparedLoRA
-from app.inside_vllm.punica_wrapper import PlannedPunicaWrapper, RowGroups
+from app.inside_vllm.lora_weights import HostAdapter, PreparedLoRA
+from app.inside_vllm.punica_wrapper import PlannedPunicaWrapper, RowGroups, report_activations
 
 SLOTS, IN_DIM, MAX_RANK, VOCAB = 8, 24, 8, 64
 SLICES = (20, 12, 12)  # a merged projection, like qkv
@@ -246,3 +246,38 @@ def test_a_swap_prepares_only_the_swapped_slot(gen: torch.Generator) -> None:
     after = prepared.of(a, b, SLICES)
     assert [after.slots[s] is before.slots[s] for s in range(SLOTS)] == [s != 1 for s in range(8)]
     assert after.slots[1] is not None and after.slots[1].shrink.shape[1] == 3 * MAX_RANK
+
+
+class Recording(PlannedPunicaWrapper):
+    def __init__(self) -> None:
+        super().__init__(256, 256, "cpu")
+        self.seen: list[tuple[int, object]] = []
+
+    def activated(self, slot: int, adapter: HostAdapter) -> None:
+        self.seen.append((slot, adapter))
+
+
+def test_the_model_manager_reports_what_it_activates_where() -> None:
+    class Manager:
+        """vLLM's ``LoRAModelManager`` as far as activating goes."""
+
+        def __init__(self) -> None:
+            self.lora_index_to_id: list[int | None] = [None, None]
+            self._registered_adapters = {7: object(), 9: object()}
+            self.wrapper = Recording()
+            self.punica_wrapper_mapping = {"language_model": self.wrapper}
+
+        def activate_adapter(self, lora_id: int) -> bool:
+            if lora_id in self.lora_index_to_id:
+                return False
+            self.lora_index_to_id[self.lora_index_to_id.index(None)] = lora_id
+            return True
+
+    report_activations(Manager)
+    report_activations(Manager)  # once
+    manager = Manager()
+    assert [manager.activate_adapter(i) for i in (9, 7, 9)] == [True, True, False]
+    assert manager.wrapper.seen == [
+        (0, manager._registered_adapters[9]),
+        (1, manager._registered_adapters[7]),
+    ]
