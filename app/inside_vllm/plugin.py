@@ -6,8 +6,9 @@ before any model or LoRA wrapper is built. It swaps the CPU punica ops that
 ``vllm.lora.punica_wrapper.punica_cpu`` looked up at import time for the
 tenant-isolating ones in :mod:`app.inside_vllm.punica_cpu` (see there for the bug),
 and its ``PunicaWrapperCPU`` for :mod:`app.inside_vllm.punica_wrapper`'s, which
-plans each step's adapter grouping once instead of in every layer. It also
-instruments vLLM's LoRA caches for :mod:`app.inside_vllm.residency`'s metrics.
+plans each step's adapter grouping once instead of in every layer (vLLM's model
+manager tells it which host-tier adapter each activation writes into which slot). It
+also instruments vLLM's LoRA caches for :mod:`app.inside_vllm.residency`'s metrics.
 
 Applied only on vLLM 0.32.x on the CPU platform; ``LORA_GATEWAY_ISOLATION_FIX=0``
 (or ``false``) turns it off. On CPU the fix is a correctness requirement, so the gateway checks
