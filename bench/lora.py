@@ -346,9 +346,10 @@ def profile_swaps(slots: int, swaps: int = 9) -> str:
 
     def activate(slot: int, host: HostAdapter) -> None:
         hosts[slot] = host
+        ids = [h.id for h in hosts]
         for _, _, _, prepared in layers:
             prepared.activated(slot, host)
-            prepared.assign([h.id for h in hosts])
+            prepared.assign(ids)
 
     def step() -> float:
         started = time.perf_counter()
