@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from app.settings import Settings
-from tests.support.harness import ADMIN_TOKEN
+from tests.support.harness import ADMIN_TIMEOUT_S, ADMIN_TOKEN
 from tests.support.live_gateway import (
     LiveGateway,
     borrowed_settings,
@@ -50,7 +50,9 @@ def metered_key(replicas: list[str], tenant: str, **quota: int) -> dict[str, str
     """A new tenant with ``quota``, created through the first replica; its key's header,
     once the second replica knows the key too."""
     admin = httpx.Client(
-        base_url=f"{replicas[0]}/admin/v1", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        base_url=f"{replicas[0]}/admin/v1",
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        timeout=ADMIN_TIMEOUT_S,
     )
     with admin:
         body = {"id": tenant, "name": tenant, "allow_base_model": True}

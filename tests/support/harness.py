@@ -43,6 +43,9 @@ from app.store.tables import UsageRow
 from tests.support.servers import free_port, wait_until_ready
 
 ADMIN_TOKEN = "lgw-admin-test-token"
+ADMIN_TIMEOUT_S = 60
+"""An admin call's deadline in tests. httpx's 5-second default would be a latency assertion
+no test means, and a registration on 2 cores shared with two engines can exceed it."""
 
 ServerFactory = Callable[[FastAPI, Settings], uvicorn.Server]
 
@@ -128,7 +131,7 @@ class RunningApp:
         async with httpx.AsyncClient(
             base_url=f"{self.base_url}/admin/v1",
             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-            timeout=60,
+            timeout=ADMIN_TIMEOUT_S,
         ) as admin:
             response = await admin.request(method, path, json=body)
         assert response.status_code < 300, response.text

@@ -19,7 +19,13 @@ from app.cli import apply_tenants, create_key, register_adapter
 from app.engine.base import Engine
 from app.serving.in_process.backend import EngineFactory, start_vllm_engine
 from app.settings import Settings
-from tests.support.harness import ADMIN_TOKEN, RunningApp, app_settings, serve_on_thread
+from tests.support.harness import (
+    ADMIN_TIMEOUT_S,
+    ADMIN_TOKEN,
+    RunningApp,
+    app_settings,
+    serve_on_thread,
+)
 
 T = TypeVar("T")
 
@@ -57,6 +63,7 @@ class LiveGateway(RunningApp):
         return httpx.Client(
             base_url=f"{self.base_url}/admin/v1",
             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+            timeout=ADMIN_TIMEOUT_S,
         )
 
     def wait_idle(self, timeout: float = 10.0) -> int:
