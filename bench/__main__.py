@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import Settings
-from bench.config import SYSTEMS, BenchConfig
+from bench.config import SYSTEMS, TARGET_SYSTEMS, BenchConfig
 from bench.runner import run_bench
 
 
@@ -37,7 +37,10 @@ def _systems(text: str) -> tuple[str, ...]:
 
 # option -> (type, help); each overrides the BenchConfig field of the same name.
 OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
-    "systems": (_systems, f"systems to compare, from {','.join(SYSTEMS)}"),
+    "systems": (
+        _systems,
+        f"systems to compare, from {','.join(SYSTEMS)} (default: {','.join(TARGET_SYSTEMS)})",
+    ),
     "rounds": (int, "interleaved rounds (each system once per round)"),
     "max_loras": (int, "adapters in device slots at once (every system)"),
     "adapters": (int, "a: distinct adapters"),

@@ -13,6 +13,9 @@ GATEWAY_FCFS = "gateway-fcfs"  # our gateway, LORA_GATEWAY_SCHEDULER=fcfs
 VLLM = "vllm"  # vLLM's OpenAI server with our plugin's ops: the reference
 VLLM_SHIPPED = "vllm-shipped"  # vLLM's OpenAI server as shipped (ISOLATION_FIX=0)
 SYSTEMS = (GATEWAY, GATEWAY_FCFS, VLLM, VLLM_SHIPPED)
+# What the targets compare. vLLM's shipped ops are for a run that names them: no target reads
+# them, and on a CPU they take hours at these sizes.
+TARGET_SYSTEMS = (GATEWAY, GATEWAY_FCFS, VLLM)
 REFERENCE = VLLM
 
 
@@ -41,12 +44,17 @@ def cliff_saturation_point(slots: int) -> str:
 
 
 def cliff_point(popularity: str, adapters: int, slots: int) -> str:
+    if adapters <= slots:  # no adapter waits for a slot, whatever the popularity: one point
+        return f"d: {adapters} adapters on {slots} slots"
     return f"d: {popularity}, {adapters} adapters on {slots} slots"
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    systems: tuple[str, ...] = SYSTEMS
+    """The default sizes keep a round of the target systems under 45 minutes on a 2-core CPU
+    machine; on a GPU, raise them."""
+
+    systems: tuple[str, ...] = TARGET_SYSTEMS
     rounds: int = 3
     max_loras: int = 4
     seed: int = 0
@@ -62,11 +70,11 @@ class BenchConfig:
     # throughput (req/s) that the first system measured at the highest concurrency
     # in round 1; every system then gets the same absolute rates.
     curve_fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
-    curve_requests: int = 48  # per rate (its arrivals last curve_requests / rate s)
+    curve_requests: int = 32  # per rate (its arrivals last curve_requests / rate s)
     # (b) noisy neighbour: tenant A floods, tenant B sends one request at a time
     flood_streams: int = 128
     flood_tokens: int = 32
-    victim_requests: int = 20
+    victim_requests: int = 12
     victim_tokens: int = 8
     # (c) many registered adapters (0: skipped), on the gateway only
     registered: int = 1000
@@ -86,7 +94,7 @@ class BenchConfig:
     cliff_popularities: tuple[str, ...] = CLIFF_POPULARITIES
     cliff_load: float = 0.7
     cliff_concurrency: int = 16  # of the closed loop that measures saturation
-    cliff_requests: int = 48  # per open-loop point
+    cliff_requests: int = 32  # per open-loop point
     cliff_prompt_tokens: int = 128
     cliff_output_tokens: int = 64
     # More LORA_GATEWAY_* settings for every gateway of the run (name without the prefix).
@@ -153,6 +161,16 @@ class BenchConfig:
     def cliff_mix(self, adapters: int, popularity: str = "zipf") -> Mix:
         zipf = self.zipf if popularity == "zipf" else 0.0  # exponent 0: every adapter alike
         return Mix(adapters, zipf, 0.0, self.cliff_output_tokens, self.seed)
+
+    def cliff_points(self, slots: int) -> list[tuple[str, int]]:
+        """(d)'s open-loop points as (popularity, adapters), each once: over as many
+        adapters as slots, popularity changes nothing, so that point is measured once."""
+        points = {
+            cliff_point(popularity, multiple * slots, slots): (popularity, multiple * slots)
+            for popularity in self.cliff_popularities
+            for multiple in sorted(self.cliff_multiples)
+        }
+        return list(points.values())
 
     def cliff_spec(self, adapters: int, popularity: str, rate: float) -> WorkloadSpec:
         mix = self.cliff_mix(adapters, popularity)

@@ -119,7 +119,7 @@ def planned_requests(config: BenchConfig) -> int:
     per_visit += config.curve_requests * len(config.curve_fractions) + 2 * config.victim_requests
     total = per_visit * config.rounds * len(config.systems)
     if config.cliff_multiples:
-        points = len(config.cliff_multiples) * len(config.cliff_popularities)
+        points = len(config.cliff_points(config.max_loras))
         cliff = config.waves * config.cliff_concurrency + config.cliff_requests * points
         total += cliff * config.rounds * len(set(config.systems) - {VLLM_SHIPPED})
     many = 2 * config.rounds * config.registered_requests if config.registered else 0

@@ -223,10 +223,10 @@ async def cliff(
     prompts: Prompts,
 ) -> tuple[list[Sample], float]:
     """(d) A closed loop over as many adapters as the engine has device slots (its
-    saturation), then, per popularity, an open loop at ``rate`` over 1x, 2x... that many
-    adapters (``config.cliff_multiples``). ``rate`` None: this system is the round's first,
-    and the rate is ``config.cliff_load`` of the saturation it measured. Returns the samples
-    and the rate."""
+    saturation), then an open loop at ``rate`` over 1x that many adapters and, per
+    popularity, over each larger multiple (``config.cliff_points``). ``rate`` None: this
+    system is the round's first, and the rate is ``config.cliff_load`` of the saturation it
+    measured. Returns the samples and the rate."""
     slots = system.engine.settings.max_loras
 
     def sized(requests: Sequence[PlannedRequest], point: str) -> list[PlannedRequest]:
@@ -250,22 +250,21 @@ async def cliff(
         if not saturated:
             raise RuntimeError(f"{system.name} completed nothing over {slots} adapters")
         rate = config.cliff_load * saturated
-    for popularity in config.cliff_popularities:
-        for multiple in sorted(config.cliff_multiples):
-            spec = config.cliff_spec(slots * multiple, popularity, rate)
-            point = cliff_point(popularity, spec.adapters, slots)
-            requests = sized(plan(spec), point)
+    for popularity, count in config.cliff_points(slots):
+        spec = config.cliff_spec(count, popularity, rate)
+        point = cliff_point(popularity, count, slots)
+        requests = sized(plan(spec), point)
 
-            async def measure(
-                point: str = point,
-                requests: Sequence[PlannedRequest] = requests,
-                spec: WorkloadSpec = spec,
-            ) -> tuple[list[RequestRecord], float]:
-                return await run_workload(
-                    system.base_url, system.name, point, requests,
-                    lambda p: system.call_for(p, adapters),
-                    drain_seconds=max(MIN_DRAIN_SECONDS, spec.duration), on_finished=progress,
-                )  # fmt: skip
+        async def measure(
+            point: str = point,
+            requests: Sequence[PlannedRequest] = requests,
+            spec: WorkloadSpec = spec,
+        ) -> tuple[list[RequestRecord], float]:
+            return await run_workload(
+                system.base_url, system.name, point, requests,
+                lambda p: system.call_for(p, adapters),
+                drain_seconds=max(MIN_DRAIN_SECONDS, spec.duration), on_finished=progress,
+            )  # fmt: skip
 
-            samples.append(await _sample(system, point, round_, measure))
+        samples.append(await _sample(system, point, round_, measure))
     return samples, rate

@@ -3,6 +3,7 @@ tables, the targets table, the JSON twin, the warm-up plan and the curve's rates
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from bench.config import (
     GATEWAY,
     ONE_ADAPTER,
     SOLO,
+    SYSTEMS,
     VLLM,
     VLLM_SHIPPED,
     BenchConfig,
@@ -135,8 +137,10 @@ def test_planned_requests_count_every_visit() -> None:
     assert planned_requests(quick) == 2 * (quick.waves * 16 + 2 * quick.victim_requests)
     full = BenchConfig(registered=0, curve_fractions=(), rounds=1)
     a_b = full.waves * 80 + 2 * full.victim_requests
-    d = full.waves * full.cliff_concurrency + full.cliff_requests * 6
-    assert planned_requests(full) == 4 * a_b + 3 * d  # no cliff for vllm-shipped
+    d = full.waves * full.cliff_concurrency + full.cliff_requests * 5  # 1x measured once
+    assert planned_requests(full) == 3 * a_b + 3 * d
+    every = dataclasses.replace(full, systems=SYSTEMS)
+    assert planned_requests(every) == 4 * a_b + 3 * d  # no cliff for vllm-shipped
 
 
 def test_warmup_touches_the_host_cached_adapters_in_order_a_group_at_a_time() -> None:
@@ -174,7 +178,7 @@ def test_the_cliff_has_a_table_per_point_with_the_gateways_ratio_to_its_own_at_s
     # Every stream's tokens 50 ms apart, but one gap of 2 s in the gateway's at 2x.
     assert (
         f"| {cliff_point('zipf', 4, 4)} | 100.0 / 100.0 | 1650.0 | 50.0 | 12.80 "
-        "| 100.0 / 100.0 | 1650.0 | 50.0 | 12.80 | 1.000" in text
+        "| 100.0 / 100.0 | 1650.0 | 50.0 | 12.80 |  |" in text  # the baseline: no ratio
     )
     assert (
         f"| {cliff_point('zipf', 8, 4)} | 150.0 / 150.0 | 1700.0 | 2000.0 | 12.80 "

@@ -108,7 +108,8 @@ async def test_the_cliff_measures_saturation_then_each_multiple_at_one_rate() ->
         )
         assert [s.point for s in samples] == [
             cliff_saturation_point(2),
-            *(cliff_point(p, n, 2) for p in ("zipf", "uniform") for n in (2, 4, 16)),
+            "d: 2 adapters on 2 slots",  # once: no adapter waits for a slot either way
+            *(cliff_point(p, n, 2) for p in ("zipf", "uniform") for n in (4, 16)),
         ]
         assert all(r.ok for s in samples for r in s.records)
         saturated = samples[0]
