@@ -70,7 +70,7 @@ class BenchConfig:
     # throughput (req/s) that the first system measured at the highest concurrency
     # in round 1; every system then gets the same absolute rates.
     curve_fractions: tuple[float, ...] = (0.5, 0.75, 1.0)
-    curve_requests: int = 32  # per rate (its arrivals last curve_requests / rate s)
+    curve_requests: int = 24  # per rate (its arrivals last curve_requests / rate s)
     # (b) noisy neighbour: tenant A floods, tenant B sends one request at a time
     flood_streams: int = 128
     flood_tokens: int = 32
@@ -94,7 +94,7 @@ class BenchConfig:
     cliff_popularities: tuple[str, ...] = CLIFF_POPULARITIES
     cliff_load: float = 0.7
     cliff_concurrency: int = 16  # of the closed loop that measures saturation
-    cliff_requests: int = 32  # per open-loop point
+    cliff_requests: int = 24  # per open-loop point
     cliff_prompt_tokens: int = 128
     cliff_output_tokens: int = 64
     # More LORA_GATEWAY_* settings for every gateway of the run (name without the prefix).
