@@ -114,10 +114,11 @@ FUZZ_EXAMPLES ?= 50
 fuzz: install
 	FUZZ_MAX_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -ra -p no:cacheprovider tests/fuzz
 
-# The gateway (scheduler on and FCFS), vLLM's server with our ops and vLLM's server as
-# shipped, in interleaved rounds: saturation, latency against load, noisy neighbour,
-# 1,000 adapters (bench/results/<time>/; hours on a CPU). bench-quick: one round of the
-# gateway against vLLM's server with our ops, scenarios a and b, small (about 6 minutes).
+# The gateway (scheduler on and FCFS) and vLLM's server with our ops, in interleaved rounds:
+# saturation, latency against load, noisy neighbour, the TTFT cliff, 1,000 adapters
+# (bench/results/<time>/; 3 rounds of about 41 minutes on a 2-core CPU). bench-quick: one
+# round of the gateway against vLLM's server with our ops, scenarios a and b, small (about
+# 6 minutes).
 # `make test` runs neither. BENCH_ARGS adds options: see `python -m bench --help`.
 bench: install model
 	$(BIN)/python -m bench $(BENCH_ARGS)
