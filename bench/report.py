@@ -211,7 +211,7 @@ def render_markdown(
     seed, draws = context["seed"], context["draws"]
     systems = _systems(samples)
     lines = [
-        "# Benchmark: the gateway, vLLM's server with the same ops, vLLM's server as shipped",
+        "# Benchmark: the gateway against vLLM's server",
         "",
         f"- command: `{context['command']}`",
         f"- when (UTC): {context['started']}; wall time {context['wall_seconds']:.0f} s; "
