@@ -162,15 +162,14 @@ class BenchConfig:
         zipf = self.zipf if popularity == "zipf" else 0.0  # exponent 0: every adapter alike
         return Mix(adapters, zipf, 0.0, self.cliff_output_tokens, self.seed)
 
-    def cliff_points(self, slots: int) -> list[tuple[str, int]]:
-        """(d)'s open-loop points as (popularity, adapters), each once: over as many
+    def cliff_points(self, slots: int) -> dict[str, tuple[str, int]]:
+        """(d)'s open-loop points, name -> (popularity, adapters), each once: over as many
         adapters as slots, popularity changes nothing, so that point is measured once."""
-        points = {
+        return {
             cliff_point(popularity, multiple * slots, slots): (popularity, multiple * slots)
             for popularity in self.cliff_popularities
             for multiple in sorted(self.cliff_multiples)
         }
-        return list(points.values())
 
     def cliff_spec(self, adapters: int, popularity: str, rate: float) -> WorkloadSpec:
         mix = self.cliff_mix(adapters, popularity)

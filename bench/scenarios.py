@@ -21,7 +21,6 @@ from bench.config import (
     ONE_ADAPTER,
     SOLO,
     BenchConfig,
-    cliff_point,
     cliff_saturation_point,
     curve_point,
     many_adapters_point,
@@ -250,9 +249,8 @@ async def cliff(
         if not saturated:
             raise RuntimeError(f"{system.name} completed nothing over {slots} adapters")
         rate = config.cliff_load * saturated
-    for popularity, count in config.cliff_points(slots):
+    for point, (popularity, count) in config.cliff_points(slots).items():
         spec = config.cliff_spec(count, popularity, rate)
-        point = cliff_point(popularity, count, slots)
         requests = sized(plan(spec), point)
 
         async def measure(
