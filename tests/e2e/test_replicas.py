@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from app.settings import Settings
-from tests.support.harness import ADMIN_TIMEOUT_S, ADMIN_TOKEN
+from tests.support.harness import admin_client_options
 from tests.support.live_gateway import (
     LiveGateway,
     borrowed_settings,
@@ -49,12 +49,7 @@ def replicas(gateway: LiveGateway, tmp_path_factory: pytest.TempPathFactory) -> 
 def metered_key(replicas: list[str], tenant: str, **quota: int) -> dict[str, str]:
     """A new tenant with ``quota``, created through the first replica; its key's header,
     once the second replica knows the key too."""
-    admin = httpx.Client(
-        base_url=f"{replicas[0]}/admin/v1",
-        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-        timeout=ADMIN_TIMEOUT_S,
-    )
-    with admin:
+    with httpx.Client(**admin_client_options(replicas[0])) as admin:
         body = {"id": tenant, "name": tenant, "allow_base_model": True}
         assert admin.post("/tenants", json=body).status_code == 201
         assert admin.put(f"/tenants/{tenant}/quota", json=quota).status_code == 200

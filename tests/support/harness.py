@@ -47,6 +47,16 @@ ADMIN_TIMEOUT_S = 60
 """An admin call's deadline in tests. httpx's 5-second default would be a latency assertion
 no test means, and a registration on 2 cores shared with two engines can exceed it."""
 
+
+def admin_client_options(base_url: str) -> dict[str, Any]:
+    """What a test's httpx client for the admin API of the app at ``base_url`` opens with."""
+    return {
+        "base_url": f"{base_url}/admin/v1",
+        "headers": {"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        "timeout": ADMIN_TIMEOUT_S,
+    }
+
+
 ServerFactory = Callable[[FastAPI, Settings], uvicorn.Server]
 
 
@@ -128,11 +138,7 @@ class RunningApp:
 
     async def admin(self, method: str, path: str, body: Any = None) -> Any:
         """One admin API call, which must succeed; its JSON answer."""
-        async with httpx.AsyncClient(
-            base_url=f"{self.base_url}/admin/v1",
-            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-            timeout=ADMIN_TIMEOUT_S,
-        ) as admin:
+        async with httpx.AsyncClient(**admin_client_options(self.base_url)) as admin:
             response = await admin.request(method, path, json=body)
         assert response.status_code < 300, response.text
         return response.json() if response.content else None

@@ -19,13 +19,7 @@ from app.cli import apply_tenants, create_key, register_adapter
 from app.engine.base import Engine
 from app.serving.in_process.backend import EngineFactory, start_vllm_engine
 from app.settings import Settings
-from tests.support.harness import (
-    ADMIN_TIMEOUT_S,
-    ADMIN_TOKEN,
-    RunningApp,
-    app_settings,
-    serve_on_thread,
-)
+from tests.support.harness import RunningApp, admin_client_options, app_settings, serve_on_thread
 
 T = TypeVar("T")
 
@@ -60,11 +54,7 @@ class LiveGateway(RunningApp):
         )
 
     def admin_client(self) -> httpx.Client:
-        return httpx.Client(
-            base_url=f"{self.base_url}/admin/v1",
-            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-            timeout=ADMIN_TIMEOUT_S,
-        )
+        return httpx.Client(**admin_client_options(self.base_url))
 
     def wait_idle(self, timeout: float = 10.0) -> int:
         """Unfinished engine requests once they drain (or at the timeout)."""
