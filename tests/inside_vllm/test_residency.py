@@ -88,6 +88,9 @@ class Engine:
                 self.device = torch.device("cpu")
                 self.modules = {}
                 self.lora_index_to_id = [None] * self.lora_slots
+                # As vLLM's __init__ sets it: the isolation fix, once applied in this process
+                # (any earlier test may have), reports activations to these wrappers.
+                self.punica_wrapper_mapping = {}
                 self._registered_adapters = AdapterLRUCache(self.capacity, self.deactivate_adapter)
                 self._active_adapters = AdapterLRUCache(self.lora_slots, self._deactivate_adapter)
 
