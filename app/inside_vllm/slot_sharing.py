@@ -7,17 +7,20 @@ multi-LoRA servers report when adapters outnumber slots. :class:`SlotSharingSche
 the engine core (``scheduler_cls``), takes a slot back instead: the resident adapter's running
 requests are preempted (vLLM's own preemption: their tokens so far are kept, their KV cache
 blocks stay in the prefix cache for the resume) and go to the back of the queue, and the
-waiting request the slot was taken for goes to its front. A request with no token yet may take
-a slot once each of its holder's requests has generated a token since it last started; a
-paused one, once they have generated ``quantum``. New requests come before paused ones that
-began waiting up to :data:`NEW_REQUEST_LEAD` seconds before them, so a first token does not
-wait behind every paused stream, and no paused stream waits for ever. The rules and what they
-cost: docs/scheduling.md, "Sharing the device slots".
+waiting request the slot was taken for goes to its front. A turn lasts ``quantum`` tokens of
+each of its holder's requests; a request with no token yet may take a slot held without a turn
+once each of them has generated one. A slot is taken from the adapter running the fewest
+requests, or from one running no more than the waiting adapter brings, so that a turn pauses
+no more requests than it must. New requests come before paused ones that began waiting up to
+:data:`NEW_REQUEST_LEAD` seconds before them, so a first token does not wait behind every
+paused stream, and no paused stream waits for ever. The rules and what they cost:
+docs/scheduling.md, "Sharing the device slots".
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
@@ -66,7 +69,7 @@ def plan(
     *,
     max_loras: int,
     quantum: int,
-    slice_start: Mapping[str, int],
+    turn_start: Mapping[str, int],
     waiting_since: Mapping[str, float],
 ) -> list[tuple[Candidate, list[Candidate]]]:
     """The slots to take back now: pairs of (a waiting request whose adapter holds no slot,
@@ -74,11 +77,14 @@ def plan(
 
     Only when every slot is held. Waiting adapters are served in the order of their best
     request's wait, a request with no token yet counted :data:`NEW_REQUEST_LEAD` seconds
-    longer, until one finds no slot to take: a resident adapter gives its slot up to a request
-    with no token yet once each of its running requests has generated a token since it last
-    started (``slice_start``: its output count then, for a resumed request), to a paused one
-    once they have generated ``quantum``; the adapter with the fewest requests first, then the
-    one furthest into its turn."""
+    longer, until one finds no slot to take. A resident adapter gives its slot up once each
+    of its running requests has generated ``quantum`` tokens since it last started
+    (``turn_start``: its output count then, for a request a turn paused or started); to a
+    request with no token yet, one token is enough unless the adapter holds its slot by a
+    turn, which is never cut short. The adapter with the fewest running requests goes first,
+    then the one furthest into its turn; one running more requests than the smallest gives
+    its slot up only to an adapter with as many waiting, so a turn pauses no more requests
+    than it must (on a CPU, where a block is 128 tokens, each is computed again)."""
     resident: dict[int, list[Candidate]] = {}
     for request in running:
         adapter = adapter_of(request)
@@ -87,12 +93,14 @@ def plan(
     if len(resident) < max_loras:
         return []
     blocked: dict[int, tuple[float, Candidate]] = {}
+    ready: Counter[int] = Counter()
     for request in waiting:
         adapter = adapter_of(request)
         if adapter is None or adapter in resident:
             continue
         if request.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             continue
+        ready[adapter] += 1
         since = waiting_since.get(request.request_id, request.arrival_time)
         if request.num_output_tokens == 0:
             since -= NEW_REQUEST_LEAD
@@ -103,20 +111,32 @@ def plan(
 
     def turn(requests: list[Candidate]) -> int:
         """Tokens the adapter's requests have each generated since they last started."""
-        return min(r.num_output_tokens - slice_start.get(r.request_id, 0) for r in requests)
+        return min(r.num_output_tokens - turn_start.get(r.request_id, 0) for r in requests)
 
     holders = sorted(
-        ((turn(requests), requests) for requests in resident.values()),
-        key=lambda holder: (len(holder[1]), -holder[0]),
+        (
+            (turn(requests), any(r.request_id in turn_start for r in requests), requests)
+            for requests in resident.values()
+        ),
+        key=lambda holder: (len(holder[2]), -holder[0]),
     )
+    smallest = len(holders[0][2])
     takes: list[tuple[Candidate, list[Candidate]]] = []
     for _, request in sorted(blocked.values(), key=lambda item: item[0]):
-        needed = 1 if request.num_output_tokens == 0 else quantum
-        holder = next((h for h in holders if h[0] >= needed), None)
+        new = request.num_output_tokens == 0
+        largest = max(smallest, ready[adapter_of(request)])  # type: ignore[index]
+        holder = next(
+            (
+                h
+                for h in holders
+                if h[0] >= (1 if new and not h[1] else quantum) and len(h[2]) <= largest
+            ),
+            None,
+        )
         if holder is None:
             break  # the next slot is this request's
         holders.remove(holder)
-        takes.append((request, holder[1]))
+        takes.append((request, holder[2]))
     return takes
 
 
@@ -136,13 +156,14 @@ class SlotSharingScheduler(Scheduler):
         self.quantum = int(additional.get(QUANTUM_KEY, 0)) if isinstance(additional, dict) else 0
         if self.policy != SchedulingPolicy.FCFS:
             raise ValueError("slot sharing orders vLLM's queue first come, first served")
-        # For the requests this scheduler preempted, until they finish: their output count
-        # when they were preempted, and the time they began waiting again.
-        self._slice_start: dict[str, int] = {}
+        # For the requests whose turn a take started or paused, until they finish: their
+        # output count when the turn started (or will start, for a paused one); for paused
+        # ones, the time they began waiting again.
+        self._turn_start: dict[str, int] = {}
         self._waiting_since: dict[str, float] = {}
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        if self._slice_start:
+        if self._turn_start:
             self._forget_finished()
         if self.lora_config is not None and self.quantum > 0 and self.waiting:
             self._share_slots(self.lora_config.max_loras)
@@ -154,7 +175,7 @@ class SlotSharingScheduler(Scheduler):
             self.waiting,
             max_loras=max_loras,
             quantum=self.quantum,
-            slice_start=self._slice_start,
+            turn_start=self._turn_start,
             waiting_since=self._waiting_since,
         )
         if not takes:
@@ -164,20 +185,22 @@ class SlotSharingScheduler(Scheduler):
         for victim in paused:
             self.running.remove(victim)
             self._preempt_request(victim, timestamp)
-            self._slice_start[victim.request_id] = victim.num_output_tokens
+            self._turn_start[victim.request_id] = victim.num_output_tokens
             self._waiting_since[victim.request_id] = now
         # vLLM puts a preempted request at the queue's front: these go to its back, and the
         # requests their slots were taken for to its front, in the plan's order.
         wanted: list[Request] = [request for request, _ in takes]  # type: ignore[misc]
+        for request in wanted:
+            self._turn_start[request.request_id] = request.num_output_tokens
         self.waiting.remove_requests([*paused, *wanted])
         for victim in paused:
             self.waiting.add_request(victim)
         self.waiting.prepend_requests(reversed(wanted))  # extendleft: the last goes first
 
     def _forget_finished(self) -> None:
-        for request_id in [r for r in self._slice_start if r not in self.requests]:
-            del self._slice_start[request_id]
-            del self._waiting_since[request_id]
+        for request_id in [r for r in self._turn_start if r not in self.requests]:
+            del self._turn_start[request_id]
+            self._waiting_since.pop(request_id, None)
 
 
 class AsyncSlotSharingScheduler(SlotSharingScheduler, AsyncScheduler):

@@ -54,94 +54,106 @@ def running(request_id: str, adapter: int | None, tokens: int) -> Fake:
     return Fake(request_id, adapter, tokens, status=RequestStatus.RUNNING)
 
 
-def test_nothing_is_taken_while_a_slot_is_free() -> None:
-    takes = plan(
-        [running("r1", 1, 50)],
-        [Fake("w", 2)],
-        max_loras=2,
-        quantum=4,
-        slice_start={},
-        waiting_since={},
+def paused(request_id: str, adapter: int, tokens: int) -> Fake:
+    return Fake(request_id, adapter, tokens, status=RequestStatus.PREEMPTED)
+
+
+def takes(
+    slots: list[Fake],
+    waiting: list[Fake],
+    *,
+    max_loras: int,
+    quantum: int = 4,
+    turn_start: dict[str, int] | None = None,
+    waiting_since: dict[str, float] | None = None,
+) -> list[tuple[str, list[str]]]:
+    """The plan's takes as (the waiting request, the running requests it pauses), by id."""
+    planned = plan(
+        slots,
+        waiting,
+        max_loras=max_loras,
+        quantum=quantum,
+        turn_start=turn_start or {},
+        waiting_since=waiting_since or {},
     )
-    assert takes == []
+    return [(request.request_id, [r.request_id for r in victims]) for request, victims in planned]
+
+
+def test_nothing_is_taken_while_a_slot_is_free() -> None:
+    assert takes([running("r1", 1, 50)], [Fake("w", 2)], max_loras=2) == []
 
 
 def test_a_paused_request_takes_a_slot_once_each_of_its_requests_had_its_quantum() -> None:
-    slots = [running("a1", 1, 8), running("a2", 1, 3), running("b1", 2, 4)]
-    paused = Fake("p", 3, num_output_tokens=5, status=RequestStatus.PREEMPTED)
-    (take,) = plan(slots, [paused], max_loras=2, quantum=4, slice_start={}, waiting_since={})
-    assert take[0] is paused
-    assert [r.request_id for r in take[1]] == ["b1"]  # a2 has had 3 tokens only
+    slots = [running("a1", 1, 3), running("b1", 2, 4)]
+    assert takes(slots, [paused("p", 3, 5)], max_loras=2) == [("p", ["b1"])]
     # A resumed request's turn counts from where it was paused.
-    again = plan(slots, [paused], max_loras=2, quantum=4, slice_start={"b1": 1}, waiting_since={})
-    assert again == []
+    assert takes(slots, [paused("p", 3, 5)], max_loras=2, turn_start={"b1": 1}) == []
 
 
-def test_a_new_request_takes_a_slot_once_each_of_its_requests_had_a_token() -> None:
-    slots = [running("a1", 1, 0), running("b1", 2, 7), running("b2", 2, 7)]
-    start = {"b1": 6, "b2": 7}  # b2 resumed and has no token of its turn yet
-    waiting = [Fake("w", 3)]
-    assert plan(slots, waiting, max_loras=2, quantum=4, slice_start=start, waiting_since={}) == []
-    start["b2"] = 6
-    (take,) = plan(slots, waiting, max_loras=2, quantum=4, slice_start=start, waiting_since={})
-    assert [r.request_id for r in take[1]] == ["b1", "b2"]
+def test_a_new_request_takes_a_slot_held_without_a_turn_after_one_token_of_each() -> None:
+    slots = [running("a1", 1, 0), running("b1", 2, 1)]
+    assert takes(slots, [Fake("w", 3)], max_loras=2) == [("w", ["b1"])]
+    slots[1].num_output_tokens = 0
+    assert takes(slots, [Fake("w", 3)], max_loras=2) == []
+
+
+def test_a_turn_is_never_cut_short() -> None:
+    """A slot a turn gave (or gave back) is held for the whole quantum, even against a
+    request with no token yet."""
+    slots = [running("a1", 1, 0), running("b1", 2, 9)]
+    for turn_start, taken in [({"b1": 6}, []), ({"b1": 5}, [("w", ["b1"])])]:
+        assert takes(slots, [Fake("w", 3)], max_loras=2, turn_start=turn_start) == taken
+
+
+def test_a_turn_pauses_no_more_requests_than_the_smallest_adapter_runs() -> None:
+    """Unless the waiting adapter brings as many: while the smallest adapter is in its turn,
+    a larger one keeps its slot."""
+    slots = [running("a1", 1, 9), running("a2", 1, 9), running("b1", 2, 9)]
+    in_turn = {"b1": 7}
+    assert takes(slots, [Fake("w1", 3)], max_loras=2, turn_start=in_turn) == []
+    two = [Fake("w1", 3), Fake("w2", 3)]
+    assert takes(slots, two, max_loras=2, turn_start=in_turn) == [("w1", ["a1", "a2"])]
+    # The smallest adapter is the one to pause, however many it runs.
+    assert takes(slots[:2], [Fake("w1", 3)], max_loras=1) == [("w1", ["a1", "a2"])]
 
 
 def test_a_paused_request_first_in_line_keeps_the_next_slot_from_new_ones() -> None:
     """Past the lead, a paused request goes first; while no turn is long enough for it, the
     new request behind it does not take the slot it will need."""
-    slots = [running("a1", 1, 2)]
-    paused = Fake("p", 2, num_output_tokens=5, status=RequestStatus.PREEMPTED)
-    new = Fake("n", 3, arrival_time=100.0)
     since = {"p": 100.0 - NEW_REQUEST_LEAD - 1}
-    takes = plan(slots, [new, paused], max_loras=1, quantum=4, slice_start={}, waiting_since=since)
-    assert takes == []
+    waiting = [Fake("n", 3, arrival_time=100.0), paused("p", 2, 5)]
+    assert takes([running("a1", 1, 2)], waiting, max_loras=1, waiting_since=since) == []
 
 
 def test_the_adapter_with_the_fewest_requests_gives_its_slot_up_first() -> None:
     slots = [running("a1", 1, 9), running("a2", 1, 9), running("b1", 2, 5)]
-    takes = plan(
-        slots,
-        [Fake("w1", 3), Fake("w2", 4), Fake("w3", 5)],
-        max_loras=2,
-        quantum=4,
-        slice_start={},
-        waiting_since={},
-    )
-    assert [(w.request_id, [r.request_id for r in v]) for w, v in takes] == [
-        ("w1", ["b1"]),
-        ("w2", ["a1", "a2"]),
-    ]
+    waiting = [Fake("w1", 3), Fake("w2", 4), Fake("w2b", 4), Fake("w3", 5)]
+    assert takes(slots, waiting, max_loras=2) == [("w1", ["b1"]), ("w2", ["a1", "a2"])]
 
 
 def test_base_model_requests_neither_hold_slots_nor_wait_for_them() -> None:
     slots = [running("base", None, 50), running("a1", 1, 50)]
     waiting = [Fake("base2", None), Fake("w", 2)]
-    assert plan(slots, waiting, max_loras=2, quantum=4, slice_start={}, waiting_since={}) == []
-    (take,) = plan(slots, waiting, max_loras=1, quantum=4, slice_start={}, waiting_since={})
-    assert take[0].request_id == "w" and [r.request_id for r in take[1]] == ["a1"]
+    assert takes(slots, waiting, max_loras=2) == []
+    assert takes(slots, waiting, max_loras=1) == [("w", ["a1"])]
 
 
 def test_a_request_with_no_token_yet_comes_before_recently_paused_ones_only() -> None:
-    slots = [running("a1", 1, 9)]
-    paused = Fake("p", 2, num_output_tokens=5, status=RequestStatus.PREEMPTED)
-    new = Fake("n", 3, arrival_time=100.0)
+    waiting = [paused("p", 2, 5), Fake("n", 3, arrival_time=100.0)]
     for paused_at, first in [(99.0, "n"), (100.0 - NEW_REQUEST_LEAD - 0.1, "p")]:
-        (take,) = plan(
-            slots,
-            [paused, new],
+        ((taker, _),) = takes(
+            [running("a1", 1, 9)],
+            waiting,
             max_loras=1,
-            quantum=4,
-            slice_start={"p": 5},
+            turn_start={"p": 5},
             waiting_since={"p": paused_at},
         )
-        assert take[0].request_id == first
+        assert taker == first
 
 
 def test_requests_not_ready_to_run_are_not_served_a_slot() -> None:
     waiting = [Fake("grammar", 2, status=RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR)]
-    slots = [running("a1", 1, 9)]
-    assert plan(slots, waiting, max_loras=1, quantum=4, slice_start={}, waiting_since={}) == []
+    assert takes([running("a1", 1, 9)], waiting, max_loras=1) == []
 
 
 def test_the_engine_options_name_the_scheduler_and_its_quantum() -> None:
@@ -273,7 +285,7 @@ def test_the_slot_is_shared_in_turns_and_every_answer_is_whole(asynchronous: boo
     assert run.tokens == {"r0": ANSWER, "r1": ANSWER}
     preempted = [p for _, p in run.steps if p]
     assert len(preempted) >= 2  # turns, both ways
-    assert sched._slice_start == {} and sched._waiting_since == {}  # forgotten once done
+    assert sched._turn_start == {} and sched._waiting_since == {}  # forgotten once done
 
 
 def test_only_first_come_first_served_queues_can_be_reordered() -> None:
