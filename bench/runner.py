@@ -237,6 +237,7 @@ def _context(
         "engine": f"{s.model} dtype={s.dtype} max_model_len={s.max_model_len} "
         f"max_num_seqs={s.max_num_seqs} max_loras={s.max_loras} max_cpu_loras={s.max_cpu_loras} "
         f"max_lora_rank={s.max_lora_rank} kv_cache_gib={s.kv_cache_gib} "
+        f"kv_block_size={s.kv_block_size or 'default'} "
         f"enforce_eager={s.enforce_eager} seed={s.seed}",
         "workload": f"{config.adapters} adapters (ranks 8 and 16, attention projections), Zipf "
         f"{config.zipf:g}, {config.base_share:.0%} base-model requests, {config.output_tokens} "

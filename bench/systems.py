@@ -210,6 +210,7 @@ class GatewaySystem:
             "MAX_LORA_RANK": s.max_lora_rank,
             "LORA_SLOT_QUANTUM_TOKENS": s.lora_slot_quantum_tokens,
             "KV_CACHE_GIB": s.kv_cache_gib,
+            "KV_BLOCK_SIZE": s.kv_block_size,
             "ENFORCE_EAGER": s.enforce_eager,
             "SEED": s.seed,
             "ISOLATION_FIX": True,
@@ -338,6 +339,8 @@ class VLLMServer:
         command.append("--enforce-eager" if s.enforce_eager else "--no-enforce-eager")
         if self.engine.kv_cache_bytes is not None:
             command += ["--kv-cache-memory-bytes", str(self.engine.kv_cache_bytes)]
+        if s.kv_block_size is not None:
+            command += ["--block-size", str(s.kv_block_size)]
         if adapters:
             command += ["--lora-modules", *(f"{a.name}={a.path.resolve()}" for a in adapters)]
         return command

@@ -47,6 +47,7 @@ def engine_args(settings: Settings) -> AsyncEngineArgs:
         max_loras=settings.max_loras,
         max_cpu_loras=settings.max_cpu_loras,
         max_lora_rank=settings.max_lora_rank,
+        block_size=settings.kv_block_size,
         kv_cache_memory_bytes=(
             int(settings.kv_cache_gib * GIB) if settings.kv_cache_gib is not None else None
         ),

@@ -97,6 +97,8 @@ def vllm_server_argv(settings: Settings) -> list[str]:
         argv += ["--additional-config", json.dumps(slots["additional_config"])]
     if settings.kv_cache_gib is not None:
         argv += ["--kv-cache-memory-bytes", str(int(settings.kv_cache_gib * GIB))]
+    if settings.kv_block_size is not None:
+        argv += ["--block-size", str(settings.kv_block_size)]
     if settings.tool_call_parser is not None:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", settings.tool_call_parser]
     if settings.ssl_certfile is not None and settings.ssl_keyfile is not None:

@@ -59,7 +59,8 @@ def parsed(argv: list[str]) -> tuple[object, AsyncEngineArgs]:
 
 @pytest.mark.parametrize("compact", [True, False])
 def test_vllm_reads_the_engine_arguments_the_in_process_engine_takes(compact: bool) -> None:
-    config = settings(structured_outputs_compact=compact)
+    # With and without a KV block size of our own (unset: vLLM's platform default).
+    config = settings(structured_outputs_compact=compact, kv_block_size=32 if compact else None)
     args, from_cli = parsed(vllm_server_argv(config))
     expected = engine_args(config)
     for name in (
@@ -72,6 +73,7 @@ def test_vllm_reads_the_engine_arguments_the_in_process_engine_takes(compact: bo
         "max_cpu_loras",
         "max_lora_rank",
         "kv_cache_memory_bytes",
+        "block_size",
         "gpu_memory_utilization",
         "enforce_eager",
         "seed",
