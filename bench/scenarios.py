@@ -32,6 +32,7 @@ from bench.stats import (
     ACTIVATIONS,
     LOAD_SECONDS,
     LOADS,
+    PREEMPTIONS,
     REQUESTS_PS,
     Sample,
 )
@@ -66,6 +67,7 @@ async def _sample(system: System, point: str, round_: int, measure: Measure) -> 
             ACTIVATIONS: delta.swaps["activate"],
             LOAD_SECONDS: delta.swap_seconds["load"],
             ACTIVATION_SECONDS: delta.swap_seconds["activate"],
+            PREEMPTIONS: delta.preemptions,
         }
     return Sample(system.name, point, round_, tuple(records), wall, counters)
 

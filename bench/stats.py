@@ -139,12 +139,13 @@ def _per_event(seconds: str, events: str) -> Callable[[Array, Sample], Array]:
 
 
 # Counters a system reports over a sample (the gateway's residency metrics; vLLM's server
-# counts none): adapter loads into the host tier and activations into a device slot, and the
-# engine-step seconds each took.
+# counts none): adapter loads into the host tier and activations into a device slot, the
+# engine-step seconds each took, and the requests paused (preempted: computed again on resume).
 LOADS = "adapter_loads"
 ACTIVATIONS = "adapter_activations"
 LOAD_SECONDS = "adapter_load_seconds"
 ACTIVATION_SECONDS = "adapter_activation_seconds"
+PREEMPTIONS = "preempted_requests"
 
 OUTPUT_TPS = Figure(
     "output_tps", "output tok/s", True,
@@ -186,7 +187,11 @@ ACTIVATION_MS = Figure(
     "activation_ms", "engine time per adapter activation (ms)", False,
     lambda r: 1.0 if r.ok else None, _per_event(ACTIVATION_SECONDS, ACTIVATIONS), scale=1000.0,
 )  # fmt: skip
-SWAP_FIGURES = (LOADS_PER_100, ACTIVATIONS_PER_100, LOAD_MS, ACTIVATION_MS)
+PAUSES_PER_100 = Figure(
+    "pauses_per_100", "requests paused per 100 requests", False,
+    lambda r: 1.0 if r.ok else None, _per_hundred(PREEMPTIONS),
+)  # fmt: skip
+SWAP_FIGURES = (LOADS_PER_100, ACTIVATIONS_PER_100, LOAD_MS, ACTIVATION_MS, PAUSES_PER_100)
 
 THROUGHPUT_FIGURES = (OUTPUT_TPS, REQUESTS_PS, TTFT_P50, TTFT_P99, TPOT_P50, TPOT_P99, E2E_P99)
 LATENCY_FIGURES = (OUTPUT_TPS, TTFT_P50, TTFT_P99, TPOT_P50, E2E_P50, E2E_P99)

@@ -1,4 +1,6 @@
-"""Our gateway's adapter residency figures, read from its ``/metrics``.
+"""Our gateway's adapter residency figures, read from its ``/metrics``: the adapters' loads and
+activations, and the requests vLLM paused (``vllm:num_preemptions``, where a slot turn pauses
+its holder's requests).
 
 The counters are cumulative since the engine started, and one engine serves
 every workload point of a round: each point's figures are the difference of
@@ -17,6 +19,7 @@ from app.metrics import ADAPTER_SWAP_SECONDS, ADAPTER_USES, SWAP_STAGES, TIERS, 
 
 USES = family_name(ADAPTER_USES)
 SWAP = family_name(ADAPTER_SWAP_SECONDS)
+PREEMPTIONS_METRIC = "vllm:num_preemptions_total"
 STAGES: tuple[str, ...] = SWAP_STAGES
 
 
@@ -27,6 +30,7 @@ class SwapCounters:
     swap_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     # stage -> {upper bound: cumulative count}
     swap_buckets: dict[str, dict[float, float]] = field(default_factory=lambda: defaultdict(dict))
+    preemptions: float = 0.0
 
     def combined(self, other: SwapCounters, sign: float) -> SwapCounters:
         """``self + sign * other``, key by key (a scrape difference, or a sum of rounds)."""
@@ -46,6 +50,7 @@ class SwapCounters:
                     for s in stages
                 },
             ),
+            preemptions=self.preemptions + sign * other.preemptions,
         )
 
     def __sub__(self, before: SwapCounters) -> SwapCounters:
@@ -82,6 +87,7 @@ class SwapCounters:
             },
             "swap_p50_seconds": {s: self.swap_quantile(s, 0.5) for s in STAGES},
             "swap_p99_seconds": {s: self.swap_quantile(s, 0.99) for s in STAGES},
+            "preemptions": self.preemptions,
         }
 
 
@@ -100,4 +106,6 @@ def parse_swap_counters(text: str) -> SwapCounters:
                 bound = float(labels["le"])
                 buckets = counters.swap_buckets[labels["stage"]]
                 buckets[bound] = buckets.get(bound, 0.0) + sample.value
+            elif sample.name == PREEMPTIONS_METRIC:
+                counters.preemptions += sample.value
     return counters

@@ -180,6 +180,8 @@ lora_gateway_adapter_swap_seconds_count{stage="load"} 5.0
 lora_gateway_adapter_swap_seconds_sum{stage="load"} 0.065
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0"} 0.0
+# TYPE vllm:num_preemptions counter
+vllm:num_preemptions_total{engine="0",model_name="m"} 6.0
 """
 
 
@@ -193,6 +195,7 @@ def test_residency_is_the_difference_of_two_scrapes() -> None:
     assert report["swap_mean_seconds"]["activate"] is None
     assert report["swap_p50_seconds"]["load"] == pytest.approx(0.015)
     assert report["swap_p99_seconds"]["load"] == pytest.approx(0.0199)
+    assert report["preemptions"] == 6.0
 
 
 def test_residency_of_rounds_adds_up() -> None:
@@ -200,3 +203,4 @@ def test_residency_of_rounds_adds_up() -> None:
     two = one + one
     assert two.uses["device"] == 20.0
     assert two.swaps["load"] == 8.0
+    assert two.preemptions == 12.0
