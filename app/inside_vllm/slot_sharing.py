@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
@@ -56,6 +56,14 @@ class Candidate(Protocol):
 
     @property
     def lora_request(self) -> Any: ...
+
+
+class Holder(NamedTuple):
+    """A resident adapter, as the plan sees it."""
+
+    turn: int  # tokens each of its running requests has generated since it last started
+    by_turn: bool  # a turn gave it the slot (or gave it back): the turn is not cut short
+    requests: list[Candidate]
 
 
 def adapter_of(request: Candidate) -> int | None:
@@ -109,34 +117,35 @@ def plan(
     if not blocked:
         return []
 
-    def turn(requests: list[Candidate]) -> int:
-        """Tokens the adapter's requests have each generated since they last started."""
-        return min(r.num_output_tokens - turn_start.get(r.request_id, 0) for r in requests)
-
     holders = sorted(
         (
-            (turn(requests), any(r.request_id in turn_start for r in requests), requests)
+            Holder(
+                turn=min(r.num_output_tokens - turn_start.get(r.request_id, 0) for r in requests),
+                by_turn=any(r.request_id in turn_start for r in requests),
+                requests=requests,
+            )
             for requests in resident.values()
         ),
-        key=lambda holder: (len(holder[2]), -holder[0]),
+        key=lambda holder: (len(holder.requests), -holder.turn),
     )
-    smallest = len(holders[0][2])
+    smallest = len(holders[0].requests)
     takes: list[tuple[Candidate, list[Candidate]]] = []
-    for _, request in sorted(blocked.values(), key=lambda item: item[0]):
+    for adapter, (_, request) in sorted(blocked.items(), key=lambda item: item[1][0]):
         new = request.num_output_tokens == 0
-        largest = max(smallest, ready[adapter_of(request)])  # type: ignore[index]
+        largest = max(smallest, ready[adapter])
         holder = next(
             (
                 h
                 for h in holders
-                if h[0] >= (1 if new and not h[1] else quantum) and len(h[2]) <= largest
+                if h.turn >= (1 if new and not h.by_turn else quantum)
+                and len(h.requests) <= largest
             ),
             None,
         )
         if holder is None:
             break  # the next slot is this request's
         holders.remove(holder)
-        takes.append((request, holder[2]))
+        takes.append((request, holder.requests))
     return takes
 
 
