@@ -142,9 +142,9 @@ class Settings(BaseSettings):
     kv_block_size: int | None = Field(
         None,
         ge=1,
-        description="Tokens per KV cache block (unset: vLLM's default for the platform, 16 on "
-        "a GPU, 128 on a CPU). A paused request resumes from its last full block, so smaller "
-        "blocks compute less again after a slot turn.",
+        description="Tokens per KV cache block (unset: vLLM's default on a GPU, 16; 32 on a "
+        "CPU, where vLLM's is 128). A paused request resumes from its last full block, so "
+        "smaller blocks compute less again after a slot turn.",
     )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Share of GPU memory the engine may use (GPU only)."

@@ -27,7 +27,7 @@ from typing import IO, Any, Protocol
 
 import httpx
 
-from app.engine.vllm_engine import engine_dtype
+from app.engine.vllm_engine import engine_block_size, engine_dtype
 from app.inside_vllm.plugin import ENV_VAR as ISOLATION_FIX_ENV
 from app.settings import Settings
 from bench.client import Call
@@ -126,14 +126,18 @@ async def wait_ready(process: Process, url: str, *, name: str) -> float:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """The engine settings both systems get (ours: ``engine_args(settings)``), the dtype
-    resolved as the gateway resolves ``auto``, so that vLLM's server runs the same one."""
+    """The engine settings both systems get (ours: ``engine_args(settings)``), the dtype and
+    the KV block size resolved as the gateway resolves them, so that vLLM's server runs the
+    same ones."""
 
     settings: Settings
 
     def __post_init__(self) -> None:
-        dtype = engine_dtype(self.settings.dtype)
-        object.__setattr__(self, "settings", self.settings.model_copy(update={"dtype": dtype}))
+        resolved = {
+            "dtype": engine_dtype(self.settings.dtype),
+            "kv_block_size": engine_block_size(self.settings.kv_block_size),
+        }
+        object.__setattr__(self, "settings", self.settings.model_copy(update=resolved))
 
     @property
     def kv_cache_bytes(self) -> int | None:

@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
 X86 = ("x86_64", "AMD64")
+# The smallest KV block vLLM's CPU attention takes at full speed (it wants multiples of 32).
+CPU_KV_BLOCK_SIZE = 32
 
 
 def engine_args(settings: Settings) -> AsyncEngineArgs:
@@ -47,7 +49,7 @@ def engine_args(settings: Settings) -> AsyncEngineArgs:
         max_loras=settings.max_loras,
         max_cpu_loras=settings.max_cpu_loras,
         max_lora_rank=settings.max_lora_rank,
-        block_size=settings.kv_block_size,
+        block_size=engine_block_size(settings.kv_block_size),
         kv_cache_memory_bytes=(
             int(settings.kv_cache_gib * GIB) if settings.kv_cache_gib is not None else None
         ),
@@ -70,6 +72,16 @@ def engine_dtype(requested: Dtype) -> Dtype:
         return requested
     logger.info("dtype auto: float32, this CPU has no bfloat16 matmul")
     return "float32"
+
+
+def engine_block_size(requested: int | None) -> int | None:
+    """The KV cache block size vLLM is asked for. Unset means vLLM's own on a GPU (16 tokens)
+    and :data:`CPU_KV_BLOCK_SIZE` on a CPU, where vLLM's is 128: shorter requests than that
+    each sit in a mostly empty block, and a request paused for a slot turn is computed again
+    from its last full block (docs/performance.md, "Slot turns at saturation")."""
+    if requested is not None or not current_platform.is_cpu():
+        return requested
+    return CPU_KV_BLOCK_SIZE
 
 
 def structured_outputs_config(compact: bool) -> StructuredOutputsConfig:

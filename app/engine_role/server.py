@@ -46,7 +46,7 @@ PATHS_MIDDLEWARE = "app.engine_role.paths.EnginePathsOnly"
 
 def vllm_server_argv(settings: Settings) -> list[str]:
     """The command line of vLLM's server for ``settings`` (the flags mirror ``engine_args``)."""
-    from app.engine.vllm_engine import engine_dtype, structured_outputs_config
+    from app.engine.vllm_engine import engine_block_size, engine_dtype, structured_outputs_config
     from app.inside_vllm import slot_sharing
 
     structured = structured_outputs_config(settings.structured_outputs_compact)
@@ -97,8 +97,9 @@ def vllm_server_argv(settings: Settings) -> list[str]:
         argv += ["--additional-config", json.dumps(slots["additional_config"])]
     if settings.kv_cache_gib is not None:
         argv += ["--kv-cache-memory-bytes", str(int(settings.kv_cache_gib * GIB))]
-    if settings.kv_block_size is not None:
-        argv += ["--block-size", str(settings.kv_block_size)]
+    block_size = engine_block_size(settings.kv_block_size)
+    if block_size is not None:
+        argv += ["--block-size", str(block_size)]
     if settings.tool_call_parser is not None:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", settings.tool_call_parser]
     if settings.ssl_certfile is not None and settings.ssl_keyfile is not None:

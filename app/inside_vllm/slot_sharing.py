@@ -92,7 +92,7 @@ def plan(
     turn, which is never cut short. The adapter with the fewest running requests goes first,
     then the one furthest into its turn; one running more requests than the smallest gives
     its slot up only to an adapter with as many waiting, so a turn pauses no more requests
-    than it must (on a CPU, where a block is 128 tokens, each is computed again)."""
+    than it must (each is computed again from its last full KV block)."""
     resident: dict[int, list[Candidate]] = {}
     for request in running:
         adapter = adapter_of(request)

@@ -117,6 +117,18 @@ def test_auto_dtype_is_float32_on_a_cpu_without_bfloat16_matmul(
     assert vllm_engine.engine_args(Settings(_env_file=None, dtype=requested)).dtype == asked
 
 
+@pytest.mark.parametrize(
+    ("requested", "on_cpu", "asked"),
+    [(None, True, vllm_engine.CPU_KV_BLOCK_SIZE), (None, False, None), (64, True, 64)],
+)
+def test_an_unset_kv_block_size_is_ours_on_a_cpu_and_vllms_elsewhere(
+    monkeypatch: pytest.MonkeyPatch, requested: int | None, on_cpu: bool, asked: int | None
+) -> None:
+    monkeypatch.setattr(vllm_engine.current_platform, "is_cpu", lambda: on_cpu)
+    settings = Settings(_env_file=None, kv_block_size=requested)  # type: ignore[call-arg]
+    assert vllm_engine.engine_args(settings).block_size == asked
+
+
 def test_auto_dtype_is_left_to_vllm_off_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_engine.current_platform, "is_cpu", lambda: False)
     assert vllm_engine.engine_dtype("auto") == "auto"
