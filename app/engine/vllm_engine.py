@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
 X86 = ("x86_64", "AMD64")
-# The smallest KV block vLLM's CPU attention takes at full speed (it wants multiples of 32).
+# vLLM's CPU attention prefers KV blocks of a multiple of 32 tokens: the smallest of them.
 CPU_KV_BLOCK_SIZE = 32
 
 
