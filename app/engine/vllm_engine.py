@@ -34,7 +34,8 @@ logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
 X86 = ("x86_64", "AMD64")
-# vLLM's CPU attention prefers KV blocks of a multiple of 32 tokens: the smallest of them.
+# vLLM's CPU attention takes KV blocks of a multiple of 32 tokens only (an engine asked for 16
+# fails to start): the smallest of them.
 CPU_KV_BLOCK_SIZE = 32
 
 
