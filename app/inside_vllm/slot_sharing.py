@@ -5,9 +5,9 @@ a running request, so a request whose adapter holds no slot waits until every ru
 of some resident adapter has finished: one whole run, seconds on a CPU, the TTFT cliff users of
 multi-LoRA servers report when adapters outnumber slots. :class:`SlotSharingScheduler`, run in
 the engine core (``scheduler_cls``), takes a slot back instead: the resident adapter's running
-requests are preempted (vLLM's own preemption: their tokens so far are kept, their KV cache
-blocks stay in the prefix cache for the resume) and go to the back of the queue, and the
-waiting request the slot was taken for goes to its front. A turn lasts ``quantum`` tokens of
+requests are paused (parked with their KV cache blocks, or preempted by vLLM, which frees the
+blocks and computes the request again from its last full one), and the waiting request the
+slot was taken for goes to the front of the queue. A turn lasts ``quantum`` tokens of
 each of its holder's requests; a request with no token yet may take a slot held without a turn
 once each of them has generated one. A slot is taken from the adapter running the fewest
 requests, or from one running no more than the waiting adapter brings, so that a turn pauses
@@ -19,6 +19,7 @@ docs/scheduling.md, "Sharing the device slots".
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -27,6 +28,7 @@ from typing import Any, NamedTuple, Protocol
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import Request, RequestStatus
 
 QUANTUM_KEY = "lora_gateway_slot_quantum_tokens"
@@ -34,6 +36,8 @@ SCHEDULER_CLS = f"{__name__}.SlotSharingScheduler"
 # How much sooner a request with no token yet is served than a paused one: a bound on how
 # long new requests can keep a paused stream waiting.
 NEW_REQUEST_LEAD = 5.0
+# How full the KV cache may be for a paused request to keep its blocks (be parked).
+PARKED_KV_USAGE = 0.5
 
 
 def engine_options(quantum: int) -> dict[str, Any]:
@@ -66,6 +70,10 @@ class Holder(NamedTuple):
     requests: list[Candidate]
 
 
+# A slot no adapter holds: taken at once, pausing nothing.
+FREE_SLOT = Holder(turn=sys.maxsize, by_turn=False, requests=[])
+
+
 def adapter_of(request: Candidate) -> int | None:
     lora = request.lora_request
     return lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None
@@ -80,10 +88,10 @@ def plan(
     turn_start: Mapping[str, int],
     waiting_since: Mapping[str, float],
 ) -> list[tuple[Candidate, list[Candidate]]]:
-    """The slots to take back now: pairs of (a waiting request whose adapter holds no slot,
-    the running requests of the resident adapter whose slot it takes).
+    """The slots to give now: pairs of (a waiting request whose adapter holds no slot, the
+    running requests of the resident adapter whose slot it takes, none for a free slot).
 
-    Only when every slot is held. Waiting adapters are served in the order of their best
+    Free slots go first. Waiting adapters are served in the order of their best
     request's wait, a request with no token yet counted :data:`NEW_REQUEST_LEAD` seconds
     longer, until one finds no slot to take. A resident adapter gives its slot up once each
     of its running requests has generated ``quantum`` tokens since it last started
@@ -98,8 +106,6 @@ def plan(
         adapter = adapter_of(request)
         if adapter is not None:
             resident.setdefault(adapter, []).append(request)
-    if len(resident) < max_loras:
-        return []
     blocked: dict[int, tuple[float, Candidate]] = {}
     ready: Counter[int] = Counter()
     for request in waiting:
@@ -128,7 +134,8 @@ def plan(
         ),
         key=lambda holder: (len(holder.requests), -holder.turn),
     )
-    smallest = len(holders[0].requests)
+    smallest = len(holders[0].requests) if holders else 0
+    holders[:0] = [FREE_SLOT] * (max_loras - len(resident))
     takes: list[tuple[Candidate, list[Candidate]]] = []
     for adapter, (_, request) in sorted(blocked.items(), key=lambda item: item[1][0]):
         new = request.num_output_tokens == 0
@@ -150,9 +157,19 @@ def plan(
 
 
 class SlotSharingScheduler(Scheduler):
-    """vLLM's scheduler; before each step it takes back the slots :func:`plan` names. Where
-    vLLM schedules asynchronously (on a GPU, by default) it is built as
-    :class:`AsyncSlotSharingScheduler`, since one class name is all ``scheduler_cls`` takes."""
+    """vLLM's scheduler; before each step it gives the slots :func:`plan` names. Where vLLM
+    schedules asynchronously (on a GPU, by default) it is built as
+    :class:`AsyncSlotSharingScheduler`, since one class name is all ``scheduler_cls`` takes.
+
+    A request a turn pauses is *parked*: it keeps its KV cache blocks and waits out of vLLM's
+    queues until its adapter holds a slot again, then resumes where it stopped, with nothing
+    computed again. While the KV cache is :data:`PARKED_KV_USAGE` full or more, a paused
+    request is preempted instead (vLLM's own preemption, which frees its blocks), and so are
+    the parked ones, so that parked blocks never crowd out a running request."""
+
+    # Synchronous scheduling only: asynchronously every running request has a token in
+    # flight at each step, which vLLM's preemption alone knows how to deliver.
+    parks = True
 
     def __new__(cls, vllm_config: Any, *args: Any, **kwargs: Any) -> SlotSharingScheduler:
         if cls is SlotSharingScheduler and vllm_config.scheduler_config.async_scheduling:
@@ -170,43 +187,95 @@ class SlotSharingScheduler(Scheduler):
         # ones, the time they began waiting again.
         self._turn_start: dict[str, int] = {}
         self._waiting_since: dict[str, float] = {}
+        self._parked: list[Request] = []
+        self.parked_kv_usage = PARKED_KV_USAGE
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self._turn_start:
             self._forget_finished()
-        if self.lora_config is not None and self.quantum > 0 and self.waiting:
+        if self.lora_config is not None and self.quantum > 0 and self._anyone_waits():
             self._share_slots(self.lora_config.max_loras)
         return super().schedule(*args, **kwargs)
 
+    def _anyone_waits(self) -> bool:
+        return bool(self.waiting or self.kv_holding_waiting or self._parked)
+
+    def get_request_counts(self) -> tuple[int, int]:
+        # Parked requests wait too: the engine keeps stepping while any does.
+        running, waiting = super().get_request_counts()
+        return running, waiting + len(self._parked)
+
+    def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> Any:
+        self._unpark(self._parked, keep_blocks=False)
+        return super().reset_prefix_cache(*args, **kwargs)
+
     def _share_slots(self, max_loras: int) -> None:
+        if self._parked and self.kv_cache_manager.usage >= self.parked_kv_usage:
+            self._unpark(self._parked, keep_blocks=False)
+        held = [*self._parked, *self.kv_holding_waiting]
         takes = plan(
             self.running,
-            self.waiting,
+            [*held, *self.waiting],
             max_loras=max_loras,
             quantum=self.quantum,
             turn_start=self._turn_start,
             waiting_since=self._waiting_since,
         )
-        if not takes:
+        if not takes and not self._parked:
             return
         now, timestamp = time.time(), time.monotonic()
-        paused: list[Request] = [victim for _, victims in takes for victim in victims]  # type: ignore[misc]
-        for victim in paused:
-            self.running.remove(victim)
-            self._preempt_request(victim, timestamp)
-            self._turn_start[victim.request_id] = victim.num_output_tokens
-            self._waiting_since[victim.request_id] = now
-        # vLLM puts a preempted request at the queue's front: these go to its back, and the
-        # requests their slots were taken for to its front, in the plan's order.
+        park = self.parks and self.kv_cache_manager.usage < self.parked_kv_usage
+        preempted: list[Request] = []
+        for request, victims in takes:
+            if victims:  # a turn, not a free slot
+                self._turn_start[request.request_id] = request.num_output_tokens
+            for victim in victims:
+                self.running.remove(victim)  # type: ignore[arg-type]
+                if park:
+                    self._park(victim, timestamp)  # type: ignore[arg-type]
+                else:
+                    self._preempt_request(victim, timestamp)  # type: ignore[arg-type]
+                    preempted.append(victim)  # type: ignore[arg-type]
+                self._turn_start[victim.request_id] = victim.num_output_tokens
+                self._waiting_since[victim.request_id] = now
+        # A parked request resumes once its adapter holds a slot: a resident adapter, or one
+        # given a slot now. Those holding KV blocks go first in vLLM's order.
         wanted: list[Request] = [request for request, _ in takes]  # type: ignore[misc]
-        for request in wanted:
-            self._turn_start[request.request_id] = request.num_output_tokens
-        self.waiting.remove_requests([*paused, *wanted])
-        for victim in paused:
+        slotted = {adapter_of(r) for r in (*self.running, *wanted)}
+        self._unpark([r for r in self._parked if adapter_of(r) in slotted], keep_blocks=True)
+        # vLLM puts a preempted request at the queue's front: these go to its back, and the
+        # waiting requests given a slot to its front, in the plan's order.
+        queued = [r for r in wanted if r not in held]
+        self.waiting.remove_requests([*preempted, *queued])
+        for victim in preempted:
             self.waiting.add_request(victim)
-        self.waiting.prepend_requests(reversed(wanted))  # extendleft: the last goes first
+        self.waiting.prepend_requests(reversed(queued))  # extendleft: the last goes first
+
+    def _park(self, request: Request, timestamp: float) -> None:
+        """Pause a running request with its KV blocks kept (``_preempt_request`` frees them
+        and computes the request again from its last full block)."""
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        if self.log_stats:
+            request.record_event(EngineCoreEventType.PREEMPTED, timestamp)
+        self._parked.append(request)
+
+    def _unpark(self, requests: list[Request], *, keep_blocks: bool) -> None:
+        """Back to vLLM's queues: with their blocks to the queue vLLM drains first (they
+        resume with their next token), or with their blocks freed to the back of the queue,
+        as a preempted request would be."""
+        for request in requests:
+            self._parked.remove(request)
+            if keep_blocks:
+                self.kv_holding_waiting.add_request(request)
+                continue
+            self._free_request_blocks(request)
+            request.num_computed_tokens = 0
+            self.reset_preempted_req_ids.add(request.request_id)
+            self.waiting.add_request(request)
 
     def _forget_finished(self) -> None:
+        self._parked = [r for r in self._parked if not r.is_finished()]
         for request_id in [r for r in self._turn_start if r not in self.requests]:
             del self._turn_start[request_id]
             self._waiting_since.pop(request_id, None)
@@ -214,4 +283,6 @@ class SlotSharingScheduler(Scheduler):
 
 class AsyncSlotSharingScheduler(SlotSharingScheduler, AsyncScheduler):
     """The same over vLLM's asynchronous scheduler (vLLM's preemption keeps its in-flight
-    output apart)."""
+    output apart), without parking."""
+
+    parks = False

@@ -79,8 +79,13 @@ def takes(
     return [(request.request_id, [r.request_id for r in victims]) for request, victims in planned]
 
 
-def test_nothing_is_taken_while_a_slot_is_free() -> None:
-    assert takes([running("r1", 1, 50)], [Fake("w", 2)], max_loras=2) == []
+def test_a_free_slot_is_given_first_and_pauses_nothing() -> None:
+    slots = [running("a1", 1, 50)]
+    waiting = [Fake("w", 3), Fake("x", 4, arrival_time=1.0)]
+    in_turn = {"a1": 49}
+    assert takes(slots, waiting, max_loras=2, turn_start=in_turn) == [("w", [])]
+    assert takes(slots, waiting, max_loras=3, turn_start=in_turn) == [("w", []), ("x", [])]
+    assert takes([], waiting, max_loras=1) == [("w", [])]
 
 
 def test_a_paused_request_takes_a_slot_once_each_of_its_requests_had_its_quantum() -> None:
@@ -134,7 +139,7 @@ def test_the_adapter_with_the_fewest_requests_gives_its_slot_up_first() -> None:
 def test_base_model_requests_neither_hold_slots_nor_wait_for_them() -> None:
     slots = [running("base", None, 50), running("a1", 1, 50)]
     waiting = [Fake("base2", None), Fake("w", 2)]
-    assert takes(slots, waiting, max_loras=2) == []
+    assert takes(slots, waiting, max_loras=2) == [("w", [])]
     assert takes(slots, waiting, max_loras=1) == [("w", ["a1"])]
 
 
@@ -239,11 +244,12 @@ class Run:
         return max(i for i, (ran, _) in enumerate(self.steps) if request_id in ran)
 
 
-def drive(sched: Scheduler, arrivals: dict[int, Request]) -> Run:
-    """Steps until every request is done, each sampling one token for every request whose
-    prompt (or recomputed tokens) it completes; ``arrivals``: requests added before a step."""
+def drive(sched: Scheduler, arrivals: dict[int, Request], *, steps: int | None = None) -> Run:
+    """Steps until every request is done (or ``steps`` steps), each sampling one token for
+    every request whose prompt (or recomputed tokens) it completes; ``arrivals``: requests
+    added before a step."""
     run = Run()
-    for step in range(100):
+    for step in range(steps or 100):
         if step in arrivals:
             sched.add_request(arrivals[step])
         if not sched.has_requests():
@@ -261,7 +267,9 @@ def drive(sched: Scheduler, arrivals: dict[int, Request]) -> Run:
         for outputs in sched.update_from_output(output, result).values():
             for finished in outputs.outputs:
                 run.tokens[finished.request_id] += len(finished.new_token_ids)
-    raise AssertionError("the requests did not finish")
+    if steps is None:
+        raise AssertionError("the requests did not finish")
+    return run
 
 
 def test_vllm_alone_makes_the_second_adapter_wait_for_the_whole_first_answer() -> None:
@@ -270,22 +278,52 @@ def test_vllm_alone_makes_the_second_adapter_wait_for_the_whole_first_answer() -
     assert run.tokens == {"r0": ANSWER, "r1": ANSWER}
 
 
-@pytest.mark.parametrize("asynchronous", [False, True])
-def test_the_slot_is_shared_in_turns_and_every_answer_is_whole(asynchronous: bool) -> None:
+@pytest.mark.parametrize(
+    ("asynchronous", "parked_kv_usage", "resumed_with"),
+    [
+        # Parked: r0 keeps its KV blocks and resumes with its next token alone.
+        (False, 0.5, 1),
+        # Parked, then preempted once r1's blocks fill the cache past the limit, and
+        # preempted at once where vLLM schedules asynchronously: r0 resumes from the prefix
+        # cache, its prompt's full block not computed again.
+        (False, 0.05, PROMPT + 1 - BLOCK),
+        (True, 0.5, PROMPT + 1 - BLOCK),
+    ],
+)
+def test_the_slot_is_shared_in_turns_and_every_answer_is_whole(
+    asynchronous: bool, parked_kv_usage: float, resumed_with: int
+) -> None:
     sched = scheduler(2, asynchronous=asynchronous)
-    run = drive(sched, {0: request(0, 1), 1: request(1, 2)})
+    assert isinstance(sched, SlotSharingScheduler)
+    sched.parked_kv_usage = parked_kv_usage
+    r0, r1 = request(0, 1), request(1, 2)
+    run = drive(sched, {0: r0, 1: r1})
     # r1 has its first token the step after it came, once r0 had its first one: it takes
     # r0's slot. r0 resumes when r1 has had its turn of two tokens.
-    assert run.steps[1] == ({"r1"}, {"r0"})
-    assert run.steps[3] == ({"r0"}, {"r1"})
+    assert run.steps[1] == ({"r1"}, {"r0"} if asynchronous else set())  # parked: not freed
+    assert run.steps[3][0] == {"r0"}
     assert run.last_step("r0") > run.first_step("r1")
-    # r0 resumes from the prefix cache: its prompt's full block is not computed again.
-    assert run.computed[3]["r0"] == PROMPT + 1 - BLOCK
+    assert run.computed[3]["r0"] == resumed_with
     # Each paused request resumed where it was: every token, once.
     assert run.tokens == {"r0": ANSWER, "r1": ANSWER}
-    preempted = [p for _, p in run.steps if p]
-    assert len(preempted) >= 2  # turns, both ways
+    assert r0.num_preemptions >= 1 and r1.num_preemptions >= 1  # turns, both ways
+    assert not sched.has_requests()
     assert sched._turn_start == {} and sched._waiting_since == {}  # forgotten once done
+    assert sched._parked == [] and sched.kv_cache_manager.usage == 0.0
+
+
+def test_a_parked_request_keeps_the_engine_stepping_and_can_be_aborted() -> None:
+    sched = scheduler(2)
+    r0, r1 = request(0, 1), request(1, 2)
+    run = drive(sched, {0: r0, 1: r1}, steps=2)
+    assert run.steps[1][0] == {"r1"} and r0.status == RequestStatus.PREEMPTED
+    assert sched.get_request_counts() == (1, 1) and sched.kv_cache_manager.usage > 0
+    sched.finish_requests("r1", RequestStatus.FINISHED_ABORTED)
+    assert sched.has_requests()  # r0, parked, is all that is left
+    sched.finish_requests("r0", RequestStatus.FINISHED_ABORTED)
+    assert sched.kv_cache_manager.usage == 0.0  # the parked blocks are freed
+    sched.schedule()
+    assert sched._parked == [] and not sched.has_unfinished_requests()
 
 
 def test_only_first_come_first_served_queues_can_be_reordered() -> None:
