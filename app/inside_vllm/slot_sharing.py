@@ -163,8 +163,8 @@ class SlotSharingScheduler(Scheduler):
 
     A request a turn pauses is *parked*: it keeps its KV cache blocks and waits out of vLLM's
     queues until its adapter holds a slot again, then resumes where it stopped, with nothing
-    computed again. While the KV cache is :data:`PARKED_KV_USAGE` full or more, a paused
-    request is preempted instead (vLLM's own preemption, which frees its blocks), and so are
+    computed again. While the KV cache is half full or more (:data:`PARKED_KV_USAGE`), a
+    paused request is preempted instead (vLLM's own preemption, which frees its blocks), and so are
     the parked ones, so that parked blocks never crowd out a running request."""
 
     # Synchronous scheduling only: asynchronously every running request has a token in
@@ -205,11 +205,17 @@ class SlotSharingScheduler(Scheduler):
         running, waiting = super().get_request_counts()
         return running, waiting + len(self._parked)
 
-    def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> Any:
-        self._unpark(self._parked, keep_blocks=False)
-        return super().reset_prefix_cache(*args, **kwargs)
+    def reset_prefix_cache(
+        self, reset_running_requests: bool = False, reset_connector: bool = False
+    ) -> bool:
+        # A parked request holds its blocks as a running one does: freed only with them.
+        if reset_running_requests:
+            self._repark(set())
+            self._unpark(self._parked, keep_blocks=False)
+        return super().reset_prefix_cache(reset_running_requests, reset_connector)
 
     def _share_slots(self, max_loras: int) -> None:
+        self._repark({adapter_of(r) for r in self.running})
         if self._parked and self.kv_cache_manager.usage >= self.parked_kv_usage:
             self._unpark(self._parked, keep_blocks=False)
         held = [*self._parked, *self.kv_holding_waiting]
@@ -260,11 +266,25 @@ class SlotSharingScheduler(Scheduler):
             request.record_event(EngineCoreEventType.PREEMPTED, timestamp)
         self._parked.append(request)
 
+    def _repark(self, slotted: set[int | None]) -> None:
+        """Park again the requests let out to vLLM whose adapter is not in ``slotted``: let
+        out, their adapter lost its slot before vLLM ran them (its batch was full). Parked,
+        they wait for a slot, and give their blocks up past the KV cache's limit, as the
+        other parked ones do."""
+        back = [
+            r
+            for r in self.kv_holding_waiting
+            if r.status == RequestStatus.PREEMPTED and adapter_of(r) not in slotted
+        ]
+        if back:
+            self.kv_holding_waiting.remove_requests(back)
+            self._parked.extend(back)
+
     def _unpark(self, requests: list[Request], *, keep_blocks: bool) -> None:
         """Back to vLLM's queues: with their blocks to the queue vLLM drains first (they
         resume with their next token), or with their blocks freed to the back of the queue,
         as a preempted request would be."""
-        for request in requests:
+        for request in list(requests):
             self._parked.remove(request)
             if keep_blocks:
                 self.kv_holding_waiting.add_request(request)

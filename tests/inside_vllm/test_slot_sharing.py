@@ -326,6 +326,33 @@ def test_a_parked_request_keeps_the_engine_stepping_and_can_be_aborted() -> None
     assert sched._parked == [] and not sched.has_unfinished_requests()
 
 
+def test_a_request_let_out_whose_adapter_lost_its_slot_is_parked_again() -> None:
+    """As when vLLM's batch was full the step its adapter held a slot: it waits for a slot
+    parked, under the KV cache's limit, not in vLLM's queue with its blocks."""
+    sched = scheduler(2)
+    r0 = request(0, 1)
+    drive(sched, {0: r0, 1: request(1, 2)}, steps=2)
+    assert sched._parked == [r0]
+    sched._parked.remove(r0)
+    sched.kv_holding_waiting.add_request(r0)  # let out, but r1 holds the slot again
+    sched.parked_kv_usage = 0.0
+    output = sched.schedule()
+    assert set(output.num_scheduled_tokens) == {"r1"}
+    assert r0 in sched.waiting and r0.num_computed_tokens == 0  # parked, then its blocks freed
+
+
+def test_resetting_the_prefix_cache_with_the_running_requests_frees_the_parked_ones() -> None:
+    sched = scheduler(2)
+    arrivals = {step: request(step, step + 1) for step in range(3)}  # a new adapter a step
+    first = drive(sched, arrivals, steps=4)
+    assert [r.request_id for r in sched._parked] == ["r0", "r1"]
+    assert not sched.reset_prefix_cache()  # they hold their blocks, as running ones do
+    assert sched.reset_prefix_cache(reset_running_requests=True)
+    assert sched._parked == [] and sched.kv_cache_manager.usage == 0.0
+    rest = drive(sched, {})
+    assert first.tokens + rest.tokens == {"r0": ANSWER, "r1": ANSWER, "r2": ANSWER}
+
+
 def test_only_first_come_first_served_queues_can_be_reordered() -> None:
     sched = scheduler(0)
     sched.scheduler_config.policy = "priority"
