@@ -16,6 +16,7 @@ requests carries the spread of latency percentiles within a round.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -138,6 +139,48 @@ def _per_event(seconds: str, events: str) -> Callable[[Array, Sample], Array]:
     return reduce
 
 
+# The engine's steps as the client sees them: the tokens of all streams that arrive within
+# STEP_GAP_SHARE of the median gap between a stream's tokens (about one step) come from one
+# step. A step that completes no token (it only computes prompts, or paused requests again)
+# is not seen. Counted over the middle of a point (STEP_WINDOW of its time, without its ramp
+# and drain), where output tok/s is steps per second x tokens per step.
+STEP_GAP_SHARE = 0.25
+STEP_WINDOW = (0.1, 0.8)
+
+
+def token_times(record: RequestRecord) -> list[float]:
+    """When each of a completed request's tokens reached the client."""
+    if not record.ok or record.ttft is None:
+        return []
+    times = [record.started + record.ttft]
+    for gap in record.itl:
+        times.append(times[-1] + gap)
+    return times
+
+
+def seen_steps(records: Sequence[RequestRecord]) -> tuple[int, int, float]:
+    """(steps, tokens, seconds) the client saw over the middle of a point's run."""
+    gaps = [gap for r in records if r.ok for gap in r.itl]
+    times = sorted(t for r in records for t in token_times(r))
+    if not gaps or not times:
+        return 0, 0, 0.0
+    start, end = (times[-1] * share for share in STEP_WINDOW)
+    seen = [t for t in times if start <= t < end]
+    apart = STEP_GAP_SHARE * statistics.median(gaps)
+    steps = sum(1 for before, t in itertools.pairwise([-math.inf, *seen]) if t - before > apart)
+    return steps, len(seen), end - start
+
+
+def _of_steps(value: Callable[[int, int, float], float]) -> Callable[[Array, Sample], Array]:
+    """A figure of the sample's steps (a resample of its requests keeps them)."""
+
+    def reduce(values: Array, sample: Sample) -> Array:
+        steps, tokens, seconds = seen_steps(sample.records)
+        return np.full(values.shape[0], value(steps, tokens, seconds) if steps else np.nan)
+
+    return reduce
+
+
 # Counters a system reports over a sample (the gateway's residency metrics; vLLM's server
 # counts none): adapter loads into the host tier and activations into a device slot, the
 # engine-step seconds each took, and the requests paused (preempted: computed again on resume).
@@ -192,8 +235,20 @@ PAUSES_PER_100 = Figure(
     lambda r: 1.0 if r.ok else None, _per_hundred(PREEMPTIONS),
 )  # fmt: skip
 SWAP_FIGURES = (LOADS_PER_100, ACTIVATIONS_PER_100, LOAD_MS, ACTIVATION_MS, PAUSES_PER_100)
+STEP_MS = Figure(
+    "step_ms", "engine step, as the client sees it (ms)", False,
+    lambda r: 1.0 if r.ok else None, _of_steps(lambda steps, _, seconds: seconds / steps),
+    scale=1000.0,
+)  # fmt: skip
+TOKENS_PER_STEP = Figure(
+    "tokens_per_step", "tokens per engine step, as the client sees it", True,
+    lambda r: 1.0 if r.ok else None, _of_steps(lambda steps, tokens, _: tokens / steps),
+)  # fmt: skip
 
-THROUGHPUT_FIGURES = (OUTPUT_TPS, REQUESTS_PS, TTFT_P50, TTFT_P99, TPOT_P50, TPOT_P99, E2E_P99)
+THROUGHPUT_FIGURES = (
+    OUTPUT_TPS, REQUESTS_PS, TTFT_P50, TTFT_P99, TPOT_P50, TPOT_P99, E2E_P99,
+    STEP_MS, TOKENS_PER_STEP,
+)  # fmt: skip
 LATENCY_FIGURES = (OUTPUT_TPS, TTFT_P50, TTFT_P99, TPOT_P50, E2E_P50, E2E_P99)
 
 

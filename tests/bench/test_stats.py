@@ -3,6 +3,8 @@ interval over rounds and requests, the interleaved order, residency deltas."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from bench.client import RequestRecord
@@ -16,6 +18,8 @@ from bench.stats import (
     LOADS,
     LOADS_PER_100,
     OUTPUT_TPS,
+    STEP_MS,
+    TOKENS_PER_STEP,
     TPOT_P50,
     TTFT_P50,
     TTFT_P99,
@@ -25,6 +29,7 @@ from bench.stats import (
     median_of_rounds,
     percentile,
     ratio_estimate,
+    seen_steps,
 )
 from bench.swap_counters import parse_swap_counters
 
@@ -88,6 +93,29 @@ def test_loads_and_activations_per_hundred_completed_requests_and_their_time() -
     assert ACTIVATION_MS.of(s) == pytest.approx(0.005)  # seconds; the report shows ms
     assert LOAD_MS.of(s) is None  # no load time reported
     assert LOAD_MS.of(sample([0.1] * 8, counters={LOADS: 0.0, LOAD_SECONDS: 0.0})) is None
+
+
+def test_the_engine_steps_are_the_token_arrivals_close_together() -> None:
+    """Two streams a token each 100 ms, 4 ms apart: one step each 100 ms, of 2 tokens; a third
+    stream 50 ms off theirs takes steps of its own."""
+    streams = [
+        RequestRecord(
+            system="x", point="p", index=i, tenant=0, model="m", scheduled=0.0,
+            started=0.0, ttft=0.05 + offset, itl=[0.1] * 9, output_tokens=10,
+        )
+        for i, offset in enumerate([0.0, 0.004])
+    ]  # fmt: skip
+    # The window: 10% to 80% of the last token's 0.954 s, holding the arrivals at
+    # 0.15 (and 0.154) ... 0.75 s.
+    steps, tokens, seconds = seen_steps(streams)
+    assert (steps, tokens) == (7, 14) and seconds == pytest.approx(0.7 * 0.954)
+    s = Sample("x", "p", 0, tuple(streams), 1.0)
+    assert TOKENS_PER_STEP.of(s) == 2.0
+    assert STEP_MS.of(s) == pytest.approx(0.7 * 0.954 / 7)
+    apart = replace(streams[0], index=2, ttft=0.1, itl=[0.1] * 8)  # 0.1 ... 0.9 s
+    assert seen_steps([*streams, apart])[:2] == (14, 21)
+    failed = Sample("x", "p", 0, (replace(streams[0], error="x"),), 1.0)
+    assert seen_steps(failed.records) == (0, 0, 0.0) and TOKENS_PER_STEP.of(failed) is None
 
 
 def test_median_over_rounds() -> None:
