@@ -58,8 +58,8 @@ SWAP_NOTE = (
     "Adapter loads (storage -> the host tier) and activations (host tier -> a device slot), "
     "and the engine time each took: from the gateway's /metrics "
     "(lora_gateway_adapter_swap_seconds{stage}). Requests paused: vllm:num_preemptions, "
-    "the running requests a slot turn (or a full KV cache) paused, each computed again from "
-    "its last full KV block when it resumes."
+    "the running requests a slot turn (or a full KV cache) paused: parked with their KV "
+    "blocks, or preempted and computed again from their last full block when they resume."
 )
 NOT_COUNTABLE = (
     "vLLM's server counts no adapter loads or activations (its /metrics shows only "

@@ -183,7 +183,7 @@ def _of_steps(value: Callable[[int, int, float], float]) -> Callable[[Array, Sam
 
 # Counters a system reports over a sample (the gateway's residency metrics; vLLM's server
 # counts none): adapter loads into the host tier and activations into a device slot, the
-# engine-step seconds each took, and the requests paused (preempted: computed again on resume).
+# engine-step seconds each took, and the requests paused (parked, or preempted).
 LOADS = "adapter_loads"
 ACTIVATIONS = "adapter_activations"
 LOAD_SECONDS = "adapter_load_seconds"

@@ -78,8 +78,8 @@ def engine_dtype(requested: Dtype) -> Dtype:
 def engine_block_size(requested: int | None) -> int | None:
     """The KV cache block size vLLM is asked for. Unset means vLLM's own on a GPU (16 tokens)
     and :data:`CPU_KV_BLOCK_SIZE` on a CPU, where vLLM's is 128: shorter requests than that
-    each sit in a mostly empty block, and a request paused for a slot turn is computed again
-    from its last full block (docs/performance.md, "Slot turns at saturation")."""
+    each sit in a mostly empty block, and a request preempted for a slot turn is computed
+    again from its last full block (docs/performance.md, "Slot turns at saturation")."""
     if requested is not None or not current_platform.is_cpu():
         return requested
     return CPU_KV_BLOCK_SIZE

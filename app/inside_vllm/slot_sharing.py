@@ -100,7 +100,7 @@ def plan(
     turn, which is never cut short. The adapter with the fewest running requests goes first,
     then the one furthest into its turn; one running more requests than the smallest gives
     its slot up only to an adapter with as many waiting, so a turn pauses no more requests
-    than it must (each is computed again from its last full KV block)."""
+    than it must (each stops generating for the turn)."""
     resident: dict[int, list[Candidate]] = {}
     for request in running:
         adapter = adapter_of(request)
