@@ -164,8 +164,8 @@ class SlotSharingScheduler(Scheduler):
     A request a turn pauses is *parked*: it keeps its KV cache blocks and waits out of vLLM's
     queues until its adapter holds a slot again, then resumes where it stopped, with nothing
     computed again. While the KV cache is half full or more (:data:`PARKED_KV_USAGE`), a
-    paused request is preempted instead (vLLM's own preemption, which frees its blocks), and so are
-    the parked ones, so that parked blocks never crowd out a running request."""
+    paused request is preempted instead (vLLM's own preemption, which frees its blocks), and
+    so are the parked ones, so that parked blocks never crowd out a running request."""
 
     # Synchronous scheduling only: asynchronously every running request has a token in
     # flight at each step, which vLLM's preemption alone knows how to deliver.
