@@ -252,6 +252,8 @@ class SlotSharingScheduler(Scheduler):
         # vLLM puts a preempted request at the queue's front: these go to its back, and the
         # waiting requests given a slot to its front, in the plan's order.
         queued = [r for r in wanted if r not in held]
+        if not preempted and not queued:
+            return  # removing none would still rebuild vLLM's whole queue
         self.waiting.remove_requests([*preempted, *queued])
         for victim in preempted:
             self.waiting.add_request(victim)
