@@ -143,8 +143,9 @@ class Settings(BaseSettings):
         None,
         ge=1,
         description="Tokens per KV cache block (unset: vLLM's default on a GPU, 16; 32 on a "
-        "CPU, where vLLM's is 128). A paused request resumes from its last full block, so "
-        "smaller blocks compute less again after a slot turn.",
+        "CPU, where vLLM's is 128). A request preempted for a slot turn resumes from its last "
+        "full block, so smaller blocks compute less again (a parked one computes nothing "
+        "again).",
     )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Share of GPU memory the engine may use (GPU only)."
