@@ -7,8 +7,10 @@ before any model or LoRA wrapper is built. It swaps the CPU punica ops that
 tenant-isolating ones in :mod:`app.inside_vllm.punica_cpu` (see there for the bug),
 and its ``PunicaWrapperCPU`` for :mod:`app.inside_vllm.punica_wrapper`'s, which
 plans each step's adapter grouping once instead of in every layer (vLLM's model
-manager tells it which host-tier adapter each activation writes into which slot). It
-also instruments vLLM's LoRA caches for :mod:`app.inside_vllm.residency`'s metrics.
+manager tells it which host-tier adapter each activation writes into which slot), and
+keeps vLLM's LoRA layers from zeroing a slot again that is zero already
+(:mod:`app.inside_vllm.slot_zeroing`). It also instruments vLLM's LoRA caches for
+:mod:`app.inside_vllm.residency`'s metrics.
 
 Applied only on vLLM 0.32.x on the CPU platform; ``LORA_GATEWAY_ISOLATION_FIX=0``
 (or ``false``) turns it off. On CPU the fix is a correctness requirement, so the gateway checks
@@ -102,7 +104,7 @@ def register() -> None:
     import vllm.lora.punica_wrapper.punica_cpu as upstream
     from vllm.lora.model_manager import LoRAModelManager
 
-    from app.inside_vllm import punica_cpu
+    from app.inside_vllm import punica_cpu, slot_zeroing
     from app.inside_vllm.punica_wrapper import PlannedPunicaWrapper, report_activations
 
     for name in PATCHED_OPS:
@@ -111,6 +113,7 @@ def register() -> None:
     # model's LoRA layers are built, after plugins are loaded.
     upstream.PunicaWrapperCPU = PlannedPunicaWrapper  # type: ignore[misc]
     report_activations(LoRAModelManager)
+    slot_zeroing.install()
     _outcome = "active"
     logger.info(
         "CPU punica isolation fix active (vLLM %s, pid %d): %s.{%s} -> %s, PunicaWrapperCPU -> %s",
