@@ -41,7 +41,9 @@ RATE_HZ = 50
 # What a sample was doing: the first account with a frame (a substring of py-spy's
 # "function (file:line)") anywhere in its stack; "other" when none matches.
 ACCOUNTS: dict[str, tuple[str, ...]] = {
-    "adapter loads and activations": ("set_active_adapters (vllm/lora/worker_manager.py",),
+    "adapter loads from storage": ("WorkerLoRAManager._load_adapter (",),
+    "adapter activations": ("LoRAModelManager.activate_adapter (",),
+    "the step's adapters, the rest": ("set_active_adapters (vllm/lora/worker_manager.py",),
     "our ops: preparing a changed slot": ("PreparedLoRA.of (app/inside_vllm/lora_weights.py",),
     "our ops: the LoRA products": ("(app/inside_vllm/punica_wrapper.py",),
     "base model matmuls": ("cpu_unquantized_gemm (",),

@@ -31,6 +31,21 @@ PREPARE = ";".join(
     ]
 )
 PRODUCTS = f"{LOOP};_lora_linear (app/inside_vllm/punica_wrapper.py:279)"
+ADAPTERS = f"{LOOP};LRUCacheWorkerLoRAManager.set_active_adapters (vllm/lora/worker_manager.py:80)"
+LOAD = ";".join(
+    [
+        ADAPTERS,
+        "LRUCacheWorkerLoRAManager.add_adapter (vllm/lora/worker_manager.py:260)",
+        "WorkerLoRAManager._load_adapter (vllm/lora/worker_manager.py:140)",
+    ]
+)
+ACTIVATE = ";".join(
+    [
+        ADAPTERS,
+        "LRUCacheWorkerLoRAManager.add_adapter (vllm/lora/worker_manager.py:270)",
+        "LoRAModelManager.activate_adapter (vllm/lora/model_manager.py:389)",
+    ]
+)
 
 
 def test_folded_stacks_are_read_with_their_counts(tmp_path: Path) -> None:
@@ -44,18 +59,21 @@ def test_a_sample_goes_to_the_first_account_on_its_stack() -> None:
         "c: 1000 adapters",
         "gateway",
         "Worker",
-        Counter({GEMM: 5, PREPARE: 3, PRODUCTS: 2, LOOP: 1}),
+        Counter({GEMM: 5, PREPARE: 3, PRODUCTS: 2, LOOP: 1, LOAD: 4, ACTIVATE: 6, ADAPTERS: 1}),
     )
     assert profile.accounted() == Counter(
         {
             "base model matmuls": 5,
+            "adapter loads from storage": 4,
+            "adapter activations": 6,
+            "the step's adapters, the rest": 1,
             # under the wrapper's frame too, but preparing comes first
             "our ops: preparing a changed slot": 3,
             "our ops: the LoRA products": 2,
             OTHER: 1,
         }
     )
-    assert profile.samples == 11
+    assert profile.samples == 22
 
 
 def test_the_summary_sums_rounds_per_point_and_system() -> None:
