@@ -133,6 +133,13 @@ class Settings(BaseSettings):
         "waiting request of another adapter may take its device slot, pausing them (0: a "
         "waiting adapter waits until a slot frees; docs/scheduling.md).",
     )
+    lora_slot_keep_ending: bool = Field(
+        False,
+        description="A resident adapter whose running requests all end within a turn (by their "
+        "max_tokens) keeps its device slot instead of being paused: fewer slot changes and "
+        "more output at saturation, longer first-token waits where adapters far outnumber the "
+        "slots (docs/scheduling.md).",
+    )
     max_lora_rank: Literal[8, 16, 32, 64, 128, 256] = Field(
         32, description="Largest adapter rank the engine accepts."
     )

@@ -58,7 +58,9 @@ def engine_args(settings: Settings) -> AsyncEngineArgs:
         enforce_eager=settings.enforce_eager,
         seed=settings.seed,
         structured_outputs_config=structured_outputs_config(settings.structured_outputs_compact),
-        **slot_sharing.engine_options(settings.lora_slot_quantum_tokens),
+        **slot_sharing.engine_options(
+            settings.lora_slot_quantum_tokens, keep_ending=settings.lora_slot_keep_ending
+        ),
     )
 
 

@@ -91,7 +91,9 @@ def vllm_server_argv(settings: Settings) -> list[str]:
         "--middleware",
         PATHS_MIDDLEWARE,
     ]
-    slots = slot_sharing.engine_options(settings.lora_slot_quantum_tokens)
+    slots = slot_sharing.engine_options(
+        settings.lora_slot_quantum_tokens, keep_ending=settings.lora_slot_keep_ending
+    )
     if slots:
         argv += ["--scheduler-cls", slots["scheduler_cls"]]
         argv += ["--additional-config", json.dumps(slots["additional_config"])]

@@ -9,12 +9,16 @@ requests are paused (parked with their KV cache blocks, or preempted by vLLM, wh
 blocks and computes the request again from its last full one), and the waiting request the
 slot was taken for goes to the front of the queue. A turn lasts ``quantum`` tokens of
 each of its holder's requests; a request with no token yet may take a slot held without a turn
-once each of them has generated one. A slot is taken from the adapter running the fewest
-requests, or from one running no more than the waiting adapter brings, so that a turn pauses
-no more requests than it must. New requests come before paused ones that began waiting up to
-:data:`NEW_REQUEST_LEAD` seconds before them, so a first token does not wait behind every
-paused stream, and no paused stream waits for ever. The rules and what they cost:
-docs/scheduling.md, "Sharing the device slots".
+once each of them has generated one. With ``keep_ending``, an adapter whose running requests
+all end within a turn (by their ``max_tokens``) keeps its slot: pausing them would cost two
+slot changes, now and when they resume, to save the waiting request at most a turn (more
+output at saturation, longer waits where adapters far outnumber the slots). A slot is taken
+from the
+adapter running the fewest requests, or from one running no more than the waiting adapter
+brings, so that a turn pauses no more requests than it must. New requests come before paused
+ones that began waiting up to :data:`NEW_REQUEST_LEAD` seconds before them, so a first token
+does not wait behind every paused stream, and no paused stream waits for ever. The rules and
+what they cost: docs/scheduling.md, "Sharing the device slots".
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import Request, RequestStatus
 
 QUANTUM_KEY = "lora_gateway_slot_quantum_tokens"
+KEEP_ENDING_KEY = "lora_gateway_slot_keep_ending"
 SCHEDULER_CLS = f"{__name__}.SlotSharingScheduler"
 # How much sooner a request with no token yet is served than a paused one: a bound on how
 # long new requests can keep a paused stream waiting.
@@ -40,12 +45,16 @@ NEW_REQUEST_LEAD = 5.0
 PARKED_KV_USAGE = 0.5
 
 
-def engine_options(quantum: int) -> dict[str, Any]:
+def engine_options(quantum: int, *, keep_ending: bool = False) -> dict[str, Any]:
     """The engine arguments that share the slots every ``quantum`` tokens (0: vLLM's own
-    scheduler, a waiting adapter waits for a slot to free)."""
+    scheduler, a waiting adapter waits for a slot to free), an adapter whose requests end
+    within a turn keeping its slot with ``keep_ending``."""
     if quantum <= 0:
         return {}
-    return {"scheduler_cls": SCHEDULER_CLS, "additional_config": {QUANTUM_KEY: quantum}}
+    additional: dict[str, Any] = {QUANTUM_KEY: quantum}
+    if keep_ending:
+        additional[KEEP_ENDING_KEY] = True
+    return {"scheduler_cls": SCHEDULER_CLS, "additional_config": additional}
 
 
 class Candidate(Protocol):
@@ -54,6 +63,7 @@ class Candidate(Protocol):
     request_id: str
     arrival_time: float
     status: RequestStatus
+    max_tokens: int
 
     @property
     def num_output_tokens(self) -> int: ...
@@ -68,6 +78,13 @@ class Holder(NamedTuple):
     turn: int  # tokens each of its running requests has generated since it last started
     by_turn: bool  # a turn gave it the slot (or gave it back): the turn is not cut short
     requests: list[Candidate]
+
+    def ends_within(self, tokens: int) -> bool:
+        """Every running request ends within ``tokens`` more (by its ``max_tokens``; it may
+        end sooner): the slot frees by itself."""
+        return bool(self.requests) and all(
+            r.max_tokens - r.num_output_tokens <= tokens for r in self.requests
+        )
 
 
 # A slot no adapter holds: taken at once, pausing nothing.
@@ -87,6 +104,7 @@ def plan(
     quantum: int,
     turn_start: Mapping[str, int],
     waiting_since: Mapping[str, float],
+    keep_ending: bool = False,
 ) -> list[tuple[Candidate, list[Candidate]]]:
     """The slots to give now: pairs of (a waiting request whose adapter holds no slot, the
     running requests of the resident adapter whose slot it takes, none for a free slot).
@@ -97,10 +115,11 @@ def plan(
     of its running requests has generated ``quantum`` tokens since it last started
     (``turn_start``: its output count then, for a request a turn paused or started); to a
     request with no token yet, one token is enough unless the adapter holds its slot by a
-    turn, which is never cut short. The adapter with the fewest running requests goes first,
-    then the one furthest into its turn; one running more requests than the smallest gives
-    its slot up only to an adapter with as many waiting, so a turn pauses no more requests
-    than it must (each stops generating for the turn)."""
+    turn, which is never cut short. With ``keep_ending``, an adapter whose running requests
+    all end within ``quantum`` tokens keeps its slot. The adapter with the fewest running
+    requests goes first, then the one furthest into its turn; one running more requests than
+    the smallest gives its slot up only to an adapter with as many waiting, so a turn pauses
+    no more requests than it must (each stops generating for the turn)."""
     resident: dict[int, list[Candidate]] = {}
     for request in running:
         adapter = adapter_of(request)
@@ -146,6 +165,7 @@ def plan(
                 for h in holders
                 if h.turn >= (1 if new and not h.by_turn else quantum)
                 and len(h.requests) <= largest
+                and not (keep_ending and h.ends_within(quantum))
             ),
             None,
         )
@@ -179,7 +199,9 @@ class SlotSharingScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         additional = self.vllm_config.additional_config
-        self.quantum = int(additional.get(QUANTUM_KEY, 0)) if isinstance(additional, dict) else 0
+        options = additional if isinstance(additional, dict) else {}
+        self.quantum = int(options.get(QUANTUM_KEY, 0))
+        self.keep_ending = bool(options.get(KEEP_ENDING_KEY, False))
         if self.policy != SchedulingPolicy.FCFS:
             raise ValueError("slot sharing orders vLLM's queue first come, first served")
         # For the requests whose turn a take started or paused, until they finish: their
@@ -226,6 +248,7 @@ class SlotSharingScheduler(Scheduler):
             quantum=self.quantum,
             turn_start=self._turn_start,
             waiting_since=self._waiting_since,
+            keep_ending=self.keep_ending,
         )
         if not takes and not self._parked:
             return

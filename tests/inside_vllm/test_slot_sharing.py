@@ -22,6 +22,7 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 from app.inside_vllm.slot_sharing import (
+    KEEP_ENDING_KEY,
     NEW_REQUEST_LEAD,
     QUANTUM_KEY,
     SCHEDULER_CLS,
@@ -44,6 +45,7 @@ class Fake:
     num_output_tokens: int = 0
     arrival_time: float = 0.0
     status: RequestStatus = RequestStatus.WAITING
+    max_tokens: int = 1000
     lora_request: Lora | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -66,6 +68,7 @@ def takes(
     quantum: int = 4,
     turn_start: dict[str, int] | None = None,
     waiting_since: dict[str, float] | None = None,
+    keep_ending: bool = False,
 ) -> list[tuple[str, list[str]]]:
     """The plan's takes as (the waiting request, the running requests it pauses), by id."""
     planned = plan(
@@ -75,6 +78,7 @@ def takes(
         quantum=quantum,
         turn_start=turn_start or {},
         waiting_since=waiting_since or {},
+        keep_ending=keep_ending,
     )
     return [(request.request_id, [r.request_id for r in victims]) for request, victims in planned]
 
@@ -108,6 +112,24 @@ def test_a_turn_is_never_cut_short() -> None:
     slots = [running("a1", 1, 0), running("b1", 2, 9)]
     for turn_start, taken in [({"b1": 6}, []), ({"b1": 5}, [("w", ["b1"])])]:
         assert takes(slots, [Fake("w", 3)], max_loras=2, turn_start=turn_start) == taken
+
+
+def test_kept_ending_an_adapter_whose_requests_end_within_a_turn_keeps_its_slot() -> None:
+    """Its slot frees within a turn anyway: pausing it would cost two slot changes."""
+    holder, in_turn = running("b1", 2, 5), {"a1": 7}  # a1 is in its turn
+    slots, waiting = [running("a1", 1, 9), holder], [paused("p", 3, 5)]
+    for max_tokens, kept in [(9, True), (10, False)]:  # 4 tokens left, then 5
+        holder.max_tokens = max_tokens
+        taken = takes(slots, waiting, max_loras=2, turn_start=in_turn, keep_ending=True)
+        assert taken == ([] if kept else [("p", ["b1"])])
+    holder.max_tokens = 9
+    assert takes(slots, waiting, max_loras=2, turn_start=in_turn) == [("p", ["b1"])]  # default
+    # The same against a request with no token yet, once the holder has generated one.
+    ending = running("c1", 2, 1)
+    ending.max_tokens = 5
+    slots = [running("a1", 1, 0), ending]
+    assert takes(slots, [Fake("w", 3)], max_loras=2, keep_ending=True) == []
+    assert takes(slots, [Fake("w", 3)], max_loras=2) == [("w", ["c1"])]
 
 
 def test_a_turn_pauses_no_more_requests_than_the_smallest_adapter_runs() -> None:
@@ -167,6 +189,10 @@ def test_the_engine_options_name_the_scheduler_and_its_quantum() -> None:
         "scheduler_cls": SCHEDULER_CLS,
         "additional_config": {QUANTUM_KEY: 8},
     }
+    assert engine_options(8, keep_ending=True)["additional_config"] == {
+        QUANTUM_KEY: 8,
+        KEEP_ENDING_KEY: True,
+    }
 
 
 # -- vLLM's scheduler --------------------------------------------------------------------
@@ -176,11 +202,11 @@ PROMPT = 40
 ANSWER = 6
 
 
-def scheduler(quantum: int, *, asynchronous: bool = False) -> Scheduler:
+def scheduler(quantum: int, *, asynchronous: bool = False, keep_ending: bool = False) -> Scheduler:
     """The scheduler the engine core builds from :func:`engine_options` over the embedded
     model's config, with one LoRA slot and a KV cache of placeholder blocks (nothing is
     computed)."""
-    options = engine_options(quantum)
+    options = engine_options(quantum, keep_ending=keep_ending)
     model = ModelConfig(
         model=str(EMBEDDED_MODEL_DIR), dtype="float32", seed=0, skip_tokenizer_init=True
     )
@@ -270,6 +296,13 @@ def drive(sched: Scheduler, arrivals: dict[int, Request], *, steps: int | None =
     if steps is None:
         raise AssertionError("the requests did not finish")
     return run
+
+
+def test_the_scheduler_reads_its_rules_from_the_engine_options() -> None:
+    for keep_ending in (False, True):
+        sched = scheduler(2, keep_ending=keep_ending)
+        assert isinstance(sched, SlotSharingScheduler)
+        assert (sched.quantum, sched.keep_ending) == (2, keep_ending)
 
 
 def test_vllm_alone_makes_the_second_adapter_wait_for_the_whole_first_answer() -> None:
