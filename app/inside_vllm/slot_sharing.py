@@ -13,12 +13,11 @@ once each of them has generated one. With ``keep_ending``, an adapter whose runn
 all end within a turn (by their ``max_tokens``) keeps its slot: pausing them would cost two
 slot changes, now and when they resume, to save the waiting request at most a turn (more
 output at saturation, longer waits where adapters far outnumber the slots). A slot is taken
-from the
-adapter running the fewest requests, or from one running no more than the waiting adapter
-brings, so that a turn pauses no more requests than it must. New requests come before paused
-ones that began waiting up to :data:`NEW_REQUEST_LEAD` seconds before them, so a first token
-does not wait behind every paused stream, and no paused stream waits for ever. The rules and
-what they cost: docs/scheduling.md, "Sharing the device slots".
+from the adapter running the fewest requests, or from one running no more than the waiting
+adapter brings, so that a turn pauses no more requests than it must. New requests come before
+paused ones that began waiting up to :data:`NEW_REQUEST_LEAD` seconds before them, so a first
+token does not wait behind every paused stream, and no paused stream waits for ever. The
+rules and what they cost: docs/scheduling.md, "Sharing the device slots".
 """
 
 from __future__ import annotations
