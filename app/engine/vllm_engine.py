@@ -46,6 +46,7 @@ def engine_args(settings: Settings) -> AsyncEngineArgs:
         dtype=engine_dtype(settings.dtype),
         max_model_len=settings.max_model_len,
         max_num_seqs=settings.max_num_seqs,
+        stream_interval=settings.stream_interval,
         enable_lora=True,
         max_loras=settings.max_loras,
         max_cpu_loras=settings.max_cpu_loras,

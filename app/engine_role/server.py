@@ -68,6 +68,8 @@ def vllm_server_argv(settings: Settings) -> list[str]:
         str(settings.max_model_len),
         "--max-num-seqs",
         str(settings.max_num_seqs),
+        "--stream-interval",
+        str(settings.stream_interval),
         "--enable-lora",
         "--max-loras",
         str(settings.max_loras),

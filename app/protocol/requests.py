@@ -313,6 +313,9 @@ class SamplingFields(OpenAIModel):
     top_k: Annotated[int, Field(ge=-1, le=INT64_MAX), JsonNumber] | None = None
     min_p: Annotated[float, Field(ge=0, le=1), JsonNumber] | None = None
     repetition_penalty: Annotated[float, Field(gt=0, le=2), JsonNumber] | None = None
+    # Tokens a streamed chunk gathers (the first and the last are sent at once); never fewer
+    # than the deployment's LORA_GATEWAY_STREAM_INTERVAL.
+    stream_interval: TokenCount | None = None
 
     @model_validator(mode="before")
     @classmethod

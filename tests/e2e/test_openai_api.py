@@ -36,7 +36,12 @@ def test_non_streaming_usage_is_exact(gateway: LiveGateway) -> None:
     assert response.id.startswith("chatcmpl-")
 
 
-def test_stream_reassembles_to_the_non_streamed_answer(gateway: LiveGateway) -> None:
+@pytest.mark.parametrize("interval", [None, 4])
+def test_stream_reassembles_to_the_non_streamed_answer(
+    gateway: LiveGateway, interval: int | None
+) -> None:
+    """Also with chunks of ``stream_interval`` tokens (vLLM's extension): the first token at
+    once, then four at a time, the same text."""
     client = gateway.client("demo-all")
     whole = client.chat.completions.create(
         model="medical_scribe", messages=MESSAGES, temperature=0, max_tokens=24
@@ -49,11 +54,14 @@ def test_stream_reassembles_to_the_non_streamed_answer(gateway: LiveGateway) -> 
             max_tokens=24,
             stream=True,
             stream_options={"include_usage": True},
+            extra_body={"stream_interval": interval} if interval else None,
         )
     )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
+    content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content) <= (7 if interval else 24)  # the first token, then 23 four at a time
     finished = [
         c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
     ]

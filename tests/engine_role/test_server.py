@@ -60,7 +60,11 @@ def parsed(argv: list[str]) -> tuple[object, AsyncEngineArgs]:
 @pytest.mark.parametrize("compact", [True, False])
 def test_vllm_reads_the_engine_arguments_the_in_process_engine_takes(compact: bool) -> None:
     # With and without a KV block size of our own (unset: vLLM's platform default).
-    config = settings(structured_outputs_compact=compact, kv_block_size=32 if compact else None)
+    config = settings(
+        structured_outputs_compact=compact,
+        kv_block_size=32 if compact else None,
+        stream_interval=4 if compact else 1,
+    )
     args, from_cli = parsed(vllm_server_argv(config))
     expected = engine_args(config)
     for name in (
@@ -68,6 +72,7 @@ def test_vllm_reads_the_engine_arguments_the_in_process_engine_takes(compact: bo
         "dtype",
         "max_model_len",
         "max_num_seqs",
+        "stream_interval",
         "enable_lora",
         "max_loras",
         "max_cpu_loras",

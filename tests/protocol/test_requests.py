@@ -58,6 +58,8 @@ REFUSED: list[tuple[Request, dict[str, Any], str]] = [
     (ChatCompletionRequest, chat(max_tokens=2**70), "max_tokens"),
     (ChatCompletionRequest, chat(max_completion_tokens=2**70), "max_completion_tokens"),
     (ChatCompletionRequest, chat(min_tokens=2**70), "min_tokens"),
+    (ChatCompletionRequest, chat(stream=True, stream_interval=0), "stream_interval"),
+    (CompletionRequest, completion(stream=True, stream_interval=2**70), "stream_interval"),
     (ChatCompletionRequest, chat(n=2**70), "n"),
     (ChatCompletionRequest, chat(n=2, temperature=0), "n"),
     (ChatCompletionRequest, chat(temperature=float("nan")), "temperature"),
@@ -203,12 +205,14 @@ def test_what_sdks_send_by_default_is_accepted() -> None:
         chat(seed=INT64_MAX, n=16, temperature=0.7, stop=["a", "b", "c", "d"], min_tokens=3),
         chat(seed=INT64_MIN, temperature=0, presence_penalty=-2, frequency_penalty=2),
         chat(temperature=2, top_p=1e-9, logprobs=True, top_logprobs=20, max_tokens=50),
+        chat(stream=True, stream_interval=INT64_MAX),
     ],
 )
 def test_accepted_extremes_are_accepted_by_the_engine(body: dict[str, Any]) -> None:
     """vLLM's SamplingParams and its transport (MessagePack) take what validation passes."""
     request = ChatCompletionRequest.model_validate(body)
     params = sampling_params(request, prompt_tokens=5, max_model_len=100)
+    assert params.stream_interval == request.stream_interval
     MsgpackEncoder().encode(params)
 
 

@@ -45,6 +45,8 @@ class Script:
     hang: bool = False
     # A stream that ends (the connection closed) after this many tokens, with no [DONE].
     cut_after: int | None = None
+    # A stream that stops after this many tokens, until the front leaves.
+    hold_after: int | None = None
 
 
 @dataclass
@@ -181,6 +183,8 @@ async def _chunks(
                 await asyncio.sleep(script.step_seconds)
             if script.cut_after is not None and step > script.cut_after:
                 return
+            if script.hold_after is not None and step > script.hold_after:
+                await asyncio.Event().wait()
             last = step == script.completion_tokens
             for i in range(n):
                 finish = "length" if last else None

@@ -39,6 +39,25 @@ async def test_every_request_gets_its_tokens_one_per_step_at_the_rate_asked() ->
     assert engine.steps == 20
 
 
+@pytest.mark.parametrize(
+    ("engine_interval", "request_interval", "sizes"),
+    [
+        (4, None, [1, 4, 4, 4, 4, 3]),  # the first token at once, then four at a time
+        (4, 8, [1, 8, 8, 3]),  # a request raises the engine's interval
+        (4, 2, [1, 4, 4, 4, 4, 3]),  # and never lowers it
+    ],
+)
+async def test_outputs_gather_the_stream_interval_as_vllms_do(
+    engine_interval: int, request_interval: int | None, sizes: list[int]
+) -> None:
+    engine = PacedEngine(tokens_per_second=10_000, stream_interval=engine_interval)
+    params = SamplingParams(max_tokens=20, stream_interval=request_interval)
+    outputs = [output async for output in engine.generate([1], params, "r", None)]
+    await engine.close()
+    assert [len(o.outputs[0].token_ids) for o in outputs] == sizes
+    assert [o.finished for o in outputs] == [False] * (len(sizes) - 1) + [True]
+
+
 async def test_a_slow_reader_gets_merged_outputs_and_an_abort_ends_the_stream() -> None:
     engine = PacedEngine(tokens_per_second=10_000)
     stream = engine.generate([1], SamplingParams(max_tokens=1000), "slow", None)
@@ -109,10 +128,16 @@ def test_a_small_run_measures_the_gateway_process(tmp_path: Path) -> None:
         assert "own_token_us" in figures
 
 
-async def test_the_front_s_upstream_paces_its_streams_and_counts_every_chunk() -> None:
+@pytest.mark.parametrize(
+    ("server_interval", "request_interval", "content_events"),
+    [(1, None, 20), (4, None, 6), (1, 4, 6), (4, 8, 4)],  # 1 + 4 x 4 + 3, 1 + 8 + 8 + 3
+)
+async def test_the_front_s_upstream_paces_its_streams_and_counts_every_chunk(
+    server_interval: int, request_interval: int | None, content_events: int
+) -> None:
     steps = Steps(rate=400)
     port = free_port()
-    server = asyncio.create_task(serve_upstream(port, steps))
+    server = asyncio.create_task(serve_upstream(port, steps, server_interval))
     try:
         for _ in range(100):
             with contextlib.suppress(OSError):
@@ -128,6 +153,7 @@ async def test_the_front_s_upstream_paces_its_streams_and_counts_every_chunk() -
                 "stream": True,
                 "stream_options": {"include_usage": True, "continuous_usage_stats": True},
             }
+            | ({"stream_interval": request_interval} if request_interval else {})
         ).encode()
         request = (
             f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -139,6 +165,6 @@ async def test_the_front_s_upstream_paces_its_streams_and_counts_every_chunk() -
     finally:
         server.cancel()
     assert result.requests == 4 and result.completion_tokens == 80
-    # role + 20 tokens + usage + [DONE] per request, each token with its usage so far
-    assert result.events == 4 * 23
+    # role + the tokens' chunks + usage + [DONE] per request, each with its usage so far
+    assert result.events == 4 * (content_events + 3)
     assert elapsed >= 80 / 400 * 0.9  # 80 tokens at 400 tokens/s in all

@@ -94,14 +94,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def upstream(workdir: Path, rate: float) -> Iterator[str]:
+def upstream(workdir: Path, pacing: list[str]) -> Iterator[str]:
     """The paced upstream of a front (:mod:`tools.gateway_cost.upstream`), until the block
     ends; its URL."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     command = [sys.executable, "-m", "tools.gateway_cost.upstream", f"--port={port}"]
     with (workdir / "upstream.log").open("ab") as log:
-        process = subprocess.Popen([*command, f"--rate={rate}"], stdout=log, stderr=log)
+        process = subprocess.Popen([*command, *pacing], stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -117,7 +117,7 @@ def upstream(workdir: Path, rate: float) -> Iterator[str]:
 
 @contextmanager
 def gateway(
-    workdir: Path, rate: float, profile: Path | None = None, upstream_url: str | None = None
+    workdir: Path, pacing: list[str], profile: Path | None = None, upstream_url: str | None = None
 ) -> Iterator[Gateway]:
     workdir.mkdir(parents=True)
     port = free_port()
@@ -127,7 +127,7 @@ def gateway(
         "tools.gateway_cost.server",
         f"--workdir={workdir}",
         f"--port={port}",
-        f"--rate={rate}",
+        *pacing,
     ]
     if profile is not None:
         command.append(f"--profile={profile}")
@@ -275,8 +275,9 @@ def system_per_token_us(short: Phase, long: Phase) -> float:
 
 
 def tokens_per_content_event(phase: Phase) -> float:
-    """Above 1 when the gateway fell behind the engine and sent merged deltas (a chat stream
-    with usage has three events without content: the role, the usage, ``[DONE]``)."""
+    """Above 1 when chunks gather tokens (``--stream-interval``) or the gateway fell behind
+    the engine and sent merged deltas (a chat stream with usage has three events without
+    content: the role, the usage, ``[DONE]``)."""
     result = phase.result
     return result.completion_tokens / (result.events - 3 * result.requests)
 
@@ -364,6 +365,13 @@ def main(argv: list[str] | None = None) -> int:
         help="tokens/s the engine produces over all streams (one per running request per step)",
     )
     parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="tokens a streamed chunk gathers (the gateway's LORA_GATEWAY_STREAM_INTERVAL, "
+        "and the upstream's of a front)",
+    )
+    parser.add_argument(
         "--idle-seconds", type=float, default=5.0, help="how long the idle gateway is measured"
     )
     parser.add_argument("--profile", action="store_true", help="profile one long phase more")
@@ -381,13 +389,14 @@ def main(argv: list[str] | None = None) -> int:
         contextlib.ExitStack() as stack,
     ):
         workdir = Path(tmp)
+        pacing = [f"--rate={args.rate}", f"--stream-interval={args.stream_interval}"]
         upstream_url = (
-            stack.enter_context(upstream(workdir / "upstream", args.rate))
+            stack.enter_context(upstream(workdir / "upstream", pacing))
             if args.role == "front"
             else None
         )
         if args.rounds:
-            with gateway(workdir / "measured", args.rate, upstream_url=upstream_url) as gw:
+            with gateway(workdir / "measured", pacing, upstream_url=upstream_url) as gw:
                 rows, phases = measure_rounds(gw, args)
                 # After the rounds: just after start-up, the gateway is still settling.
                 idle_us_per_s = gw.idle_cpu_us_per_second(args.idle_seconds)
@@ -395,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             stats_file = workdir / "gateway.prof"
             with gateway(
-                workdir / "profiled", args.rate, profile=stats_file, upstream_url=upstream_url
+                workdir / "profiled", pacing, profile=stats_file, upstream_url=upstream_url
             ) as gw:
                 measure(gw, args.profile_streams, args.tokens, 1)
                 each = max(1, args.requests // args.profile_streams)
@@ -418,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
             "tokens": args.tokens,
             "requests": args.requests,
             "rate": args.rate,
+            "stream_interval": args.stream_interval,
             "rounds": args.rounds,
         },
         "idle_us_per_second": idle_us_per_s,

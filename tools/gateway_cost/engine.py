@@ -4,7 +4,9 @@ are paced so that the engine produces ``tokens_per_second`` in all, however many
 share them. What the gateway process spends beyond it is the gateway's own cost.
 
 Like vLLM's output collector, it hands each reader one output per step with that step's
-token, and merges the tokens of steps a slow reader has not taken yet into one output.
+token, and merges the tokens of steps a slow reader has not taken yet into one output. Like
+vLLM's ``stream_interval`` (the engine's, raised by a request's), it hands over the first
+token at once, then an output once it holds that many tokens, and the last.
 """
 
 from __future__ import annotations
@@ -53,8 +55,10 @@ class CharTokenizer:
 class _Running:
     __slots__ = (
         "_choices",
+        "_interval",
         "budget",
         "finished",
+        "gathered",
         "pending",
         "produced",
         "prompt",
@@ -62,15 +66,19 @@ class _Running:
         "request_id",
     )
 
-    def __init__(self, request_id: str, prompt: list[int], budget: int, choices: int) -> None:
+    def __init__(
+        self, request_id: str, prompt: list[int], budget: int, choices: int, interval: int
+    ) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.budget = budget
         self.produced = 0
         self.finished = False
         self.pending: RequestOutput | None = None
-        self.ready = asyncio.Event()
+        self.gathered = 0  # tokens in ``pending``
+        self.ready = asyncio.Event()  # ``pending`` is due to its reader
         self._choices = choices
+        self._interval = interval
 
     def put(self, token: int | None, finish_reason: str | None) -> None:
         tokens = [] if token is None else [token]
@@ -101,16 +109,27 @@ class _Running:
                 choice.token_ids.extend(tokens)  # type: ignore[attr-defined]
                 choice.finish_reason = finish_reason
             pending.finished = finish_reason is not None
-        self.ready.set()
+        self.gathered += len(tokens)
+        if finish_reason is not None or self.produced == 1 or self.gathered >= self._interval:
+            self.ready.set()
+
+    def take(self) -> RequestOutput:
+        output, self.pending, self.gathered = self.pending, None, 0
+        self.ready.clear()
+        assert output is not None
+        return output
 
 
 class PacedEngine:
     """Generates ``max_tokens`` tokens per choice for every request, one per step, at
-    ``tokens_per_second`` over all requests."""
+    ``tokens_per_second`` over all requests, in outputs of ``stream_interval`` tokens."""
 
-    def __init__(self, tokens_per_second: float, *, max_model_len: int = 1_000_000) -> None:
+    def __init__(
+        self, tokens_per_second: float, *, max_model_len: int = 1_000_000, stream_interval: int = 1
+    ) -> None:
         self.tokens_per_second = tokens_per_second
         self.max_model_len = max_model_len
+        self.stream_interval = stream_interval
         self.steps = 0
         self._tokenizer = CharTokenizer()
         self._running: dict[str, _Running] = {}
@@ -144,8 +163,9 @@ class PacedEngine:
         adapter: Adapter | None,
         cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
+        interval = max(self.stream_interval, params.stream_interval or 1)
         running = _Running(
-            request_id, list(prompt_token_ids), params.max_tokens or 1, max(params.n, 1)
+            request_id, list(prompt_token_ids), params.max_tokens or 1, max(params.n, 1), interval
         )
         self._running[request_id] = running
         if self._stepper is None:
@@ -153,11 +173,8 @@ class PacedEngine:
         self._wake.set()
         try:
             while True:
-                if running.pending is None:
-                    running.ready.clear()
-                    await running.ready.wait()
-                output, running.pending = running.pending, None
-                assert output is not None
+                await running.ready.wait()
+                output = running.take()
                 yield output
                 if output.finished:
                     return

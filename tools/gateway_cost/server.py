@@ -50,7 +50,9 @@ def write_tiny_model(directory: Path) -> Path:
     return directory
 
 
-def settings_for(workdir: Path, port: int, upstream_url: str | None = None) -> Settings:
+def settings_for(
+    workdir: Path, port: int, upstream_url: str | None = None, stream_interval: int = 1
+) -> Settings:
     role: dict[str, Any] = (
         {"role": "front", "upstream_url": upstream_url, "model": str(EMBEDDED_MODEL_DIR)}
         if upstream_url
@@ -62,6 +64,7 @@ def settings_for(workdir: Path, port: int, upstream_url: str | None = None) -> S
         adapter_root=workdir / "adapters",
         admin_token=ADMIN_TOKEN,
         port=port,
+        stream_interval=stream_interval,
         **role,
     )
 
@@ -92,20 +95,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, required=True, help="tokens/s the engine makes")
     parser.add_argument("--upstream-url", help="serve in the front role over this upstream")
     parser.add_argument("--profile", type=Path, help="write cProfile statistics here")
+    parser.add_argument("--stream-interval", type=int, default=1, help="tokens a chunk gathers")
     args = parser.parse_args(argv)
 
     engines: list[PacedEngine] = []
 
     @asynccontextmanager
-    async def paced(_: Settings) -> AsyncIterator[Engine]:
-        engine = PacedEngine(args.rate)
+    async def paced(settings: Settings) -> AsyncIterator[Engine]:
+        engine = PacedEngine(args.rate, stream_interval=settings.stream_interval)
         engines.append(engine)
         try:
             yield engine
         finally:
             await engine.close()
 
-    settings = settings_for(args.workdir, args.port, args.upstream_url)
+    settings = settings_for(args.workdir, args.port, args.upstream_url, args.stream_interval)
     app = create_app(settings, engine_factory=paced)
     if not args.upstream_url:
         add_engine_alone_route(app, engines)

@@ -1,10 +1,13 @@
 """An OpenAI upstream that costs the front role next to nothing: streamed chat completions in
 vLLM's chunks, paced as :class:`~tools.gateway_cost.engine.PacedEngine` paces its tokens
 (each step gives every running stream one token; ``rate`` tokens per second in all), with
-the usage in every chunk that the front asks for (``continuous_usage_stats``).
+the usage in every chunk that the front asks for (``continuous_usage_stats``), in chunks of
+``stream_interval`` tokens as vLLM's server sends them (its own, raised by a request's; the
+first token and the last at once).
 
-``python -m tools.gateway_cost.upstream --port P --rate R`` serves until SIGINT or SIGTERM,
-in a process of its own so that the front's process is measured alone.
+``python -m tools.gateway_cost.upstream --port P --rate R [--stream-interval N]`` serves
+until SIGINT or SIGTERM, in a process of its own so that the front's process is measured
+alone.
 """
 
 from __future__ import annotations
@@ -55,7 +58,9 @@ def _usage(completion: int) -> dict[str, int]:
     }
 
 
-async def _answer(body: dict[str, Any], writer: asyncio.StreamWriter, steps: Steps) -> None:
+async def _answer(
+    body: dict[str, Any], writer: asyncio.StreamWriter, steps: Steps, stream_interval: int
+) -> None:
     options = body.get("stream_options") or {}
     continuous = bool(options.get("continuous_usage_stats"))
 
@@ -72,14 +77,18 @@ async def _answer(body: dict[str, Any], writer: asyncio.StreamWriter, steps: Ste
         return _chunk(payload)
 
     tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+    interval = max(stream_interval, int(body.get("stream_interval") or 1))
     writer.write(HEAD + event({"role": "assistant", "content": ""}, None, 0))
     steps.running += 1
+    sent = 0
     try:
         for produced in range(1, tokens + 1):
             await steps.next()
-            finish = "length" if produced == tokens else None
-            writer.write(event({"content": "x"}, finish, produced))
-            await writer.drain()
+            if produced == tokens or produced == 1 or produced - sent >= interval:
+                finish = "length" if produced == tokens else None
+                writer.write(event({"content": "x" * (produced - sent)}, finish, produced))
+                sent = produced
+                await writer.drain()
     finally:
         steps.running -= 1
     tail = b""
@@ -92,7 +101,7 @@ async def _answer(body: dict[str, Any], writer: asyncio.StreamWriter, steps: Ste
 
 
 async def _connection(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, steps: Steps
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, steps: Steps, stream_interval: int
 ) -> None:
     """Requests one after another on a kept-alive connection."""
     with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
@@ -107,21 +116,21 @@ async def _connection(
             if not head.startswith(b"POST /v1/chat/completions "):
                 writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
                 continue
-            await _answer(body, writer, steps)
+            await _answer(body, writer, steps, stream_interval)
     writer.close()
 
 
-async def serve_upstream(port: int, steps: Steps) -> None:
+async def serve_upstream(port: int, steps: Steps, stream_interval: int = 1) -> None:
     """Serve on loopback ``port`` until cancelled."""
     server = await asyncio.start_server(
-        lambda r, w: _connection(r, w, steps), "127.0.0.1", port, backlog=4096
+        lambda r, w: _connection(r, w, steps, stream_interval), "127.0.0.1", port, backlog=4096
     )
     async with server:
         await server.serve_forever()
 
 
-async def _until_signalled(port: int, rate: float) -> None:
-    serving = asyncio.create_task(serve_upstream(port, Steps(rate)))
+async def _until_signalled(port: int, rate: float, stream_interval: int) -> None:
+    serving = asyncio.create_task(serve_upstream(port, Steps(rate), stream_interval))
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
@@ -133,8 +142,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--rate", type=float, required=True, help="tokens/s over all streams")
+    parser.add_argument("--stream-interval", type=int, default=1, help="tokens a chunk gathers")
     args = parser.parse_args(argv)
-    asyncio.run(_until_signalled(args.port, args.rate))
+    asyncio.run(_until_signalled(args.port, args.rate, args.stream_interval))
 
 
 if __name__ == "__main__":

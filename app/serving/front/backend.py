@@ -106,12 +106,16 @@ def global_name(target: ModelTarget) -> str:
 
 
 def upstream_body(
-    request: SamplingFields, generation: Generation, fields: frozenset[str]
+    request: SamplingFields,
+    generation: Generation,
+    fields: frozenset[str],
+    stream_interval: int = 1,
 ) -> dict[str, Any]:
     """The body forwarded for ``request``: ``fields`` of the parsed request, the sampling the
-    front prepared, the global model name, the completion budget the front reserved for, and
-    the tenant's random prefix-cache salt (a tenant's cached prefixes never serve another, nor
-    a later tenant of the same id)."""
+    front prepared, the global model name, the completion budget the front reserved for, the
+    tenant's random prefix-cache salt (a tenant's cached prefixes never serve another, nor
+    a later tenant of the same id), and for a stream at least ``stream_interval`` tokens a
+    chunk (an upstream's own ``--stream-interval`` may raise it, never lower it)."""
     body = request.model_dump(mode="json", by_alias=True, exclude_none=True, include=set(fields))
     params = generation.params
     for name in _SAMPLING:
@@ -126,6 +130,9 @@ def upstream_body(
         # Counts on every chunk: a stream cut short is charged what it had produced.
         body["stream"] = True
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        interval = max(stream_interval, params.stream_interval or 1)
+        if interval > 1:
+            body["stream_interval"] = interval
     return body
 
 
@@ -151,7 +158,7 @@ class FrontEndpoint(Prepared[RequestT]):
         name = global_name(generation.target)
         call = UpstreamCall(
             path=self.path,
-            body=upstream_body(request, generation, self.fields),
+            body=upstream_body(request, generation, self.fields, self._upstream.stream_interval),
             headers=request_headers(
                 generation.principal.tenant, generation.request_id, shadow=generation.shadow
             ),

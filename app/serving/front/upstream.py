@@ -44,10 +44,12 @@ _FRONT_FAULTS = frozenset({401, 403, 407})
 
 
 class Upstream:
-    """Where requests are forwarded, through one shared set of connections."""
+    """Where requests are forwarded, through one shared set of connections, and the fewest
+    tokens each streamed chunk is asked to gather (the deployment's ``stream_interval``)."""
 
-    def __init__(self, client: Http1Client) -> None:
+    def __init__(self, client: Http1Client, stream_interval: int = 1) -> None:
         self.client = client
+        self.stream_interval = stream_interval
 
 
 @asynccontextmanager
@@ -63,7 +65,7 @@ async def open_upstream(settings: Settings) -> AsyncIterator[Upstream]:
         connect_timeout=min(CONNECT_SECONDS, settings.upstream_timeout_seconds),
     )
     try:
-        yield Upstream(client)
+        yield Upstream(client, settings.stream_interval)
     finally:
         await client.aclose()
 

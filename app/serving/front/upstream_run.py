@@ -7,6 +7,10 @@ What is charged, however the request ends:
   each chunk says how many tokens its choice has produced so far);
 - a streamed request with no counts yet (the client left before the first chunk): the prompt,
   with no completion tokens, as the upstream produced none it sent;
+- a stream the client cut short whose chunks gather ``stream_interval`` tokens: the last
+  counts plus that many less one per choice (within the completion budget), the most the
+  upstream may have produced and not yet sent. Its abort's last counts never reach the
+  front, and a count short of them would make part of every abandoned stream free;
 - a non-streamed request the client abandoned: the worst case it reserved. The upstream
   counts only in its final answer, which never comes once the connection is closed, and a
   count of zero would make a long generation free to anyone who hangs up just before its
@@ -94,7 +98,11 @@ class UpstreamRun(RunBase):
         if self._total is not None:
             return self._total
         if self._per_choice:
-            return sum(self._per_choice.values())
+            streamed = sum(self._per_choice.values())
+            if self.finished or self.failed:
+                return streamed
+            unsent = (int(self.call.body.get("stream_interval", 1)) - 1) * len(self._per_choice)
+            return min(streamed + unsent, self.generation.completion_budget)
         if self._sent and not self.finished and not self.failed and not self._streamed:
             return self.generation.completion_budget
         return 0

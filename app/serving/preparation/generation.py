@@ -205,6 +205,7 @@ def sampling_params(
         logprobs=request.num_logprobs,
         logit_bias=bias,
         structured_outputs=constraints.params(request, tokenizer),
+        stream_interval=request.stream_interval,
         # Deltas even when not streaming: what was generated is known (and
         # charged) however a request ends.
         output_kind=RequestOutputKind.DELTA,

@@ -40,7 +40,7 @@ CHAT_BODY_KEYS = {
     "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos", "seed", "stop",
     "logit_bias", "response_format", "structured_outputs", "logprobs", "top_logprobs", "tools",
     "tool_choice", "parallel_tool_calls", "max_completion_tokens", "cache_salt", "stream",
-    "stream_options",
+    "stream_options", "stream_interval",
 }  # fmt: skip
 ENGINE_SIDE_FIELDS = {
     "priority": 7,
@@ -276,6 +276,46 @@ async def test_a_client_that_leaves_a_stream_closes_the_upstream_and_pays_what_i
     assert received <= record.completion_tokens <= sent.streamed < 400
     usage = await front.front.admin("GET", "/tenants/tenant-a/quota/usage")
     assert usage["budget_used"] - before == UPSTREAM_PROMPT_TOKENS + record.completion_tokens
+
+
+@pytest.mark.parametrize("interval", [1, 4])
+async def test_a_client_that_leaves_a_stream_pays_what_its_chunks_may_hold_unsent(
+    front: Setup, interval: int
+) -> None:
+    """Chunks of ``stream_interval`` tokens: the upstream may have produced up to that many
+    less one that the front never saw (its abort's last counts never reach the front), and
+    they are charged rather than given away."""
+    front.upstream.script = Script(completion_tokens=100, hold_after=10)
+    received = 0
+    async with front.front.client(front.keys["tenant-a"]) as client:
+        body = chat(max_tokens=100, stream=True, stream_interval=interval)
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and '"content":"x"' in line.replace(" ", ""):
+                    received += 1
+                    if received == 10:
+                        break
+    [sent] = front.upstream.requests
+    assert sent.body.get("stream_interval", 1) == interval
+    assert await asyncio.to_thread(sent.disconnected.wait, 10)
+    [*_, record] = await front.front.records_after(front.known)
+    assert (record.status, record.completion_tokens) == ("cancelled", 10 + interval - 1)
+
+
+async def test_a_stream_asks_the_upstream_for_the_deployments_interval_or_the_requests(
+    front: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At least ``LORA_GATEWAY_STREAM_INTERVAL`` tokens a chunk, more where the request asks;
+    a JSON answer has no chunks."""
+    monkeypatch.setattr(front.front.gateway.backend.upstream, "stream_interval", 4)
+    for fields, sent_interval in [
+        ({"stream": True}, 4),
+        ({"stream": True, "stream_interval": 2}, 4),
+        ({"stream": True, "stream_interval": 8}, 8),
+        ({"stream_interval": 8}, None),
+    ]:
+        assert (await post(front, chat(max_tokens=2, **fields))).status_code == 200
+        assert front.upstream.requests[-1].body.get("stream_interval") == sent_interval
 
 
 async def test_a_client_that_leaves_before_the_first_chunk_closes_the_upstream(
