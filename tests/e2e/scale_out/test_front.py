@@ -68,6 +68,18 @@ def test_a_stream_with_usage(cluster: Cluster) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in content) == whole
     assert last.choices == [] and last.usage == usage
     assert all(c.usage is None for c in content)
+    # In chunks of 4 tokens (vLLM's stream_interval, asked of the engine by the front).
+    gathered = cluster.tenant().chat.completions.create(
+        model=ALIAS,
+        messages=MESSAGES,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        extra_body={"stream_interval": 4},
+    )
+    with_text = [c.choices[0].delta.content for c in gathered if c.choices[0].delta.content]
+    assert "".join(with_text) == whole
+    assert len(with_text) <= 4  # the first token, then 11 four at a time
     unasked = list(
         cluster.tenant().chat.completions.create(
             model=ALIAS, messages=MESSAGES, max_tokens=4, stream=True

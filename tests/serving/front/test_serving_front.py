@@ -112,6 +112,21 @@ async def post(
         return await client.post("/v1/chat/completions", json=body, **kwargs)
 
 
+async def read_then_leave(setup: Setup, body: dict[str, Any], chunks: int) -> int:
+    """Stream ``body`` as tenant-a and leave after ``chunks`` chunks with content."""
+    received = 0
+    async with (
+        setup.front.client(setup.keys["tenant-a"]) as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
+        async for line in response.aiter_lines():
+            if line.startswith("data: ") and '"content":"x"' in line.replace(" ", ""):
+                received += 1
+                if received == chunks:
+                    break
+    return received
+
+
 async def test_the_upstream_gets_an_allow_listed_body_with_the_global_name_and_tenant_salt(
     front: Setup,
 ) -> None:
@@ -258,15 +273,7 @@ async def test_a_client_that_leaves_a_stream_closes_the_upstream_and_pays_what_i
     )
     front.upstream.script = Script(completion_tokens=400, step_seconds=0.02)
     before = (await front.front.admin("GET", "/tenants/tenant-a/quota/usage"))["budget_used"]
-    received = 0
-    async with front.front.client(front.keys["tenant-a"]) as client:
-        body = chat(max_tokens=400, stream=True)
-        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-            async for line in response.aiter_lines():
-                if line.startswith("data: ") and '"content":"x"' in line.replace(" ", ""):
-                    received += 1
-                    if received == 10:
-                        break
+    received = await read_then_leave(front, chat(max_tokens=400, stream=True), chunks=10)
     [sent] = front.upstream.requests
     assert await asyncio.to_thread(sent.disconnected.wait, 10), (
         "the upstream connection stayed open"
@@ -286,15 +293,8 @@ async def test_a_client_that_leaves_a_stream_pays_what_its_chunks_may_hold_unsen
     less one that the front never saw (its abort's last counts never reach the front), and
     they are charged rather than given away."""
     front.upstream.script = Script(completion_tokens=100, hold_after=10)
-    received = 0
-    async with front.front.client(front.keys["tenant-a"]) as client:
-        body = chat(max_tokens=100, stream=True, stream_interval=interval)
-        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-            async for line in response.aiter_lines():
-                if line.startswith("data: ") and '"content":"x"' in line.replace(" ", ""):
-                    received += 1
-                    if received == 10:
-                        break
+    body = chat(max_tokens=100, stream=True, stream_interval=interval)
+    await read_then_leave(front, body, chunks=10)
     [sent] = front.upstream.requests
     assert sent.body.get("stream_interval", 1) == interval
     assert await asyncio.to_thread(sent.disconnected.wait, 10)
