@@ -59,9 +59,14 @@ def engine_args(settings: Settings) -> AsyncEngineArgs:
         enforce_eager=settings.enforce_eager,
         seed=settings.seed,
         structured_outputs_config=structured_outputs_config(settings.structured_outputs_compact),
-        **slot_sharing.engine_options(
-            settings.lora_slot_quantum_tokens, keep_ending=settings.lora_slot_keep_ending
-        ),
+        **slot_sharing_options(settings),
+    )
+
+
+def slot_sharing_options(settings: Settings) -> dict[str, Any]:
+    """The engine arguments of the slot turns ``settings`` ask for (none: vLLM's scheduler)."""
+    return slot_sharing.engine_options(
+        settings.lora_slot_quantum_tokens, keep_ending=settings.lora_slot_keep_ending
     )
 
 

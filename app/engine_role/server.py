@@ -46,8 +46,12 @@ PATHS_MIDDLEWARE = "app.engine_role.paths.EnginePathsOnly"
 
 def vllm_server_argv(settings: Settings) -> list[str]:
     """The command line of vLLM's server for ``settings`` (the flags mirror ``engine_args``)."""
-    from app.engine.vllm_engine import engine_block_size, engine_dtype, structured_outputs_config
-    from app.inside_vllm import slot_sharing
+    from app.engine.vllm_engine import (
+        engine_block_size,
+        engine_dtype,
+        slot_sharing_options,
+        structured_outputs_config,
+    )
 
     structured = structured_outputs_config(settings.structured_outputs_compact)
     structured_flag = {
@@ -93,9 +97,7 @@ def vllm_server_argv(settings: Settings) -> list[str]:
         "--middleware",
         PATHS_MIDDLEWARE,
     ]
-    slots = slot_sharing.engine_options(
-        settings.lora_slot_quantum_tokens, keep_ending=settings.lora_slot_keep_ending
-    )
+    slots = slot_sharing_options(settings)
     if slots:
         argv += ["--scheduler-cls", slots["scheduler_cls"]]
         argv += ["--additional-config", json.dumps(slots["additional_config"])]
