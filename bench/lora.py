@@ -399,6 +399,45 @@ def profile_swaps(slots: int, swaps: int = 9) -> str:
     )
 
 
+def profile_loads(adapter_dirs: Sequence[Path], loads: int = 30) -> str:
+    """What vLLM's adapter load (``LoRAModel.from_local_checkpoint``, files in the page
+    cache) costs with safetensors' reader and with ours (:mod:`app.inside_vllm.adapter_files`),
+    the two taking turns over the same adapters."""
+    import safetensors
+    import torch
+    from vllm.lora import lora_model
+    from vllm.lora.lora_model import LoRAModel
+    from vllm.lora.peft_helper import PEFTHelper
+
+    from app.inside_vllm.adapter_files import Safetensors
+
+    readers = {"safetensors": safetensors, "ours": Safetensors(safetensors)}
+    times: dict[str, list[float]] = {name: [] for name in readers}
+    shipped = lora_model.safetensors  # type: ignore[attr-defined]
+    torch.set_num_threads(1)  # as the CPU engine's worker runs
+    try:
+        for load in range(loads + 2):  # the first two warm up
+            path = str(adapter_dirs[load % len(adapter_dirs)])
+            helper = PEFTHelper.from_local_dir(path, 8192)
+            for name, reader in readers.items():
+                lora_model.safetensors = reader  # type: ignore[attr-defined,assignment]
+                started = time.perf_counter()
+                LoRAModel.from_local_checkpoint(
+                    path, set(ALL_PROJECTIONS), helper, lora_model_id=1, device="cpu"
+                )
+                if load >= 2:
+                    times[name].append(time.perf_counter() - started)
+    finally:
+        lora_model.safetensors = shipped  # type: ignore[attr-defined]
+    ratios = sorted(o / s for o, s in zip(times["ours"], times["safetensors"], strict=True))
+    return (
+        f"{loads} loads of {len(adapter_dirs)} adapters (ranks {RANKS}, all seven projections), "
+        f"medians: safetensors' reader {statistics.median(times['safetensors']) * 1000:.2f} ms, "
+        f"ours {statistics.median(times['ours']) * 1000:.2f} ms, ours / safetensors' "
+        f"{statistics.median(ratios):.3f} [{ratios[0]:.3f}, {ratios[-1]:.3f}] (min, max)"
+    )
+
+
 # -- the run: adapters, one process per engine, the report -----------------------------------------
 
 
@@ -490,6 +529,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         help="only time what one adapter swap costs our ops with SLOTS adapters batched",
     )
+    parser.add_argument(
+        "--profile-loads",
+        metavar="LOADS",
+        type=int,
+        help="only time vLLM's adapter load with safetensors' reader and with ours",
+    )
     parser.add_argument("--engine", choices=sorted(ENGINES), help=argparse.SUPPRESS)
     parser.add_argument("--worker-output", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("adapters", nargs="*", type=Path, help=argparse.SUPPRESS)
@@ -504,6 +549,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.profile_swaps:
         print(profile_swaps(args.profile_swaps))
+        return 0
+    if args.profile_loads:
+        adapters = ensure_adapters(args.adapter_root, max(ADAPTER_COUNTS))
+        print(profile_loads(adapters, args.profile_loads))
         return 0
     if args.engine:  # one engine, in this process
         measured = run_engine(args.engine, args.adapters, args.repeats)

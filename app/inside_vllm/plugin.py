@@ -10,7 +10,8 @@ plans each step's adapter grouping once instead of in every layer (vLLM's model
 manager tells it which host-tier adapter each activation writes into which slot), and
 keeps vLLM's LoRA layers from zeroing a slot again that is zero already
 (:mod:`app.inside_vllm.slot_zeroing`). It also instruments vLLM's LoRA caches for
-:mod:`app.inside_vllm.residency`'s metrics.
+:mod:`app.inside_vllm.residency`'s metrics, and has vLLM read adapter files with
+:mod:`app.inside_vllm.adapter_files`.
 
 Applied only on vLLM 0.32.x on the CPU platform; ``LORA_GATEWAY_ISOLATION_FIX=0``
 (or ``false``) turns it off. On CPU the fix is a correctness requirement, so the gateway checks
@@ -63,16 +64,18 @@ def _make_visible() -> None:
 
 
 def register() -> None:
-    """Install the adapter residency metrics (:mod:`app.inside_vllm.residency`) and
-    apply the CPU punica isolation fix where needed; idempotent."""
+    """Install the adapter residency metrics (:mod:`app.inside_vllm.residency`) and the
+    adapter file reader (:mod:`app.inside_vllm.adapter_files`), and apply the CPU punica
+    isolation fix where needed; idempotent."""
     global _outcome
     if _outcome is not None:
         return
     _make_visible()
-    # Adapter residency metrics: on every platform, whatever the fix's switch.
-    from app.inside_vllm import residency
+    # Adapter residency metrics and reads: on every platform, whatever the fix's switch.
+    from app.inside_vllm import adapter_files, residency
 
     residency.install()
+    adapter_files.install()
 
     import vllm
     from vllm.platforms import current_platform
