@@ -14,10 +14,12 @@ all end within a turn (by their ``max_tokens``) keeps its slot: pausing them wou
 slot changes, now and when they resume, to save the waiting request at most a turn (more
 output at saturation, longer waits where adapters far outnumber the slots). A slot is taken
 from the adapter running the fewest requests, or from one running no more than the waiting
-adapter brings, so that a turn pauses no more requests than it must. New requests come before
-paused ones that began waiting up to :data:`NEW_REQUEST_LEAD` seconds before them, so a first
-token does not wait behind every paused stream, and no paused stream waits for ever. The
-rules and what they cost: docs/scheduling.md, "Sharing the device slots".
+adapter brings, so that a turn pauses no more requests than it must. Waiting adapters are
+served by how long their requests have waited in all, so that one slot change serves the
+adapter that brings more of them first, and every request's wait grows until it is served. A
+new request counts :data:`NEW_REQUEST_LEAD` seconds more, so a first token does not wait
+behind every paused stream, and no paused stream waits for ever. The rules and what they
+cost: docs/scheduling.md, "Sharing the device slots".
 """
 
 from __future__ import annotations
@@ -103,13 +105,14 @@ def plan(
     quantum: int,
     turn_start: Mapping[str, int],
     waiting_since: Mapping[str, float],
+    now: float,
     keep_ending: bool = False,
 ) -> list[tuple[Candidate, list[Candidate]]]:
     """The slots to give now: pairs of (a waiting request whose adapter holds no slot, the
     running requests of the resident adapter whose slot it takes, none for a free slot).
 
-    Free slots go first. Waiting adapters are served in the order of their best
-    request's wait, a request with no token yet counted :data:`NEW_REQUEST_LEAD` seconds
+    Free slots go first. Waiting adapters are served by their requests' waits until
+    ``now`` added up, a request with no token yet counted :data:`NEW_REQUEST_LEAD` seconds
     longer, until one finds no slot to take. A resident adapter gives its slot up once each
     of its running requests has generated ``quantum`` tokens since it last started
     (``turn_start``: its output count then, for a request a turn paused or started); to a
@@ -124,8 +127,9 @@ def plan(
         adapter = adapter_of(request)
         if adapter is not None:
             resident.setdefault(adapter, []).append(request)
-    blocked: dict[int, tuple[float, Candidate]] = {}
+    blocked: dict[int, tuple[float, Candidate]] = {}  # its longest-waiting request
     ready: Counter[int] = Counter()
+    waited: Counter[int] = Counter()
     for request in waiting:
         adapter = adapter_of(request)
         if adapter is None or adapter in resident:
@@ -136,6 +140,7 @@ def plan(
         since = waiting_since.get(request.request_id, request.arrival_time)
         if request.num_output_tokens == 0:
             since -= NEW_REQUEST_LEAD
+        waited[adapter] += now - since
         if adapter not in blocked or since < blocked[adapter][0]:
             blocked[adapter] = since, request
     if not blocked:
@@ -155,7 +160,7 @@ def plan(
     smallest = len(holders[0].requests) if holders else 0
     holders[:0] = [FREE_SLOT] * (max_loras - len(resident))
     takes: list[tuple[Candidate, list[Candidate]]] = []
-    for adapter, (_, request) in sorted(blocked.items(), key=lambda item: item[1][0]):
+    for adapter, (_, request) in sorted(blocked.items(), key=lambda item: -waited[item[0]]):
         new = request.num_output_tokens == 0
         largest = max(smallest, ready[adapter])
         holder = next(
@@ -240,6 +245,7 @@ class SlotSharingScheduler(Scheduler):
         if self._parked and self.kv_cache_manager.usage >= self.parked_kv_usage:
             self._unpark(self._parked, keep_blocks=False)
         held = [*self._parked, *self.kv_holding_waiting]
+        now = time.time()  # vLLM's arrival times are the front end's time.time()
         takes = plan(
             self.running,
             [*held, *self.waiting],
@@ -247,11 +253,12 @@ class SlotSharingScheduler(Scheduler):
             quantum=self.quantum,
             turn_start=self._turn_start,
             waiting_since=self._waiting_since,
+            now=now,
             keep_ending=self.keep_ending,
         )
         if not takes and not self._parked:
             return
-        now, timestamp = time.time(), time.monotonic()
+        timestamp = time.monotonic()
         park = self.parks and self.kv_cache_manager.usage < self.parked_kv_usage
         preempted: list[Request] = []
         for request, victims in takes:

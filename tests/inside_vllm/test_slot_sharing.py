@@ -68,6 +68,7 @@ def takes(
     quantum: int = 4,
     turn_start: dict[str, int] | None = None,
     waiting_since: dict[str, float] | None = None,
+    now: float = 100.0,
     keep_ending: bool = False,
 ) -> list[tuple[str, list[str]]]:
     """The plan's takes as (the waiting request, the running requests it pauses), by id."""
@@ -78,6 +79,7 @@ def takes(
         quantum=quantum,
         turn_start=turn_start or {},
         waiting_since=waiting_since or {},
+        now=now,
         keep_ending=keep_ending,
     )
     return [(request.request_id, [r.request_id for r in victims]) for request, victims in planned]
@@ -154,8 +156,22 @@ def test_a_paused_request_first_in_line_keeps_the_next_slot_from_new_ones() -> N
 
 def test_the_adapter_with_the_fewest_requests_gives_its_slot_up_first() -> None:
     slots = [running("a1", 1, 9), running("a2", 1, 9), running("b1", 2, 5)]
-    waiting = [Fake("w1", 3), Fake("w2", 4), Fake("w2b", 4), Fake("w3", 5)]
+    late = 90.0  # w1 has waited longer than w2 and w2b together
+    waiting = [Fake("w1", 3), Fake("w2", 4, arrival_time=late), Fake("w2b", 4, arrival_time=late)]
+    waiting.append(Fake("w3", 5, arrival_time=late))
     assert takes(slots, waiting, max_loras=2) == [("w1", ["b1"]), ("w2", ["a1", "a2"])]
+
+
+def test_waiting_adapters_are_served_by_their_requests_waits_added_up() -> None:
+    """One slot change serves every request of the adapter that gets it: the adapter that
+    brings more goes first, until a lone request has waited as long as they have together."""
+    slots = [running("a1", 1, 9)]
+    for lone_since, first in [(80.0, "pair"), (70.0, "lone")]:
+        waiting = [Fake("lone", 2, arrival_time=lone_since)]
+        waiting += [Fake("pair", 3, arrival_time=88.0), Fake("pair2", 3, arrival_time=88.0)]
+        # waits with the new request's lead: 25 or 35 s against 2 x 17 s
+        ((taker, _),) = takes(slots, waiting, max_loras=1)
+        assert taker == first
 
 
 def test_base_model_requests_neither_hold_slots_nor_wait_for_them() -> None:
