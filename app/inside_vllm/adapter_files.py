@@ -12,6 +12,7 @@ says what is wrong with it. docs/performance.md has what a load cost before and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -62,14 +63,14 @@ class AdapterWeightsFile:
     def open(cls, path: str) -> AdapterWeightsFile | None:
         """The file, or ``None`` where its header is not one this reader takes."""
         fd = os.open(path, os.O_RDONLY)
+        entries = None
         try:
-            entries = _entries(fd, os.fstat(fd).st_size)
-        except (ValueError, KeyError, TypeError, AttributeError, struct.error):
-            entries = None
-        if entries is None:
-            os.close(fd)
-            return None
-        return cls(path, fd, entries)
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError, struct.error):
+                entries = _entries(fd, os.fstat(fd).st_size)
+        finally:
+            if entries is None:
+                os.close(fd)
+        return None if entries is None else cls(path, fd, entries)
 
     def __enter__(self) -> Self:
         return self

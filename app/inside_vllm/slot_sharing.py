@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
@@ -129,7 +129,7 @@ def plan(
             resident.setdefault(adapter, []).append(request)
     blocked: dict[int, tuple[float, Candidate]] = {}  # its longest-waiting request
     ready: Counter[int] = Counter()
-    waited: Counter[int] = Counter()
+    waited: defaultdict[int, float] = defaultdict(float)
     for request in waiting:
         adapter = adapter_of(request)
         if adapter is None or adapter in resident:
