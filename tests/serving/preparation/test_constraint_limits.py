@@ -3,7 +3,11 @@ nests 1,000 groups (which makes Python's ``re``, checking the schema, recurse pa
 limit), a repeat count ``re`` cannot hold, a regex nested as deep: each is a 400 naming the
 field, through ``response_format``, ``structured_outputs`` and a forced tool call, and
 nothing reaches the engine or the upstream (issue #23, item 5). So is a constraint llguidance
-cannot compile against the model's tokenizer, with llguidance's reason."""
+cannot compile against the model's tokenizer, with llguidance's reason.
+
+Every count a constraint holds is bounded before anything compiles it (issue #48, item 1): a
+177-byte schema asking for a million array items is refused at once, naming the field, the
+keyword and the limit, where llguidance would spend seconds spelling the items out."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.settings import Settings
 from tests.support.fake_upstream import FakeUpstream, fake_upstream
 from tests.support.front_app import front_settings, running_front
 from tests.support.scripted_engine import ScriptedEngine
@@ -53,14 +58,83 @@ def pathological_bodies() -> Iterator[tuple[str, dict[str, Any], str]]:
         yield grammar, {"structured_outputs": {"grammar": grammar}}, "structured_outputs.grammar"
 
 
+ARRAY_ITEMS = Settings.model_fields["max_schema_array_items"].default
+COUNT = Settings.model_fields["max_constraint_count"].default
+A_MILLION = 1_000_000
+
+
+def counted_bodies() -> Iterator[tuple[str, dict[str, Any], str, str, int]]:
+    """(case, the chat fields, the field the 400 must name, the keyword it must name, the
+    limit it must give): each count past its bound, each way a schema comes in."""
+    strings = {"type": "array", "items": {"type": "string"}}
+    items = strings | {"maxItems": A_MILLION}  # the red team's request, a tenth as large
+    for keyword, schema, limit in (
+        ("maxItems", items, ARRAY_ITEMS),
+        ("minItems", strings | {"minItems": A_MILLION}, ARRAY_ITEMS),
+        ("maxLength", {"type": "string", "maxLength": A_MILLION}, COUNT),
+        ("minLength", {"type": "string", "minLength": A_MILLION}, COUNT),
+        ("maxProperties", {"type": "object", "maxProperties": A_MILLION}, COUNT),
+        ("minProperties", {"type": "object", "minProperties": A_MILLION}, COUNT),
+        ("pattern", {"type": "string", "pattern": f"^a{{0,{A_MILLION}}}$"}, COUNT),
+    ):
+        yield (
+            keyword,
+            {"structured_outputs": {"json": schema}},
+            "structured_outputs.json",
+            keyword,
+            limit,
+        )
+        response_format = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+        param = "response_format.json_schema.schema"
+        yield keyword, {"response_format": response_format}, param, keyword, limit
+        parameters = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+        fields = {"tools": [tool(parameters)], "tool_choice": "required"}
+        yield keyword, fields, "tools[0].function.parameters", keyword, limit
+    # Within the bound one by one, past it added up: each array spells its items out.
+    halves = {f"p{n}": strings | {"maxItems": ARRAY_ITEMS // 2 + 1} for n in range(2)}
+    added = {"type": "object", "properties": halves}
+    yield (
+        "arrays added up",
+        {"structured_outputs": {"json": added}},
+        "structured_outputs.json",
+        "maxItems",
+        ARRAY_ITEMS,
+    )
+    regex = f"[a-z]{{1,{A_MILLION}}}"
+    yield (
+        "regex",
+        {"structured_outputs": {"regex": regex}},
+        "structured_outputs.regex",
+        "{1,",
+        COUNT,
+    )
+    grammar = f'root ::= "a"{{1,{A_MILLION}}}'
+    yield (
+        "grammar",
+        {"structured_outputs": {"grammar": grammar}},
+        "structured_outputs.grammar",
+        "{1,",
+        COUNT,
+    )
+
+
+async def refusal(client: httpx.AsyncClient, model: str, fields: dict[str, Any]) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    return await client.post("/v1/chat/completions", json=body | fields)
+
+
 async def assert_refused(client: httpx.AsyncClient, model: str) -> None:
     for case, fields, param in pathological_bodies():
-        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-        body |= fields
-        response = await client.post("/v1/chat/completions", json=body)
+        response = await refusal(client, model, fields)
         assert response.status_code == 400, (case, param, response.text)
         error = response.json()["error"]
         assert (error["type"], error["param"]) == ("invalid_request_error", param), (case, error)
+    for case, fields, param, keyword, limit in counted_bodies():
+        response = await refusal(client, model, fields)
+        assert response.status_code == 400, (case, param, response.text)
+        error = response.json()["error"]
+        assert (error["type"], error["param"]) == ("invalid_request_error", param), (case, error)
+        assert keyword in error["message"] and f"{limit:,}" in error["message"], (case, error)
 
 
 async def test_in_process_a_pathological_constraint_is_a_400(serve: ServeFactory) -> None:
