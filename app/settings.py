@@ -190,6 +190,28 @@ class Settings(BaseSettings):
         description="Deepest nesting of objects and arrays in a request's JSON schema "
         "(vLLM refuses more than 64).",
     )
+    max_schema_array_items: int = Field(
+        4096,
+        ge=1,
+        description="Array items a request's JSON schema may ask for, added over its arrays "
+        "(each array's maxItems, or its minItems where larger): the grammar spells out one "
+        "item per count, so compiling it costs CPU in proportion, in the gateway and again in "
+        "the engine.",
+    )
+    max_constraint_count: int = Field(
+        32_768,
+        ge=1,
+        description="Largest count any other part of an output constraint may give: a schema's "
+        "maxLength, minLength, maxProperties and minProperties, and a repetition bound "
+        "{n,m} in a pattern, a regex or a grammar.",
+    )
+    constraint_check_cpu_ms: int = Field(
+        250,
+        ge=1,
+        description="CPU time the gateway's check of an output constraint (llguidance's compile "
+        "and first token mask, in a process of its own, in the tenant's turn) may take; past "
+        "it the request is refused (400) and the check stopped.",
+    )
     tool_call_parser: str | None = Field(
         None,
         min_length=1,

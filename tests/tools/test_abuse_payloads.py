@@ -8,6 +8,9 @@ import re
 
 import pytest
 
+from app.protocol import ChatCompletionRequest
+from app.serving.preparation.structured import OutputConstraints
+from app.settings import Settings
 from tools.abuse.payloads import (
     GRAMMARS,
     MAX_CONSTRAINT_BYTES,
@@ -67,6 +70,13 @@ def test_every_constraint_is_within_the_gateways_bounds(kind: str) -> None:
         elif kind == "regex":
             assert group_depth(value) <= MAX_REGEX_GROUP_DEPTH
             re.compile(value)
+        # Within every bound the gateway applies by default, counts included.
+        field = {"regex": "regex", "grammar": "grammar", "json": "json"}[kind]
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        request = ChatCompletionRequest.model_validate(
+            body | {"structured_outputs": {field: value}}
+        )
+        assert OutputConstraints.from_settings(Settings()).params(request) is not None
 
 
 def test_the_deep_schema_goes_as_deep_as_allowed() -> None:

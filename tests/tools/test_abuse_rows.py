@@ -20,7 +20,19 @@ def test_the_rows_cover_the_issues_attacks_on_the_engines_they_need() -> None:
     assert ROWS_BY_NAME["connections-unauthenticated"].attacker_quota is None
     constraint_rows = [row for row in ROWS if row.name.startswith("constraint-")]
     assert {row.engine for row in constraint_rows} == {ENGINE}
-    assert len(constraint_rows) == 3
+    assert len(constraint_rows) == 4
+
+
+def test_the_counts_row_sends_the_red_teams_177_bytes_first() -> None:
+    target = Target(port=8123, key="attacker-key", model="legal_advisor")
+    plan = ROWS_BY_NAME["constraint-counts"].plan(target)
+    assert len(_body(plan.requests[0])) == 177
+    bodies = [json.loads(_body(request)) for request in plan.requests]
+    assert bodies[0]["structured_outputs"]["json"]["maxItems"] == 10_000_000
+    assert {"structured_outputs", "response_format", "tools"} == {
+        next(key for key in body if key not in ("model", "messages", "max_tokens"))
+        for body in bodies
+    }
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda row: row.name)

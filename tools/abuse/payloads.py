@@ -3,7 +3,8 @@
 
 The constraint payloads are the costliest shapes within the gateway's bounds
 (``max_structured_output_bytes``, 32 KiB; ``max_json_schema_depth``, 32; regex groups nested at
-most 32 deep): long counted repetitions, deep rule chains, wide alternations, ambiguity. What
+most 32 deep; ``max_schema_array_items``, 4,096; ``max_constraint_count``, 32,768): long counted
+repetitions, deep rule chains, wide alternations, ambiguity. What
 they cost depends on vLLM's backend. With ``structured_outputs_compact`` (the default) it is
 llguidance, which compiles in the engine core between steps and computes each step's token
 mask, which every request in the batch waits for; GBNF grammars were converted in Python,
@@ -24,6 +25,8 @@ from typing import Any
 MAX_CONSTRAINT_BYTES = 32_768
 MAX_SCHEMA_DEPTH = 32
 MAX_REGEX_GROUP_DEPTH = 32
+MAX_SCHEMA_ARRAY_ITEMS = 4096
+MAX_CONSTRAINT_COUNT = 32_768
 
 _LETTERS = string.ascii_lowercase
 
@@ -181,7 +184,7 @@ SCHEMAS: tuple[Callable[[int], dict[str, Any]], ...] = (
         "type": "array",
         "items": {"type": "string", "maxLength": 10_000 - v},
         "minItems": 1,
-        "maxItems": 10_000,
+        "maxItems": MAX_SCHEMA_ARRAY_ITEMS,
     },
     lambda v: {"type": "string", "minLength": 1000, "maxLength": 30_000 - v},
 )
@@ -227,4 +230,25 @@ def constrained_bodies(kind: str, model: str, count: int, *, max_tokens: int) ->
             )
         )
         for number in range(count)
+    ]
+
+
+RED_TEAM_ITEMS = 10_000_000
+"""Issue #48's count: 177 bytes whose compile took 52 s and 8 GB before counts were bounded."""
+
+
+def counted_bodies(model: str) -> list[bytes]:
+    """A count far past its bound, each way a schema comes in: issue #48's request as it was
+    sent (``structured_outputs``), through ``response_format`` and through a forced call."""
+    items = {"type": "array", "items": {"type": "string"}, "maxItems": RED_TEAM_ITEMS}
+    response_format = {"type": "json_schema", "json_schema": {"name": "a", "schema": items}}
+    parameters = {"type": "object", "properties": {"a": items}, "required": ["a"]}
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    return [
+        encoded(chat_payload(model, "Hi", **fields))
+        for fields in (
+            {"structured_outputs": {"json": items}},
+            {"response_format": response_format},
+            {"tools": [tool], "tool_choice": "required"},
+        )
     ]

@@ -2,7 +2,8 @@
 
 Attacks 1-3 are issue #23's, each as it was first reported (the tenant held to one request
 a minute) and with limits generous enough that the gateway's own bounds are all that stands
-in the way; then a slow reader, and output constraints the engine has to compile.
+in the way; then a slow reader, and output constraints the engine has to compile; then
+issue #48's count far past its bound, which the gateway must refuse before anything compiles.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tools.abuse.gateway import GENEROUS
 from tools.abuse.payloads import (
     chat_payload,
     constrained_bodies,
+    counted_bodies,
     encoded,
     many_messages_body,
     prose,
@@ -148,6 +150,11 @@ def _constrained(kind: str) -> Callable[[Target], AttackPlan]:
     return plan
 
 
+def _counted(t: Target) -> AttackPlan:
+    requests = tuple(json_post(CHAT, b, port=t.port, key=t.key) for b in counted_bodies(t.model))
+    return AttackPlan("flood", t.port, requests)
+
+
 ROWS = (
     Row(
         "tokenizer-capped",
@@ -231,6 +238,16 @@ ROWS = (
         " 4 at a time",
         GENEROUS,
         _constrained("json"),
+        attack_seconds=15.0,
+        ramp_seconds=2.0,
+    ),
+    Row(
+        "constraint-counts",
+        ENGINE,
+        "#48: maxItems 10,000,000 in 177 bytes, through structured_outputs, response_format and"
+        " a forced call; 4 at a time",
+        GENEROUS,
+        _counted,
         attack_seconds=15.0,
         ramp_seconds=2.0,
     ),

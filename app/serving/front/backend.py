@@ -283,7 +283,8 @@ class FrontFactory:
     ) -> AsyncIterator[Front]:
         """The front's tokenizer and its upstream connection, closed on exit."""
         model = await asyncio.to_thread(TokenizerModel.load, self._settings)
-        await asyncio.to_thread(warm_tokenizer, model.tokenizer, constraints)
-        async with open_upstream(self._settings) as upstream:
-            logger.info("front ready: forwarding to %s", self._settings.upstream_url)
-            yield Front(model, upstream, constraints, tool_parser)
+        with constraints.checking(model.tokenizer) as checked:
+            await asyncio.to_thread(warm_tokenizer, model.tokenizer, checked)
+            async with open_upstream(self._settings) as upstream:
+                logger.info("front ready: forwarding to %s", self._settings.upstream_url)
+                yield Front(model, upstream, checked, tool_parser)

@@ -70,10 +70,11 @@ class InProcessFactory:
         self, constraints: OutputConstraints, tool_parser: type[ToolParser] | None
     ) -> AsyncIterator[InProcessBackend]:
         async with self._engine_factory(self._settings) as engine:
-            await asyncio.to_thread(warm_tokenizer, engine.tokenizer, constraints)
-            self.admission.follow(engine)
-            logger.info("engine ready: serving %s", self._settings.model)
-            try:
-                yield InProcessBackend(engine, constraints, tool_parser)
-            finally:
-                self.admission.follow(None)
+            with constraints.checking(engine.tokenizer) as checked:
+                await asyncio.to_thread(warm_tokenizer, engine.tokenizer, checked)
+                self.admission.follow(engine)
+                logger.info("engine ready: serving %s", self._settings.model)
+                try:
+                    yield InProcessBackend(engine, checked, tool_parser)
+                finally:
+                    self.admission.follow(None)

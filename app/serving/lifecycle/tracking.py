@@ -44,6 +44,7 @@ from app.serving.lifecycle.runs import (
     Service,
 )
 from app.serving.preparation.generation import Generation
+from app.serving.preparation.structured import wants_constraint
 from app.tenancy.adapters import Adapter
 from app.tenancy.registry import TenantRegistry
 from app.tenancy.tenants import ApiKey, ModelTarget, Principal, Tenant
@@ -59,7 +60,8 @@ SHADOW_OUTCOMES: dict[Outcome, str] = {"ok": "ok", "error": "error", "cancelled"
 
 INLINE_PREPARE_BYTES = 2048
 """A request body up to this size is tokenised on the event loop when the tokenizer thread is
-idle: handing it to the thread and back costs more CPU than tokenising it."""
+idle: handing it to the thread and back costs more CPU than tokenising it. One with an output
+constraint never is: what it asks the constraint checks to read is not bounded by its size."""
 
 
 def ticket_of(generation: Generation) -> Ticket:
@@ -143,11 +145,14 @@ class RequestTracker:
         self._renew_every = lease_seconds / 3
         # One thread: Hugging Face tokenizers are not safe to share between threads.
         self._tokenizer = FairWorker("tokenizer")
+        # Output constraints' compile checks, beside it: a long one holds no tokenising.
+        self._compiler = FairWorker("grammar-check")
         # lora_id -> when a request last started with that adapter version
         self.last_used: dict[int, datetime] = {}
 
     def close(self) -> None:
         self._tokenizer.close()
+        self._compiler.close()
 
     @asynccontextmanager
     async def track(
@@ -286,14 +291,21 @@ class RequestTracker:
         request_id: str,
         body_bytes: int | None,
     ) -> Generation:
-        """``service.prepare``, off the event loop unless the body is small, in the tenant's
-        turn on the tokenizer's thread (:class:`FairWorker`). The tokenizer is never used by
-        two threads at once: the loop uses it only while its thread is idle."""
+        """``service.prepare``, off the event loop unless the body is small and free of output
+        constraints, in the tenant's turn on the tokenizer's thread (:class:`FairWorker`);
+        then its constraint's compile check, in the tenant's turn on a thread of its own. The
+        tokenizer is never used by two threads at once: the loop uses it only while its
+        thread is idle."""
         small = body_bytes is not None and body_bytes <= INLINE_PREPARE_BYTES
-        if small and self._tokenizer.idle:
-            return service.prepare(request, principal, target, request_id)
-        prepare = partial(service.prepare, request, principal, target, request_id)
-        return await self._tokenizer.run(principal.tenant.id, prepare)
+        tenant = principal.tenant.id
+        if small and self._tokenizer.idle and not wants_constraint(request):
+            generation = service.prepare(request, principal, target, request_id)
+        else:
+            prepare = partial(service.prepare, request, principal, target, request_id)
+            generation = await self._tokenizer.run(tenant, prepare)
+        if generation.compile_check is not None:
+            await self._compiler.run(tenant, generation.compile_check)
+        return generation
 
     @staticmethod
     async def _on_this_host(

@@ -4,23 +4,22 @@ merging the engine's deltas into whole choices."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterable, Sequence
+from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from vllm import CompletionOutput, RequestOutput, SamplingParams
 from vllm.logprobs import LogprobsOnePosition
-from vllm.sampling_params import RequestOutputKind
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
 from app.errors import BadRequestError, ContextLengthExceededError, EngineUnavailableError
 from app.protocol import ChatCompletionRequest, CompletionRequest, Usage
 from app.serving.preparation.per_tokenizer import per_tokenizer
-from app.serving.preparation.structured import OutputConstraints, guidance_tokenizer
+from app.serving.preparation.structured import OutputConstraints
 from app.tenancy.tenants import ModelTarget, Principal
 
 CompletionLike = ChatCompletionRequest | CompletionRequest
 RequestT = TypeVar("RequestT", bound=CompletionLike)
-DEFAULT_CONSTRAINTS = OutputConstraints()
 
 
 @dataclass(frozen=True)
@@ -35,6 +34,9 @@ class Generation:
     params: SamplingParams
     # A shadow run: the same request on a candidate version, its answer discarded, unbilled.
     shadow: bool = False
+    # That the engine can enforce the output constraint (llguidance's compile, blocking: the
+    # tracker runs it in the tenant's turn); None where there is nothing to check.
+    compile_check: Callable[[], None] | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -105,15 +107,18 @@ class Preparation(ABC, Generic[RequestT]):
         target: ModelTarget,
         request_id: str,
     ) -> Generation:
+        constraint = self.constraints.constraint(request)
         params = sampling_params(
             request,
             len(prompt),
             self.model.max_model_len,
             vocabulary=len(self.model.tokenizer),
-            tokenizer=self.model.tokenizer,
-            constraints=self.constraints,
+            structured_outputs=None if constraint is None else constraint.params,
         )
-        return Generation(request_id, self.endpoint, principal, target, prompt, params)
+        check = self.constraints.compile_check(constraint)
+        return Generation(
+            request_id, self.endpoint, principal, target, prompt, params, compile_check=check
+        )
 
 
 class Prepared(Generic[RequestT]):
@@ -138,11 +143,10 @@ def longest_token_bytes(tokenizer: Any) -> int:
 
 
 def warm_tokenizer(tokenizer: Any, constraints: OutputConstraints) -> None:
-    """What is read once per tokenizer, read before the first request, which would otherwise
-    wait for it."""
+    """What is read once per tokenizer, and the compile check's process, made ready before
+    the first request, which would otherwise wait for them."""
     longest_token_bytes(tokenizer)
-    if constraints.guidance:
-        guidance_tokenizer(tokenizer)
+    constraints.warm()
 
 
 def completion_budget(prompt_tokens: int, requested: int | None, max_model_len: int) -> int:
@@ -166,12 +170,11 @@ def sampling_params(
     max_model_len: int,
     *,
     vocabulary: int | None = None,
-    tokenizer: Any = None,
-    constraints: OutputConstraints = DEFAULT_CONSTRAINTS,
+    structured_outputs: StructuredOutputsParams | None = None,
 ) -> SamplingParams:
-    """The engine's parameters for ``request``; ``logit_bias`` ids are checked against
-    ``vocabulary`` (the tokenizer's size) where it is given, and an output constraint is
-    compiled against ``tokenizer`` (:meth:`OutputConstraints.params`)."""
+    """The engine's parameters for ``request``, with its output constraint as
+    :meth:`OutputConstraints.params` checked it; ``logit_bias`` ids are checked against
+    ``vocabulary`` (the tokenizer's size) where it is given."""
     bias = request.logit_bias or None
     if bias is not None and vocabulary is not None:
         outside = sorted(token for token in bias if token >= vocabulary)
@@ -204,7 +207,7 @@ def sampling_params(
         min_p=request.min_p or 0.0,
         logprobs=request.num_logprobs,
         logit_bias=bias,
-        structured_outputs=constraints.params(request, tokenizer),
+        structured_outputs=structured_outputs,
         stream_interval=request.stream_interval,
         # Deltas even when not streaming: what was generated is known (and
         # charged) however a request ends.

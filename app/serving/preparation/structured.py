@@ -3,43 +3,54 @@
 engine to compile.
 
 The engine builds the grammar (xgrammar, falling back to guidance or outlines); a schema that
-is not JSON Schema at all, or too large or too deep, is refused here first, with a 400 that
-names the field: this runs in the tokenizer thread, so the event loop never walks a schema.
-Regular expressions (``structured_outputs.regex``, a schema's ``pattern`` and
+is not JSON Schema at all, too large, too deep, or whose counts ask for more than a compile
+should cost (:mod:`app.serving.preparation.constraint_counts`) is refused here first, with a
+400 that names the field: this runs in the tokenizer thread, so the event loop never walks a
+constraint. Regular expressions (``structured_outputs.regex``, a schema's ``pattern`` and
 ``patternProperties``) are bounded in how deep their groups nest, and whatever checking a
 schema raises for a pathological one (Python's ``re`` recurses per group) is a 400 too, never
 a 500.
 
-With llguidance, the engine's backend for compact JSON, the constraint is then compiled here
-once as the engine will compile it, and its first token mask computed, within llguidance's
-own limits: what llguidance refuses is a 400 naming the field, not an empty 200 from the
-engine. GBNF grammars reach the engine already converted to Lark
-(:mod:`app.serving.preparation.gbnf`).
+With llguidance, the engine's backend for compact JSON, the constraint is then compiled once
+as the engine will compile it, and its first token mask computed, in a process of its own and
+within a CPU budget (:mod:`app.serving.preparation.grammar_check`): what llguidance refuses,
+or what takes longer, is a 400 naming the field, not an empty 200 from the engine. The
+tracker runs that check in the tenant's turn, beside the tokenizer. GBNF grammars reach the
+engine already converted to Lark (:mod:`app.serving.preparation.gbnf`).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import Draft202012Validator, validator_for
-from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
 from llguidance.gbnf_to_lark import is_lark_syntax
-from llguidance.hf import from_tokenizer
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.structured_output.backend_guidance import serialize_guidance_grammar
 from vllm.v1.structured_output.request import get_structured_output_key
 
 from app.errors import BadRequestError
 from app.protocol import ChatCompletionRequest, SamplingFields
+from app.serving.preparation.constraint_counts import CountLimits, patterns
 from app.serving.preparation.gbnf import gbnf_to_lark
-from app.serving.preparation.per_tokenizer import per_tokenizer
+from app.serving.preparation.grammar_check import GrammarCheck
 from app.serving.preparation.tools import forced_call_schema
 from app.settings import Settings
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A request's output constraint for the engine, and the field it came from."""
+
+    params: StructuredOutputsParams
+    param: str
 
 
 @dataclass(frozen=True)
@@ -51,31 +62,60 @@ class OutputConstraints:
     # Python's ``re`` (which checks a schema's patterns) recurses per group and gives out
     # near 500; no real pattern nests a tenth of that.
     max_regex_depth: int = 32
+    counts: CountLimits = field(default_factory=CountLimits)
+    check_cpu_seconds: float = 0.25
     # The engine decodes under llguidance (``structured_outputs_compact``), not xgrammar.
     guidance: bool = True
+    # llguidance's compile, checked against the model's tokenizer (:meth:`checking`).
+    compiler: GrammarCheck | None = field(default=None, compare=False)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> OutputConstraints:
         return cls(
             max_bytes=settings.max_structured_output_bytes,
             max_depth=settings.max_json_schema_depth,
+            counts=CountLimits(settings.max_schema_array_items, settings.max_constraint_count),
+            check_cpu_seconds=settings.constraint_check_cpu_ms / 1000,
             guidance=settings.structured_outputs_compact,
         )
 
-    def params(
-        self, request: SamplingFields, tokenizer: Any = None
-    ) -> StructuredOutputsParams | None:
-        """The request's constraint for the engine; ``None`` for free text. With the model's
-        ``tokenizer`` (a Hugging Face one) and llguidance, the constraint is also compiled."""
+    @contextmanager
+    def checking(self, tokenizer: Any) -> Iterator[OutputConstraints]:
+        """These bounds, and under llguidance the compile check against ``tokenizer``, whose
+        process runs until the block ends."""
+        if not self.guidance:
+            yield self
+            return
+        with GrammarCheck(tokenizer, self.check_cpu_seconds) as compiler:
+            yield replace(self, compiler=compiler)
+
+    def warm(self) -> None:
+        """Have the compile check ready before the first request, which would wait for it."""
+        if self.compiler is not None:
+            self.compiler.warm()
+
+    def params(self, request: SamplingFields) -> StructuredOutputsParams | None:
+        """The request's constraint for the engine, within the bounds; ``None`` for free
+        text."""
+        constraint = self.constraint(request)
+        return None if constraint is None else constraint.params
+
+    def constraint(self, request: SamplingFields) -> Constraint | None:
+        """:meth:`params`, with the field it came from."""
         checked = self._checked(request)
         if checked is None:
             return None
         params, param = checked
         if self.guidance and params.grammar is not None and not is_lark_syntax(params.grammar):
             params = StructuredOutputsParams(grammar=_as_lark(params.grammar, param))
-        if self.guidance and tokenizer is not None:
-            _refuse_if_unenforceable(params, tokenizer, param)
-        return params
+        return Constraint(params, param)
+
+    def compile_check(self, constraint: Constraint | None) -> Callable[[], None] | None:
+        """The check that the engine can enforce ``constraint`` (blocking: the tracker runs
+        it in the tenant's turn), or ``None`` where there is nothing to check."""
+        if constraint is None or self.compiler is None:
+            return None
+        return partial(_refuse_if_unenforceable, self.compiler, constraint)
 
     def _checked(self, request: SamplingFields) -> tuple[StructuredOutputsParams, str] | None:
         """The request's constraint within the bounds, and the field it came from."""
@@ -106,6 +146,7 @@ class OutputConstraints:
             return StructuredOutputsParams(regex=wanted.regex), "structured_outputs.regex"
         if wanted.grammar is not None:
             self._check_size(wanted.grammar, "structured_outputs.grammar")
+            self.counts.check_repetitions(wanted.grammar, "structured_outputs.grammar")
             return StructuredOutputsParams(grammar=wanted.grammar), "structured_outputs.grammar"
         assert wanted.choice is not None  # the protocol requires exactly one constraint
         self._check_size(json.dumps(wanted.choice), "structured_outputs.choice")
@@ -130,6 +171,7 @@ class OutputConstraints:
                 self._check_schema(parameters, f"tools[{index}].function.parameters")
         self._check_size(json.dumps(call, separators=(",", ":")), "tools")
         self._check_depth(call, "tools")
+        self.counts.check_schema(call, "tools")  # the functions' arrays added up
 
     def _check_depth(self, schema: dict[str, Any], param: str) -> None:
         depth = _depth(schema)
@@ -141,6 +183,7 @@ class OutputConstraints:
             )
 
     def _check_regex(self, regex: str, param: str, what: str) -> None:
+        self.counts.check_repetitions(regex, param, what)
         depth = _group_depth(regex)
         if depth > self.max_regex_depth:
             raise BadRequestError(
@@ -153,8 +196,9 @@ class OutputConstraints:
         # Depth first: it is measured without recursion, and bounds what recurses after it.
         self._check_depth(schema, param)
         self._check_size(json.dumps(schema, separators=(",", ":")), param)
-        for keyword, pattern in _patterns(schema):
-            self._check_regex(pattern, param, f"a `{keyword}`")
+        self.counts.check_schema(schema, param)
+        for where, pattern in patterns(schema):
+            self._check_regex(pattern, param, where)
         dialect = schema.get("$schema")
         if dialect is not None and not isinstance(dialect, str):
             raise BadRequestError(
@@ -191,31 +235,30 @@ def _as_lark(grammar: str, param: str) -> str:
         raise BadRequestError(f"`{param}` is not a valid grammar: {exc}", param=param) from exc
 
 
-def _refuse_if_unenforceable(params: StructuredOutputsParams, tokenizer: Any, param: str) -> None:
-    """Compile ``params`` as the engine's llguidance backend will and compute its first token
-    mask, each within llguidance's limits; what fails is the tenant's 400, with llguidance's
-    reason (its first line: the rest dumps parser state)."""
+def _refuse_if_unenforceable(compiler: GrammarCheck, constraint: Constraint) -> None:
+    """Compile ``constraint`` as the engine's llguidance backend will and compute its first
+    token mask, within the check's budget; what fails is the tenant's 400, with llguidance's
+    reason."""
+    param = constraint.param
     try:
         grammar = serialize_guidance_grammar(
-            *get_structured_output_key(params), disable_any_whitespace=True
+            *get_structured_output_key(constraint.params), disable_any_whitespace=True
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise BadRequestError(f"`{param}` cannot be compiled: {exc}", param=param) from exc
-    matcher = LLMatcher(guidance_tokenizer(tokenizer), grammar, log_level=0)
-    if not matcher.is_error():
-        matcher.compute_bitmask()
-    if matcher.is_error():
-        reason = matcher.get_error().strip().splitlines()[0]
+    reason = compiler.refusal(grammar)
+    if reason is not None:
         raise BadRequestError(f"`{param}` cannot be enforced: {reason}", param=param)
 
 
-@per_tokenizer
-def guidance_tokenizer(tokenizer: Any) -> LLTokenizer:
-    """llguidance's view of ``tokenizer``: a Hugging Face fast tokenizer's, as vLLM's engine
-    builds it, or one that lists its tokens' bytes itself (the stand-in engines' do)."""
-    if hasattr(tokenizer, "backend_tokenizer"):
-        return from_tokenizer(tokenizer, len(tokenizer))
-    return LLTokenizer(TokenizerWrapper(tokenizer))
+def wants_constraint(request: SamplingFields) -> bool:
+    """Whether ``request`` asks for an output constraint (read without checking it)."""
+    response_format = request.response_format
+    return (
+        request.structured_outputs is not None
+        or (response_format is not None and response_format.type != "text")
+        or (isinstance(request, ChatCompletionRequest) and request.forced_tool is not None)
+    )
 
 
 def _depth(value: Any) -> int:
@@ -230,25 +273,6 @@ def _depth(value: Any) -> int:
             deepest = max(deepest, depth + 1)
             pending.extend((child, depth + 1) for child in children)
     return deepest
-
-
-def _patterns(schema: dict[str, Any]) -> Iterator[tuple[str, str]]:
-    """The regular expressions in ``schema`` (``pattern`` values, ``patternProperties``
-    keys) with their keyword, found without recursion."""
-    pending: list[Any] = [schema]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, list):
-            pending.extend(item)
-        if not isinstance(item, dict):
-            continue
-        pattern = item.get("pattern")
-        if isinstance(pattern, str):
-            yield "pattern", pattern
-        properties = item.get("patternProperties")
-        if isinstance(properties, dict):
-            yield from (("patternProperties", key) for key in properties)
-        pending.extend(item.values())
 
 
 def _group_depth(regex: str) -> int:
