@@ -25,7 +25,9 @@ class VersionStats:
     version: int
     requests: int = 0
     errors: int = 0
-    """Requests that failed on the engine or upstream (refusals never reach the ledger)."""
+    """Requests that failed by the version's doing: on the engine, loading the adapter or
+    upstream (refusals never reach the ledger; failures that are the request's own, such as
+    a grammar the engine gave up on, are not counted)."""
     finish_reasons: dict[str, int] = field(default_factory=dict)
     ttft_ms: list[int] = field(default_factory=list, repr=False)
     itl_ms: list[float] = field(default_factory=list, repr=False)
@@ -61,12 +63,18 @@ def _quantiles(values: list[int] | list[float]) -> dict[str, float] | None:
 
 
 async def version_stats(
-    sessions: async_sessionmaker[AsyncSession], tenant_uid: str, alias: str, since: datetime
+    sessions: async_sessionmaker[AsyncSession],
+    tenant_uid: str,
+    alias: str,
+    since: datetime,
+    *,
+    adapter: str | None = None,
 ) -> list[VersionStats]:
-    """Each version's figures for ``alias`` of the tenant (``uid``) since ``since``."""
+    """Each version's figures for ``alias`` of the tenant (``uid``) since ``since``: of
+    ``adapter``'s versions where it is named (an alias may have served several adapters)."""
     query = select(
         UsageRow.adapter_version,
-        UsageRow.status,
+        UsageRow.fault,
         UsageRow.finish_reason,
         UsageRow.ttft_ms,
         UsageRow.itl_ms,
@@ -77,14 +85,16 @@ async def version_stats(
         UsageRow.started_at >= since,
         UsageRow.adapter_version.is_not(None),
     )
+    if adapter is not None:
+        query = query.where(UsageRow.adapter == adapter)
     by_version: dict[int, VersionStats] = {}
     async with sessions() as session:
-        for version, status, finish, ttft, itl, completion in await session.execute(query):
+        for version, fault, finish, ttft, itl, completion in await session.execute(query):
             if version is None:  # excluded by the query
                 continue
             stats = by_version.setdefault(version, VersionStats(version))
             stats.requests += 1
-            stats.errors += status == "error"
+            stats.errors += fault == "version"
             if finish:
                 stats.finish_reasons[finish] = stats.finish_reasons.get(finish, 0) + 1
             if ttft is not None:
@@ -101,17 +111,22 @@ async def apply_rollback_rules(
     registry: TenantRegistry,
     now: datetime,
 ) -> list[str]:
-    """Roll back every split whose rule a version now breaks; what was rolled back."""
+    """Roll back every split whose rule a version now breaks; what was rolled back. A split
+    is judged on its own adapter's requests since its last change, and rolled back only if it
+    is still the grant that was judged."""
     done = []
     for tenant, alias, grant in registry.rollouts():
         rule = grant.rollback
         if rule is None:
             continue
         since = now - timedelta(seconds=rule.window_seconds)
+        if grant.changed_at is not None:
+            since = max(since, grant.changed_at)
+        adapter = grant.versions[0].adapter.name
         judged = {w.adapter.version for w in grant.versions} - {rule.to}  # not the shadow
         failing = [
             stats
-            for stats in await version_stats(sessions, tenant.uid, alias, since)
+            for stats in await version_stats(sessions, tenant.uid, alias, since, adapter=adapter)
             if stats.version in judged
             and stats.requests >= rule.min_requests
             and stats.error_rate > rule.error_rate
@@ -123,7 +138,7 @@ async def apply_rollback_rules(
             f"v{worst.version} failed {worst.errors} of {worst.requests} requests "
             f"({worst.error_rate:.1%} > {rule.error_rate:.1%}) in {rule.window_seconds} s"
         )
-        if await admin.grants.roll_back_by_rule(tenant.id, alias, reason):
+        if await admin.grants.roll_back_by_rule(tenant.id, alias, reason, judged=grant.revision):
             logger.warning("rolled %s:%s back to v%d: %s", tenant.id, alias, rule.to, reason)
             done.append(f"{tenant.id}:{alias}")
     return done

@@ -125,6 +125,10 @@ class GrantRow(Base):
     # What the last rollback replaced, by whom and when; cleared when the grant is put again.
     rolled_back: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     created_at: Mapped[datetime]
+    # When it was last put or rolled back, and how many times: its rule judges the requests
+    # from then on, and rolls back only the grant it judged (compare-and-set on ``revision``).
+    changed_at: Mapped[datetime | None]
+    revision: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     def spec(self) -> GrantSpec:
         """What the row grants, in the shape manifests and the admin API write it."""
@@ -223,6 +227,8 @@ class UsageRow(Base):
     itl_ms: Mapped[float | None] = mapped_column(Float)
     # A shadow request: run on a candidate version for comparison, never billed.
     shadow: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Whose doing an ``error`` was: ``version`` (what a rollback rule counts) or ``request``.
+    fault: Mapped[str | None] = mapped_column(String(16))
     started_at: Mapped[datetime]
     finished_at: Mapped[datetime]
 

@@ -37,6 +37,11 @@ from app.usage.refusals import RefusalCounts, add_refusals
 
 logger = logging.getLogger(__name__)
 
+Fault = Literal["version", "request"]
+"""Whose doing a failed request was: its version's (the engine, the adapter's load or the
+upstream failed it), which the version's rollback rule counts, or the request's own (what it
+asked was refused, or was a grammar the engine gave up on), which it does not."""
+
 FLUSH_SECONDS = 1.0
 LOG_EVERY_SECONDS = 60.0
 """While the store is down or the backlog overflows, how often the log says so again."""
@@ -68,6 +73,8 @@ class UsageRecord:
     itl_ms: float | None = None
     # A shadow run (the request again on a candidate version): in the ledger, never billed.
     shadow: bool = False
+    # Whose doing an ``error`` was; None for the other statuses.
+    fault: Fault | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The fields by name. Every value is a scalar or a datetime, so this shallow dict is
