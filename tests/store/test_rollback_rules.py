@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,16 @@ from sqlalchemy.orm import ORMExecuteState, Session
 from app.admin import schemas
 from app.admin.rollouts import apply_rollback_rules, version_stats
 from app.admin.service import AdminService
+from app.settings import EMBEDDED_MODEL_DIR
 from app.store.db import open_database
+from app.store.snapshot import load_registry
 from app.tenancy.base_model import BaseModelInfo
+from app.tenancy.registry import TenantRegistry
 from app.tenancy.storage import LocalAdapterStore
 from app.usage import UsageLedger, UsageRecord
-from tests.store.test_admin_service import ACTOR, adapter_dir, register, registry
+from bench.random_adapters import make_random_adapter
 
+ACTOR = "admin:test"
 ALIAS = "assist"
 RULE = {"to": 1, "error_rate": 0.4, "min_requests": 3}
 _ids = itertools.count()
@@ -35,12 +40,24 @@ def now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+async def registry(sessions: async_sessionmaker[AsyncSession]) -> TenantRegistry:
+    _, view = await load_registry(sessions, base_model_id="base")
+    return view
+
+
 async def two_adapters(admin: AdminService) -> None:
     """``support`` and ``other``, each with versions 1 and 2; the tenant ``acme``."""
     for name, seed in (("support", 1), ("other", 3)):
         for version in (1, 2):
-            adapter_dir(admin, f"{name}{version}", seed=seed + version)
-            await register(admin, name, f"{name}{version}")
+            path = f"{name}{version}"
+            make_random_adapter(
+                EMBEDDED_MODEL_DIR,
+                admin.storage.root / path,
+                rank=8,
+                target_modules=("q_proj", "v_proj"),
+                seed=seed + version,
+            )
+            await admin.register_adapter(ACTOR, name, partial(admin.storage.from_path, path))
     await admin.create_tenant(ACTOR, schemas.TenantCreate(id="acme", name="ACME"))
 
 
