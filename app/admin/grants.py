@@ -61,6 +61,7 @@ class Grants:
             row.shadow = body.shadow.model_dump() if body.shadow else None
             row.rollback = body.rollback.model_dump() if body.rollback else None
             row.rolled_back = None
+            _changed(row)
         return row
 
     async def roll_back(self, actor: str, tenant_id: str, alias: str, version: int) -> GrantRow:
@@ -82,17 +83,22 @@ class Grants:
                 )
             row.rolled_back = _rolled_back(row, version, actor, "an admin's call")
             row.version, row.weights, row.shadow, row.rollback = version, None, None, None
+            _changed(row)
         return row
 
-    async def roll_back_by_rule(self, tenant_id: str, alias: str, reason: str) -> bool:
-        """Roll ``alias`` back to its rule's version, unless its rule is gone (an admin put
-        the grant meanwhile, or another replica rolled it back first). Replicas that find the
-        same failing version at once race here: the conditional update lets one of them win,
-        and only the winner bumps the revision and writes the audit record."""
+    async def roll_back_by_rule(
+        self, tenant_id: str, alias: str, reason: str, *, judged: int
+    ) -> bool:
+        """Roll ``alias`` back to its rule's version, if the grant is still the one the rule
+        judged (its revision ``judged``): not when an admin put it meanwhile (the grant in
+        place has not been judged yet, whatever it serves), nor when another replica rolled
+        it back first. Replicas that find the same failing version at once race here: the
+        update, conditional on the revision, lets one of them win, and only the winner bumps
+        the store's revision and writes the audit record."""
         target = f"{tenant_id}/{alias}"
         async with self._mutations.sessions.begin() as session:
             row = await session.get(GrantRow, (tenant_id, alias))
-            if row is None or row.rollback is None:
+            if row is None or row.rollback is None or row.revision != judged:
                 return False
             to = int(row.rollback["to"])
             moved = await session.execute(
@@ -100,6 +106,7 @@ class Grants:
                 .where(
                     GrantRow.tenant_id == tenant_id,
                     GrantRow.alias == alias,
+                    GrantRow.revision == judged,
                     GrantRow.rollback.is_not(None),
                 )
                 .values(
@@ -108,6 +115,8 @@ class Grants:
                     shadow=None,
                     rollback=None,
                     rolled_back=_rolled_back(row, to, ROLLBACK_RULE_ACTOR, reason),
+                    changed_at=now(),
+                    revision=GrantRow.revision + 1,
                 )
                 .execution_options(synchronize_session=False)
             )
@@ -132,6 +141,13 @@ class Grants:
             await find_tenant(session, tenant_id)
             query = select(GrantRow).where(GrantRow.tenant_id == tenant_id)
             return list(await session.scalars(query.order_by(GrantRow.alias)))
+
+
+def _changed(row: GrantRow) -> None:
+    """Mark ``row`` changed now: a rule judges it afresh, and no rollback judged before
+    applies to it."""
+    row.changed_at = now()
+    row.revision = (row.revision or 0) + 1
 
 
 def _rolled_back(row: GrantRow, to: int, actor: str, reason: str) -> dict[str, Any]:

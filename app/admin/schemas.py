@@ -232,7 +232,10 @@ class Quantiles(BaseModel):
 class VersionStatsOut(BaseModel):
     version: int
     requests: int
-    errors: int = Field(description="Failed on the engine or upstream (5xx); refusals excluded.")
+    errors: int = Field(
+        description="Failed by the version's doing (the engine, the adapter's load, upstream "
+        "5xx); refusals and failures that are the request's own excluded."
+    )
     error_rate: float
     finish_reasons: dict[str, int] = Field(description="The first choice's, counted.")
     ttft_ms: Quantiles | None = Field(description="Time to first token (streamed in the front).")

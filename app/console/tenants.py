@@ -153,7 +153,7 @@ async def tenant_page(
         if grant.weights or grant.shadow:
             since = datetime.now(timezone.utc) - timedelta(hours=1)
             comparisons[grant.alias] = await version_stats(
-                gateway.sessions, row.uid, grant.alias, since
+                gateway.sessions, row.uid, grant.alias, since, adapter=grant.adapter_name
             )
     status = error.status if error else 201 if created_key else 200
     return page(

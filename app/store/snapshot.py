@@ -64,7 +64,13 @@ def _served(row: GrantRow, available: dict[int, Adapter]) -> Grant | None:
             return None
         rule = RollbackRule(**row.rollback) if row.rollback else None
         versions = tuple(sorted(split, key=lambda w: w.adapter.version))
-        return Grant(versions, sticky=row.sticky, rollback=rule)
+        return Grant(
+            versions,
+            sticky=row.sticky,
+            rollback=rule,
+            changed_at=row.changed_at,
+            revision=row.revision,
+        )
     chosen = row.version if row.version is not None else max(available, default=None)
     return Grant.of(available[chosen]) if chosen in available else None
 

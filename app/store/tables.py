@@ -125,6 +125,10 @@ class GrantRow(Base):
     # What the last rollback replaced, by whom and when; cleared when the grant is put again.
     rolled_back: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     created_at: Mapped[datetime]
+    # When it was last put or rolled back, and how many times: its rule judges the requests
+    # from then on, and rolls back only the grant it judged (compare-and-set on ``revision``).
+    changed_at: Mapped[datetime | None]
+    revision: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     def spec(self) -> GrantSpec:
         """What the row grants, in the shape manifests and the admin API write it."""
@@ -196,6 +200,16 @@ class UsageRow(Base):
     __table_args__ = (
         Index("ix_usage_tenant_started", "tenant_id", "started_at"),
         Index("ix_usage_tenant_uid_started", "tenant_uid", "started_at"),
+        # One version's requests of an alias in time order: a rollback check's first partial
+        # minute, and the latest requests a comparison takes its percentiles from.
+        Index(
+            "ix_usage_version_started",
+            "tenant_uid",
+            "model",
+            "adapter",
+            "adapter_version",
+            "started_at",
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -223,8 +237,32 @@ class UsageRow(Base):
     itl_ms: Mapped[float | None] = mapped_column(Float)
     # A shadow request: run on a candidate version for comparison, never billed.
     shadow: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Whose doing an ``error`` was: ``version`` (what a rollback rule counts) or ``request``.
+    fault: Mapped[str | None] = mapped_column(String(16))
     started_at: Mapped[datetime]
     finished_at: Mapped[datetime]
+
+
+class VersionMinuteRow(Base):
+    """An alias's requests per adapter version, minute (of their start) and finish reason,
+    and how many of them failed by the version's doing: what rollback rules and the versions'
+    comparison count from, a day's window being at most 1,440 rows a version and reason.
+    The ledger adds to it in the transaction that writes the requests' usage rows."""
+
+    __tablename__ = "version_minutes"
+    __table_args__ = (
+        Index("ix_version_minutes_minute", "tenant_uid", "model", "adapter", "minute"),
+    )
+
+    tenant_uid: Mapped[str] = mapped_column(String(32), primary_key=True)
+    model: Mapped[str] = mapped_column(String(100), primary_key=True)
+    adapter: Mapped[str] = mapped_column(String(100), primary_key=True)
+    adapter_version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    minute: Mapped[datetime] = mapped_column(primary_key=True)
+    # "" where the request had none.
+    finish_reason: Mapped[str] = mapped_column(String(32), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    errors: Mapped[int] = mapped_column(BigInteger)
 
 
 class RefusalRow(Base):

@@ -13,6 +13,7 @@ import hashlib
 import math
 import random
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Final
 
 from app.tenancy.adapters import Adapter
@@ -63,6 +64,10 @@ class Grant:
     sticky: bool = False
     rollback: RollbackRule | None = None
     shadow: Shadow | None = None
+    changed_at: datetime | None = None
+    """When it was last put or rolled back: its rule judges the requests from then on."""
+    revision: int = 0
+    """Its changes counted: a rule's rollback applies to the grant it judged, no later one."""
     _live: tuple[Weighted, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -1,7 +1,7 @@
 """What tenants used: the ledger that records every request (:mod:`.ledger`) and the reports
 read from it (:mod:`.reports`)."""
 
-from app.usage.ledger import UsageLedger, UsageRecord
+from app.usage.ledger import Fault, UsageLedger, UsageRecord
 from app.usage.reports import (
     BucketGroup,
     BucketTotal,
@@ -15,6 +15,7 @@ from app.usage.reports import (
 __all__ = [
     "BucketGroup",
     "BucketTotal",
+    "Fault",
     "GroupBy",
     "UsageLedger",
     "UsageRecord",

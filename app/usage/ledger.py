@@ -8,6 +8,8 @@ Nothing billed is lost quietly:
   oldest are dropped (the records kept are the latest, so the gap is one stretch of time at the
   start of the outage), counted (``lora_gateway_usage_records{outcome="dropped"}``) and logged
   with the time range they cover;
+* each batch adds its records to the versions' per-minute counts
+  (:mod:`app.usage.version_minutes`) in the transaction that writes them;
 * a batch the store refuses for what is in it (not because it is down) is written again record
   by record: one that fails on its own is set aside, counted (``outcome="rejected"``) and
   logged in full for replay, and no longer blocks the records after it;
@@ -34,8 +36,14 @@ from app import metrics
 from app.store.db import store_is_down
 from app.store.tables import UsageRow
 from app.usage.refusals import RefusalCounts, add_refusals
+from app.usage.version_minutes import add_version_minutes
 
 logger = logging.getLogger(__name__)
+
+Fault = Literal["version", "request"]
+"""Whose doing a failed request was: its version's (the engine, the adapter's load or the
+upstream failed it), which the version's rollback rule counts, or the request's own (what it
+asked was refused, or was a grammar the engine gave up on), which it does not."""
 
 FLUSH_SECONDS = 1.0
 LOG_EVERY_SECONDS = 60.0
@@ -68,6 +76,8 @@ class UsageRecord:
     itl_ms: float | None = None
     # A shadow run (the request again on a candidate version): in the ledger, never billed.
     shadow: bool = False
+    # Whose doing an ``error`` was; None for the other statuses.
+    fault: Fault | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The fields by name. Every value is a scalar or a datetime, so this shallow dict is
@@ -240,11 +250,13 @@ class UsageLedger:
         return written
 
     async def _insert(self, records: Iterable[UsageRecord]) -> None:
+        """Write ``records``, and add them to the versions' counts, in one transaction."""
         # One executemany of plain rows: the ORM's unit of work (an object, its state and
         # identity per record, flushed) cost more than the rest of a short request.
         rows = [record.as_dict() for record in records]
         async with self._sessions.begin() as session:
             await session.execute(insert(_USAGE_TABLE), rows)
+            await add_version_minutes(session, rows)
 
     async def _exists(self, record: UsageRecord) -> bool:
         """Whether ``record`` is in the store already (a write that was reported failed after

@@ -383,7 +383,10 @@ async def test_a_rollback_rule_fires_once_however_many_replicas_race(
 
     # Every replica found v2 failing at once; one of them rolls the split back.
     won = await asyncio.gather(
-        *(admin.grants.roll_back_by_rule("acme", "support", "v2 failed") for _ in range(4))
+        *(
+            admin.grants.roll_back_by_rule("acme", "support", "v2 failed", judged=grant.revision)
+            for _ in range(4)
+        )
     )
     assert sorted(won) == [False, False, False, True]
     entries_page = await admin.audit_page(limit=10)

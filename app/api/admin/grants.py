@@ -65,11 +65,18 @@ async def compare_versions(
 ) -> object:
     """The alias's versions side by side over the last ``window_seconds``, from the usage
     ledger (every replica's requests): requests, errors, finish reasons, TTFT, inter-token
-    latency and completion length."""
+    latency and completion length (each version's percentiles are of its latest 10,000
+    requests); of the adapter the alias is granted now (none where it is not granted)."""
     tenant = await admin.get_tenant(tenant_id)  # 404 for an unknown tenant
     await gateway.ledger.flush()  # include what finished a moment ago
     since = datetime.now(timezone.utc) - timedelta(seconds=window_seconds)
-    stats = await version_stats(gateway.sessions, tenant.uid, alias, since)
+    granted = {row.alias: row.adapter_name for row in await admin.grants.for_tenant(tenant_id)}
+    adapter = granted.get(alias)
+    stats = (
+        []
+        if adapter is None
+        else await version_stats(gateway.sessions, tenant.uid, alias, since, adapter=adapter)
+    )
     return schemas.VersionComparison(
         tenant_id=tenant_id,
         alias=alias,

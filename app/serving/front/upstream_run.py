@@ -39,7 +39,7 @@ from app.protocol import ChatCompletion, ChatCompletionChunk, Completion
 from app.quota import Reservation
 from app.serving.front.http1 import Response, TransportError
 from app.serving.front.upstream import Upstream, refusal, transport_error
-from app.serving.lifecycle.runs import RunBase
+from app.serving.lifecycle.runs import RunBase, fault_of
 from app.serving.preparation.generation import Generation
 
 logger = logging.getLogger(__name__)
@@ -126,10 +126,10 @@ class UpstreamRun(RunBase):
                 raise refusal(response.status, content, call.names, retry_after)
             answer = read_answer(model, content, call.names)
         except TransportError as exc:
-            self.failed = True
+            self.fail("version")
             raise transport_error(exc) from exc
-        except GatewayError:
-            self.failed = True
+        except GatewayError as exc:
+            self.fail(fault_of(exc))
             raise
         self._observe(answer)
         self._time_tokens(answer)
@@ -156,15 +156,15 @@ class UpstreamRun(RunBase):
                     self._time_tokens(chunk)
                     yield chunk
                 else:
-                    self.failed = True
+                    self.fail("version")
                     raise UpstreamError("The upstream ended the stream early.")
             self.finished = True
             await response.finish(DONE_WITHIN_SECONDS)
         except TransportError as exc:
-            self.failed = True
+            self.fail("version")
             raise transport_error(exc) from exc
-        except GatewayError:
-            self.failed = True
+        except GatewayError as exc:
+            self.fail(fault_of(exc))
             raise
         finally:
             await self.close()

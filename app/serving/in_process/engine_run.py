@@ -12,7 +12,7 @@ from app.engine.base import Engine
 from app.errors import GenerationFailedError
 from app.quota import Reservation
 from app.serving.in_process.token_meter import TokenMeter
-from app.serving.lifecycle.runs import RunBase
+from app.serving.lifecycle.runs import RunBase, fault_of
 from app.serving.preparation.generation import Generation
 
 logger = logging.getLogger(__name__)
@@ -63,14 +63,16 @@ class EngineRun(RunBase):
                 self._observe(output)
                 if any(choice.finish_reason == "error" for choice in output.outputs):
                     # As vLLM's own server: an end the engine calls an error is a 500, not
-                    # "stop" (e.g. a grammar llguidance gave up on mid-way).
+                    # "stop" (e.g. a grammar llguidance gave up on mid-way). The request's
+                    # doing: a tenant must not fail its own split's version at will.
+                    self.fail("request")
                     raise GenerationFailedError(
                         "The engine ended this request with an error; what it produced "
                         "until then is charged."
                     )
                 yield output
-        except Exception:
-            self.failed = True
+        except Exception as exc:
+            self.fail(fault_of(exc))
             raise
 
     def when_ended(self, callback: Callable[[], None]) -> None:

@@ -10,10 +10,12 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel
 
+from app.errors import GatewayError
 from app.protocol import SamplingFields
 from app.quota import Reservation
 from app.serving.preparation.generation import Generation
 from app.tenancy.tenants import ModelTarget, Principal
+from app.usage import Fault
 
 ADAPTER_VERSION_HEADER = "x-adapter-version"
 """The adapter version a response was served with (``model`` stays the alias called)."""
@@ -25,6 +27,15 @@ Outcome = Literal["ok", "cancelled", "error"]
 
 class ClientDisconnected(Exception):
     """The client left before its response was complete."""
+
+
+def fault_of(failure: BaseException) -> Fault:
+    """Whose doing ``failure`` is: the request's where the engine or the upstream refused
+    what it asks (a 4xx), else the version's (the engine, the adapter's load or the upstream
+    failed it)."""
+    if isinstance(failure, GatewayError) and failure.status_code < 500:
+        return "request"
+    return "version"
 
 
 class Run(Protocol):
@@ -49,6 +60,10 @@ class Run(Protocol):
 
     def outcome(self) -> Outcome:
         """``ok`` when the answer was complete, ``error`` when it failed, else ``cancelled``."""
+
+    @property
+    def fault(self) -> Fault | None:
+        """Whose doing its failure was, once it failed (:func:`fault_of`)."""
 
     @property
     def timing(self) -> RunTiming:
@@ -94,14 +109,21 @@ class RunTiming:
 
 class RunBase:
     """What every :class:`Run` keeps alike: its generation and reservation, the response's
-    headers, its timing, and how it ended (set ``finished`` or ``failed`` as it learns)."""
+    headers, its timing, and how it ended (set ``finished``, or call :meth:`fail`, as it
+    learns)."""
 
     def __init__(self, generation: Generation, reservation: Reservation | None) -> None:
         self.generation = generation
         self.reservation = reservation
         self.finished = False
         self.failed = False
+        self.fault: Fault | None = None
         self.timing = RunTiming()
+
+    def fail(self, fault: Fault) -> None:
+        """It failed, by ``fault``'s doing (the first failure seen is the one that counts)."""
+        if not self.failed:
+            self.failed, self.fault = True, fault
 
     @property
     def headers(self) -> dict[str, str]:

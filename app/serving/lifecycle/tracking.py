@@ -427,6 +427,8 @@ class RequestTracker:
             finished_at=datetime.now(timezone.utc),
             user=user,
             shadow=generation.shadow,
+            # An error the run did not see (the service failed around it) is the version's.
+            fault=(run.fault or "version") if outcome == "error" else None,
             **run.timing.usage_fields(began, run.completion_tokens),
         )
         self._ledger.record(record)

@@ -6,7 +6,10 @@ import pytest
 
 from app.errors import GatewayError, UpstreamError
 from app.protocol import ChatCompletionChunk
+from app.serving.front.http1 import ConnectFailed
+from app.serving.front.upstream import refusal, transport_error
 from app.serving.front.upstream_run import read_answer
+from app.serving.lifecycle.runs import fault_of
 
 NAMES = {"helper@v2": "helper"}
 
@@ -39,3 +42,29 @@ def test_what_is_not_a_chunk_is_the_gateways_error(body: bytes, status: int, mes
     assert "helper@v2" not in str(raised.value.body())
     if status == 502:
         assert isinstance(raised.value, UpstreamError)
+
+
+@pytest.mark.parametrize(
+    ("status", "fault"),
+    [
+        # The upstream refused the request as it was asked: the request's doing.
+        (400, "request"),
+        (404, "request"),
+        (422, "request"),
+        # The engine tier failed it: counted against the version's rollback rule.
+        (500, "version"),
+        (502, "version"),
+        (503, "version"),
+        (504, "version"),
+    ],
+)
+def test_an_upstream_error_is_the_versions_fault_unless_the_request_was_refused(
+    status: int, fault: str
+) -> None:
+    error = refusal(status, b'{"error":{"message":"no","code":%d}}' % status, NAMES)
+    assert fault_of(error) == fault
+
+
+def test_a_failure_that_is_no_gateway_error_is_the_versions_fault() -> None:
+    assert fault_of(transport_error(ConnectFailed("refused"))) == "version"
+    assert fault_of(RuntimeError("the engine died")) == "version"

@@ -183,6 +183,7 @@ async def test_an_engine_failure_mid_stream_is_one_error_event(serve: ServeFacto
         await served.settled()
         [record] = await served.usage_records()
         assert (record.status, record.completion_tokens) == ("error", 3)
+        assert record.fault == "version"  # counts against the version's rollback rule
         assert (await quota_usage(served)).concurrent == 0
 
 
@@ -206,6 +207,8 @@ async def test_an_end_the_engine_calls_an_error_is_a_500_charged_what_it_produce
         await served.settled()
         [record] = await served.usage_records()
         assert (record.status, record.completion_tokens) == ("error", 4)
+        # A grammar the engine gave up on is the request's doing, not the version's.
+        assert record.fault == "request"
         assert (await quota_usage(served)).concurrent == 0
 
 
@@ -220,7 +223,7 @@ async def test_an_engine_refusal_is_a_400_and_holds_nothing(serve: ServeFactory)
         await served.settled()
         assert (await quota_usage(served)).concurrent == 0
         [record] = await served.usage_records()
-        assert record.status == "error"
+        assert (record.status, record.fault) == ("error", "request")
 
 
 async def test_a_long_request_keeps_its_concurrency_lease(serve: ServeFactory) -> None:
