@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from app import __version__
 from app.api import health, metrics, openai, organization
 from app.api.admin import router as admin_router
+from app.api.admin.failure_audit import AuthFailureThrottle
 from app.api.errors import install_error_handlers
 from app.api.middleware import EarlyRefusalMiddleware, RequestIdMiddleware
 from app.api.routes import include_routers
@@ -75,12 +76,15 @@ def create_app(
         redoc_url="/redoc" if settings.docs else None,
         openapi_url="/openapi.json" if settings.docs else None,
     )
+    # Refused admin tokens, at the admin API or the console's sign-in: one throttle for both.
+    app.state.auth_failure_throttle = AuthFailureThrottle()
     # The last added runs first: every answer, early refusals included, has an id.
     app.add_middleware(
         EarlyRefusalMiddleware,
         max_request_bytes=settings.max_request_bytes,
         max_upload_bytes=settings.max_adapter_bytes,
         metrics_token=settings.metrics_token.get_secret_value() if settings.metrics_token else None,
+        auth_failure_throttle=app.state.auth_failure_throttle,
     )
     app.add_middleware(RequestIdMiddleware)
     install_error_handlers(app)

@@ -281,8 +281,8 @@ CONNECTIONS_REFUSED = Counter(
 
 ADMIN_AUTH_FAILURES = Counter(
     "lora_gateway_admin_auth_failures",
-    "Admin API requests refused for a missing or invalid admin token, by whether "
-    "an audit record was written (audited: yes, or no when throttled).",
+    "Admin API requests and console sign-ins refused for a missing or invalid admin token, "
+    "by whether an audit record was written (audited: yes, or no when throttled).",
     ["audited"],
 )
 

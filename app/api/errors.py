@@ -58,8 +58,9 @@ async def _gateway_error(request: Request, exc: Exception) -> JSONResponse:
     return render(exc)
 
 
-async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
+def validation_refusal(exc: RequestValidationError) -> BadRequestError:
+    """The 400 for a request its route's declared parameters refuse, naming the first
+    refused field (the console shows the same refusal as a page)."""
     first = exc.errors()[0]
     param = _param(tuple(first.get("loc", ())))
     message = first.get("msg", "Invalid request.")
@@ -67,12 +68,18 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         message = "We could not parse the JSON body of your request."
     elif param:
         message = f"Invalid value for '{param}': {message}"
-    await _audit_admin(request, 400, message)
+    return BadRequestError(message, param=param)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    refusal = validation_refusal(exc)
+    await _audit_admin(request, 400, refusal.message)
     principal = request.scope.get("state", {}).get(PRECHECKED)
     if principal is not None:
         # Parsing the body was work done for the tenant: it counts as a request.
         await request.app.state.gateway.tracker.charge_refused(principal)
-    return render(BadRequestError(message, param=param))
+    return render(refusal)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

@@ -92,6 +92,7 @@ class EarlyRefusalMiddleware:
         max_request_bytes: int,
         max_upload_bytes: int,
         metrics_token: str | None,
+        auth_failure_throttle: AuthFailureThrottle | None = None,
         metrics_listener: bool = False,
     ) -> None:
         self.app = app
@@ -99,7 +100,9 @@ class EarlyRefusalMiddleware:
         self._max_upload_bytes = max_upload_bytes
         self._metrics_tokens = [metrics_token] if metrics_token else []
         self._metrics_listener = metrics_listener
-        self._throttle = AuthFailureThrottle()
+        # The app's own, shared with the console's sign-in (a listener that serves no admin
+        # path, such as the metrics one, needs none).
+        self._throttle = auth_failure_throttle or AuthFailureThrottle()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

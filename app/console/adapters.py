@@ -17,6 +17,7 @@ from app.console.forms import FormError, audit_refusal, checkbox
 from app.console.rendering import CONSOLE_PREFIX, ConsoleRoute, page
 from app.errors import GatewayError, NotFoundError
 from app.gateway import Gateway
+from app.protocol import INT64_MAX
 
 router = APIRouter(prefix="/adapters", route_class=ConsoleRoute)
 
@@ -29,7 +30,7 @@ async def adapters(
     session: Session,
     gateway: GatewayDep,
     q: str = Query("", max_length=100),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=INT64_MAX),
 ) -> Response:
     return await adapters_page(request, session, gateway, q=q, offset=offset)
 

@@ -12,6 +12,7 @@ from app.api.deps import GatewayDep
 from app.console.auth import Session
 from app.console.rendering import ConsoleRoute, page
 from app.errors import BadRequestError
+from app.protocol import INT64_MAX
 
 router = APIRouter(route_class=ConsoleRoute)
 
@@ -37,7 +38,7 @@ async def audit(
     action: str = Query("", max_length=64),
     since: str = Query("", max_length=32),
     until: str = Query("", max_length=32),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=INT64_MAX),
 ) -> Response:
     where = AuditFilter(
         actor=actor or None,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, Response
 from fastapi.routing import APIRoute
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -16,6 +17,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.admin.sessions import ConsoleSession
+from app.api.errors import validation_refusal
 from app.errors import GatewayError
 
 CONSOLE_PREFIX = "/admin/ui"
@@ -107,7 +109,8 @@ class ConsoleHeaders:
 
 class ConsoleRoute(APIRoute):
     """A console route: a refusal no form of the page shows (an unknown tenant, a store that
-    is down) is an error page, not the API's JSON."""
+    is down, a query or path parameter its route refuses, named as the REST API names it) is
+    an error page, not the API's JSON."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -115,6 +118,9 @@ class ConsoleRoute(APIRoute):
         async def console_handler(request: Request) -> Response:
             try:
                 return await handler(request)
+            except RequestValidationError as exc:
+                refused = validation_refusal(exc)
+                return page(request, "error.html", None, status=400, message=refused.message)
             except GatewayError as exc:
                 return page(
                     request, "error.html", None, status=exc.status_code, message=exc.message

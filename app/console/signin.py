@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from app.api.admin.deps import actor_name
+from app.api.admin.failure_audit import audit_refused_token
 from app.api.deps import GatewayDep, matches_any
 from app.console.auth import SESSION_COOKIE, Mutation, same_origin
 from app.console.forms import text
@@ -25,9 +26,10 @@ async def sign_in_form(request: Request) -> Response:
 
 @router.post("/sign-in")
 async def sign_in(request: Request, gateway: GatewayDep) -> Response:
-    """A session for a valid admin token; every attempt is audited, and attempts from one
-    address are limited (``console_sign_ins_per_minute``; refused ones are not audited, so
-    a flood cannot flood the audit log)."""
+    """A session for a valid admin token. Attempts from one address are limited
+    (``console_sign_ins_per_minute``); a sign-in is audited, and a wrong token is audited
+    as the admin API audits one, through the same throttle (once per address a minute, 60
+    a minute in all), so that guessing cannot flood the audit log."""
     source = _source(request)
     wait = request.app.state.console_sign_ins.take(source)
     if wait > 0:
@@ -35,9 +37,10 @@ async def sign_in(request: Request, gateway: GatewayDep) -> Response:
         return page(request, "sign_in.html", None, status=429, error=message)
     token = text(await request.form(), "token")
     if not same_origin(request) or not matches_any(token, gateway.admin_tokens):
-        await gateway.admin.audit(
-            "unauthenticated", "console.sign_in", source, "denied", "invalid admin token"
-        )
+        if audit_refused_token(request.app.state.auth_failure_throttle, source):
+            await gateway.admin.audit(
+                "unauthenticated", "console.sign_in", source, "denied", "invalid admin token"
+            )
         return page(request, "sign_in.html", None, status=401, error="Invalid admin token.")
     actor = actor_name(token)
     secret = await gateway.console_sessions.start(token, actor)

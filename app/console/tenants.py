@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response
+from pydantic_core import from_json
 
 from app.admin import schemas
 from app.admin.rollouts import version_stats
@@ -24,6 +24,7 @@ from app.console.forms import FormError, audit_refusal, checkbox, model, optiona
 from app.console.rendering import CONSOLE_PREFIX, ConsoleRoute, page
 from app.errors import BadRequestError, GatewayError
 from app.gateway import Gateway
+from app.protocol import INT64_MAX
 from app.usage import usage_by_bucket, usage_totals
 
 router = APIRouter(prefix="/tenants", route_class=ConsoleRoute)
@@ -42,7 +43,7 @@ async def tenants(
     session: Session,
     gateway: GatewayDep,
     q: str = Query("", max_length=200),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=INT64_MAX),
 ) -> Response:
     return await tenants_page(request, session, gateway, q=q, offset=offset)
 
@@ -328,9 +329,11 @@ def _grant(form: Any) -> schemas.GrantPut:
     shadow_version = optional_int(form, "shadow_version")
     rollback = text(form, "rollback")
     try:
-        rule = json.loads(rollback) if rollback else None
-    except json.JSONDecodeError:
-        raise BadRequestError("`rollback`: not JSON.", param="rollback") from None
+        # pydantic's parser bounds nesting (a refusal); the standard library's recurses into a
+        # RecursionError on fifty thousand `[`.
+        rule = from_json(rollback) if rollback else None
+    except ValueError as exc:
+        raise BadRequestError(f"`rollback`: not JSON ({exc}).", param="rollback") from None
     return model(
         schemas.GrantPut,
         {
@@ -367,7 +370,8 @@ async def rollback_grant(
         version = optional_int(form, "version")
         if version is None:
             raise BadRequestError("`version`: which version to roll back to.", param="version")
-        await gateway.admin.grants.roll_back(session.actor, tenant_id, alias, version)
+        body = model(schemas.GrantRollback, {"version": version})  # bounded as over REST
+        await gateway.admin.grants.roll_back(session.actor, tenant_id, alias, body.version)
 
     return await _mutate(request, tenant_id, session, gateway, "grants", "grant.rollback", change)
 

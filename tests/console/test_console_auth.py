@@ -17,7 +17,8 @@ from app.server import server_config
 from app.settings import Settings
 from app.store.tables import ConsoleSessionRow
 from tests.support.console import UI, console, sign_in, unlabelled_fields
-from tests.support.harness import ADMIN_TOKEN
+from tests.support.edge_app import EdgeApp, call, running
+from tests.support.harness import ADMIN_TOKEN, app_settings
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.serving import TENANT, Served, ServeFactory, eventually
 
@@ -115,7 +116,41 @@ async def test_sign_in_attempts_are_limited_per_address(serve: ServeFactory) -> 
         limited = await sign_in(client)  # even the right token waits its turn
         assert statuses == [401, 401] and limited.status_code == 429
         assert "Too many sign-in attempts" in limited.text
-        assert len(await audit_records(served, "console.sign_in")) == 2
+        # The second refusal from the address is in the audit throttle's window.
+        assert len(await audit_records(served, "console.sign_in")) == 1
+
+
+async def refused_records(edge: EdgeApp) -> list[tuple[str, str]]:
+    listed = await edge.gateway.admin.audit_page(limit=500)
+    return [(r.action, r.detail) for r in listed.items if r.outcome == "denied"]
+
+
+async def test_sign_in_failures_share_the_admin_apis_audit_throttle(tmp_path: Path) -> None:
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    async with running(app_settings(tmp_path)) as edge:
+        # Ten wrong tokens from each of a hundred addresses: one record per address, and
+        # no more than the admin API's cap in all (60 a window).
+        for n in range(100):
+            source = (f"198.51.100.{n}", 40000)
+            for attempt in range(10):
+                body = f"token=lgw-admin-wrong-{attempt}".encode()
+                answer = await call(
+                    edge.app, "POST", f"{UI}/sign-in", headers=form, body=body, client=source
+                )
+                assert answer.status == 401
+        records = await refused_records(edge)
+        assert len(records) == 60
+        assert {action for action, _ in records} == {"console.sign_in"}
+
+    async with running(app_settings(tmp_path / "shared")) as edge:
+        # One window per address across both: a refusal over REST, then at the console.
+        wrong = {"authorization": "Bearer lgw-admin-wrong"}
+        rest = await call(edge.app, "GET", "/admin/v1/tenants", headers=wrong)
+        console_answer = await call(
+            edge.app, "POST", f"{UI}/sign-in", headers=form, body=b"token=lgw-admin-wrong"
+        )
+        assert (rest.status, console_answer.status) == (401, 401)
+        assert [action for action, _ in await refused_records(edge)] == ["admin.auth"]
 
 
 async def test_a_mutation_without_the_session_csrf_token_changes_nothing(

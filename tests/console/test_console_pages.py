@@ -263,3 +263,28 @@ async def test_in_the_front_role_residency_is_said_to_be_in_the_engines(tmp_path
                 "/admin/v1/adapters/residency", headers={"authorization": f"Bearer {ADMIN_TOKEN}"}
             )
             assert rest.status_code == 404 and "/metrics" in rest.json()["error"]["message"]
+
+
+async def test_inputs_the_rest_api_refuses_are_400s_naming_the_field_in_the_console(
+    serve: ServeFactory,
+) -> None:
+    async with serve(ScriptedEngine()) as served, console(served.base_url) as ui:
+        past_int64 = str(2**63)
+        for path in ("/tenants", "/adapters", "/audit"):
+            answer = await ui.get(f"{path}?offset={past_int64}")
+            assert answer.status_code == 400, path
+            assert "Invalid value for 'offset'" in html.unescape(answer.text), path
+            assert answer.headers["content-type"].startswith("text/html"), path
+        for version in (1, 2):
+            assert (await upload(ui, "helper", tiny_adapter_archive(version))).status_code == 303
+        split = {"alias": "helper", "adapter": "helper", "versions": "1:50, 2:50"}
+        assert (await ui.post(f"/tenants/{TENANT}/grants", split)).status_code == 303
+        rollback = await ui.post(
+            f"/tenants/{TENANT}/grants/helper/rollback", {"version": past_int64}
+        )
+        assert rollback.status_code == 400 and "`version`" in rollback.text
+        nested = {"alias": "deep", "adapter": "helper", "rollback": "[" * 50_000}
+        deep = await ui.post(f"/tenants/{TENANT}/grants", nested)
+        assert deep.status_code == 400 and "`rollback`" in deep.text
+        grants = await served.admin("GET", f"/tenants/{TENANT}/adapters")
+        assert [(g["alias"], g["versions"]) for g in grants] == [("helper", {"1": 50, "2": 50})]

@@ -6,7 +6,8 @@ before or around it is recorded here: a refused admin token (action
 outcome ``rejected``) and a server error (500, outcome ``error``). Records
 never hold a token (a valid one appears as its hash prefix) nor request data;
 refused tokens are throttled per source address, so an attacker cannot
-flood the audit table.
+flood the audit table. The console's refused sign-ins share the throttle: one
+:class:`AuthFailureThrottle` per app (``app.state.auth_failure_throttle``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class AuthFailureThrottle:
     """Decides which refused admin tokens get an audit record: in each window
     of ``window_seconds``, the first from each source address, and at most
     ``per_window`` in all (an attacker cycling addresses is capped too).
-    Memory is bounded by ``per_window``."""
+    Memory is bounded by ``per_window``. One per app, whichever door the token
+    was refused at (the admin API or the console's sign-in)."""
 
     def __init__(
         self,
@@ -76,6 +78,14 @@ class AuthFailureThrottle:
         return True
 
 
+def audit_refused_token(throttle: AuthFailureThrottle, source: str) -> bool:
+    """Whether a token refused from ``source`` gets an audit record (the throttle decides);
+    counted in ``lora_gateway_admin_auth_failures_total`` either way."""
+    audited = throttle.allow(source)
+    metrics.ADMIN_AUTH_FAILURES.labels("yes" if audited else "no").inc()
+    return audited
+
+
 async def _write(
     gateway: Gateway, actor: str, action: str, target: str, outcome: str, detail: str
 ) -> None:
@@ -92,9 +102,7 @@ async def record_auth_failure(
 ) -> None:
     """Audit (throttled) and count an admin request refused for its token."""
     source = _source(scope)
-    audited = throttle.allow(source)
-    metrics.ADMIN_AUTH_FAILURES.labels("yes" if audited else "no").inc()
-    if audited:
+    if audit_refused_token(throttle, source):
         reason = "no admin token" if token is None else "invalid admin token"
         await _write(
             gateway,
