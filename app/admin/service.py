@@ -31,6 +31,7 @@ from app.store.tables import (
     as_utc,
 )
 from app.tenancy import keys
+from app.tenancy.adapters import Adapter
 from app.tenancy.base_model import BaseModelInfo
 from app.tenancy.storage import AdapterStore, open_adapter_store
 from app.tenancy.validation import ValidatedAdapter
@@ -200,6 +201,12 @@ class AdminService:
         query = select(AdapterVersionRow).where(AdapterVersionRow.name == name)
         result = await session.scalars(query.order_by(AdapterVersionRow.version.desc()).limit(1))
         return result.first()
+
+    async def adapter_unservable(self, adapter: Adapter, reason: str) -> None:
+        """Audit that ``adapter``'s version failed to load in the engine (actor ``engine``):
+        this replica refuses it from now on (app/serving/lifecycle/tracking.py)."""
+        target = f"{adapter.name}@v{adapter.version}"
+        await self.audit("engine", "adapter.unservable", target, "ok", reason)
 
     async def list_adapter_versions(self, name: str | None = None) -> list[AdapterVersionRow]:
         query = select(AdapterVersionRow).order_by(

@@ -20,10 +20,7 @@ from vllm.lora.peft_helper import PEFTHelper
 
 from app.tenancy.adapters import AdapterError
 from app.tenancy.base_model import BaseModelInfo
-from tests.tenancy import test_validation
-from tests.tenancy.test_validation import MAX_RANK, make_adapter, validate
-
-base = test_validation.base  # the tiny fake base model, as a fixture of this module too
+from tests.support.adapter_dirs import MAX_RANK, fake_base_model, make_adapter, validate
 
 
 class _Missing:
@@ -53,6 +50,11 @@ PROBES: dict[str, list[Any]] = {
     "vllm_lora_scaling_factor": [3.0],
     "vllm_max_position_embeddings": [16],
 }
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> BaseModelInfo:
+    return fake_base_model(tmp_path_factory.mktemp("models"))
 
 
 def engine_lora_config() -> LoRAConfig:

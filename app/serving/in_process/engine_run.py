@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Callable
 
 from vllm import RequestOutput
 
-from app.engine.base import Engine
-from app.errors import GenerationFailedError
+from app.engine.base import AdapterLoadFailed, Engine
+from app.errors import AdapterUnservableError, GenerationFailedError
 from app.quota import Reservation
 from app.serving.in_process.token_meter import TokenMeter
 from app.serving.lifecycle.runs import RunBase
@@ -69,6 +69,9 @@ class EngineRun(RunBase):
                         "until then is charged."
                     )
                 yield output
+        except AdapterLoadFailed as exc:
+            self.failed = True
+            raise AdapterUnservableError(generation.target.model, str(exc)) from exc
         except Exception:
             self.failed = True
             raise
