@@ -203,10 +203,16 @@ class AdminService:
         return result.first()
 
     async def adapter_unservable(self, adapter: Adapter, reason: str) -> None:
-        """Audit that ``adapter``'s version failed to load in the engine (actor ``engine``):
-        this replica refuses it from now on (app/serving/lifecycle/tracking.py)."""
+        """Mark ``adapter``'s version unservable (it failed to load in the engine), audited as
+        the ``engine``'s: every replica refuses it from then on, before its engine
+        (app/serving/lifecycle/tracking.py). Deleting the version clears it."""
         target = f"{adapter.name}@v{adapter.version}"
-        await self.audit("engine", "adapter.unservable", target, "ok", reason)
+        async with self._mutations.audited("engine", "adapter.unservable", target, reason) as s:
+            await s.execute(
+                update(AdapterVersionRow)
+                .where(AdapterVersionRow.id == adapter.lora_id)
+                .values(unservable=reason)
+            )
 
     async def list_adapter_versions(self, name: str | None = None) -> list[AdapterVersionRow]:
         query = select(AdapterVersionRow).order_by(

@@ -93,6 +93,8 @@ def test_a_version_that_fails_to_load_fails_alone_and_is_marked_unservable(
     assert gateway.wait_idle() == 0
 
     with gateway.admin_client() as admin:
+        version = admin.get(f"/adapters/{name}").json()["versions"][0]
+        assert version["unservable"], version
         audit = admin.get("/audit", params={"action": "adapter.unservable"}).json()["data"]
         records = [r for r in audit if r["target"] == f"{name}@v1"]
         assert len(records) == 1, audit

@@ -237,8 +237,8 @@ class RequestTracker:
                 tenant, request.model, sticky_key=sticky_key(request, principal)
             )
             model = target.model
-            if target.adapter is not None and target.adapter.lora_id in self.unservable:
-                raise AdapterUnservableError(model, self.unservable[target.adapter.lora_id])
+            if target.adapter is not None and (reason := self.why_unservable(target.adapter)):
+                raise AdapterUnservableError(model, reason)
             if target.adapter is not None and self._held_copy is not None:
                 copy = self._held_copy(target.adapter.sha256)
                 target = await self._on_this_host(target, target.adapter, holds, copy)
@@ -432,6 +432,11 @@ class RequestTracker:
         self._ledger.record(record)
         return record
 
+    def why_unservable(self, adapter: Adapter) -> str | None:
+        """Why ``adapter``'s version is refused before the engine (it failed to load, here or
+        on another replica); ``None`` while it is served."""
+        return adapter.unservable or self.unservable.get(adapter.lora_id)
+
     def _unservable(self, adapter: Adapter, reason: str) -> None:
         if adapter.lora_id in self.unservable:
             return
@@ -453,6 +458,9 @@ class RequestTracker:
         record it as a shadow (never billed); its answer is discarded. Dropped when no spare
         capacity comes in time; stopped as soon as a request needs it."""
         tenant, model = generation.principal.tenant.id, generation.target.model
+        if self.why_unservable(candidate):
+            metrics.SHADOW_REQUESTS.labels(tenant, model, "dropped").inc()
+            return
         task = asyncio.current_task()
         assert task is not None
         slot = await self._admission.spare(
