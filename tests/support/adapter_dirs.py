@@ -1,5 +1,6 @@
-"""Adapter directories for the upload validation tests: a tiny fake base model and PEFT LoRA
-directories written with ``safetensors.torch.save_file``."""
+"""Adapter directories for tests: a tiny fake base model and PEFT LoRA directories written with
+``safetensors.torch.save_file`` (the upload validation tests), and adapters put in a bucket
+without the upload's checks."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from app.tenancy.adapters import content_sha256
 from app.tenancy.base_model import BaseModelInfo
+from app.tenancy.storage.manifest import Manifest
+from app.tenancy.storage.s3 import S3Content
 from app.tenancy.validation import validate_adapter_dir
 
 LAYERS = 2
@@ -94,3 +98,19 @@ def make_adapter(
 
 def validate(directory: Path, base: BaseModelInfo, max_bytes: int = MAX_BYTES) -> Any:
     return validate_adapter_dir(directory, base, max_rank=MAX_RANK, max_bytes=max_bytes)
+
+
+def publish_unchecked(content: S3Content, name: str, version: int, directory: Path) -> str:
+    """Put ``directory`` in the bucket as version ``version`` of ``name``, as an upload does
+    but without its checks (an adapter stored before a check existed); its digest."""
+    digest = content_sha256(directory)
+    content.upload(directory, Manifest.of_directory(directory, digest))
+    content.publish_version(name, version, digest)
+    return digest
+
+
+def with_config(directory: Path, **changes: Any) -> Path:
+    """``directory`` with its adapter_config.json changed by ``changes``."""
+    config_file = directory / "adapter_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **changes}))
+    return directory
