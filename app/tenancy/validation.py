@@ -202,6 +202,12 @@ def check_vllm_rules(config: dict[str, Any], max_rank: int) -> None:
     raise AdapterError(f"{named}: the engine (vLLM) refuses this adapter: {refusal}")
 
 
+def check_engine_rules(directory: Path, max_rank: int) -> None:
+    """Refuse a stored adapter's config that vLLM's reader would refuse (:func:`check_vllm_rules`):
+    for versions stored before the upload check asked it, read where the engine reads them."""
+    check_vllm_rules(_read_config(directory), max_rank)
+
+
 def _model_name(name_or_path: str) -> str:
     return name_or_path.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
 
