@@ -20,6 +20,12 @@ step that schedules the request takes it instead of reading the files again
 same question in one place only (its server's resolver path calls ``add_lora`` first); this
 covers every request, in-process gateway and engine role alike.
 
+Its cost: one ``collective_rpc`` round trip per request that names an adapter, on the
+engine core's thread between steps (where vLLM's own input handling runs), plus the load
+itself where one was due anyway. With vLLM's batch queue (async scheduling, pipeline
+parallelism) a step may be in flight then, and the check waits for the worker to finish
+it.
+
 What it cannot cover: an adapter cached in the worker when its request arrived, evicted
 from the host cache before the request is scheduled, whose files change meanwhile. Stored
 versions are immutable and content-addressed, so that takes a disk going bad under a
