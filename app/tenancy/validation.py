@@ -22,15 +22,16 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import regex
 from safetensors import SafetensorError, safe_open
-from vllm.config.lora import LoRAConfig
-from vllm.lora.peft_helper import PEFTHelper
 
 from app.tenancy.adapters import CONFIG_FILE, WEIGHTS_FILE, AdapterError, content_sha256
 from app.tenancy.base_model import BaseModelInfo
+
+if TYPE_CHECKING:
+    from vllm.config.lora import LoRAConfig
 
 ALLOWED_FILES = (CONFIG_FILE, WEIGHTS_FILE, "README.md", ".gitattributes")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
@@ -170,12 +171,17 @@ def _check_hyperparameters(config: dict[str, Any], max_rank: int) -> tuple[int, 
 def engine_lora_config(max_rank: int) -> LoRAConfig:
     """The engine's LoRA limits as vLLM's reader checks them: the engine is built with
     ``max_lora_rank`` = the same setting (app/engine/vllm_engine.py), the one field
-    ``PEFTHelper.validate_legal`` reads."""
+    ``PEFTHelper.validate_legal`` reads. vLLM is imported here, not with this module: the
+    processes that only fetch stored content (app/tenancy/storage) start without it."""
+    from vllm.config.lora import LoRAConfig
+
     return LoRAConfig(max_lora_rank=max_rank)  # type: ignore[arg-type]
 
 
 def vllm_refusal(config: dict[str, Any], lora_config: LoRAConfig) -> str | None:
     """What vLLM's adapter reader says against ``config``; ``None`` when it takes it."""
+    from vllm.lora.peft_helper import PEFTHelper
+
     try:
         PEFTHelper.from_dict(dict(config)).validate_legal(lora_config)
     except (ValueError, TypeError, AttributeError) as exc:  # TypeError: a value of a wrong type
@@ -188,6 +194,8 @@ def check_vllm_rules(config: dict[str, Any], max_rank: int) -> None:
 
     The field is found by asking the reader again without each key it reads: the ones whose
     absence it takes are named (all of them when no single one is to blame)."""
+    from vllm.lora.peft_helper import PEFTHelper
+
     lora_config = engine_lora_config(max_rank)
     refusal = vllm_refusal(config, lora_config)
     if refusal is None:

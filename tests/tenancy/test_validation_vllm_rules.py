@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +127,13 @@ def test_the_red_team_configs_are_refused(
 def test_a_config_vllm_takes_still_passes(tmp_path: Path, base: BaseModelInfo) -> None:
     directory = make_adapter(tmp_path, init_lora_weights="gaussian", use_rslora=True)
     assert validate(directory, base).rank == 4
+
+
+def test_processes_that_only_fetch_stored_content_start_without_vllm() -> None:
+    """vLLM is imported where a config is checked, not with the storage modules: the cold-load
+    processes (tests/support/cold_load.py, as an engine host's) would spend seconds on it."""
+    probe = "import sys, tests.support.cold_load; print('vllm' in sys.modules)"
+    found = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=Path.cwd()
+    )
+    assert found.stdout.strip() == "False", found.stderr
