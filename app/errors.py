@@ -2,6 +2,7 @@
 
 GatewayError                      500 server_error
 ├── GenerationFailedError             generation_failed (the engine ended a request with an error)
+├── AdapterUnservableError            adapter_unservable (its adapter version fails to load)
 ├── AuthenticationError           401 invalid_api_key
 ├── PermissionDeniedError         403 (tenant disabled)
 ├── ModelNotFoundError            404 model_not_found
@@ -87,6 +88,20 @@ class RequestTooLargeError(BadRequestError):
 
 class GenerationFailedError(GatewayError):
     code = "generation_failed"
+
+
+class AdapterUnservableError(GatewayError):
+    """The adapter version a model names failed to load in the engine (and is refused until
+    replaced); ``reason`` is the engine's, for the audit log, never the tenant's answer."""
+
+    code = "adapter_unservable"
+
+    def __init__(self, model: str, reason: str) -> None:
+        super().__init__(
+            f"The model `{model}` cannot be served: its adapter failed to load in the engine. "
+            "The administrator has been told; other models are unaffected."
+        )
+        self.reason = reason
 
 
 class EngineUnavailableError(GatewayError):

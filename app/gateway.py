@@ -84,6 +84,7 @@ class Gateway:
             lease_seconds=settings.quota_lease_seconds,
             shadow_wait_seconds=settings.shadow_wait_seconds,
             held_copy=self.admin.storage.held_copy if backends.holds_adapter_copies else None,
+            on_unservable=self.admin.adapter_unservable,
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self.startup_error: str | None = None

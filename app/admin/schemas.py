@@ -176,6 +176,9 @@ class AdapterVersionOut(Out):
     sha256: str
     size_bytes: int
     created_at: datetime
+    unservable: str | None = Field(
+        None, description="Why the engine could not load it; it is refused while this is set."
+    )
 
 
 class AdapterOut(BaseModel):

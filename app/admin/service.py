@@ -31,6 +31,7 @@ from app.store.tables import (
     as_utc,
 )
 from app.tenancy import keys
+from app.tenancy.adapters import Adapter
 from app.tenancy.base_model import BaseModelInfo
 from app.tenancy.storage import AdapterStore, open_adapter_store
 from app.tenancy.validation import ValidatedAdapter
@@ -200,6 +201,18 @@ class AdminService:
         query = select(AdapterVersionRow).where(AdapterVersionRow.name == name)
         result = await session.scalars(query.order_by(AdapterVersionRow.version.desc()).limit(1))
         return result.first()
+
+    async def adapter_unservable(self, adapter: Adapter, reason: str) -> None:
+        """Mark ``adapter``'s version unservable (it failed to load in the engine), audited as
+        the ``engine``'s: every replica refuses it from then on, before its engine
+        (app/serving/lifecycle/tracking.py). Deleting the version clears it."""
+        target = f"{adapter.name}@v{adapter.version}"
+        async with self._mutations.audited("engine", "adapter.unservable", target, reason) as s:
+            await s.execute(
+                update(AdapterVersionRow)
+                .where(AdapterVersionRow.id == adapter.lora_id)
+                .values(unservable=reason)
+            )
 
     async def list_adapter_versions(self, name: str | None = None) -> list[AdapterVersionRow]:
         query = select(AdapterVersionRow).order_by(

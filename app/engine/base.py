@@ -11,6 +11,11 @@ from vllm import RequestOutput, SamplingParams
 from app.tenancy.adapters import Adapter
 
 
+class AdapterLoadFailed(Exception):
+    """The engine could not load the request's adapter and ended the request; the message is
+    the engine's reason. The engine serves on."""
+
+
 class Engine(Protocol):
     max_model_len: int
 
@@ -29,7 +34,8 @@ class Engine(Protocol):
         """Stream outputs of one request; closing the iterator aborts it.
 
         Requests share prefix-cache entries only when their ``cache_salt``
-        is equal (and their adapter version too).
+        is equal (and their adapter version too). :class:`AdapterLoadFailed` when the
+        adapter failed to load, before any output.
         """
 
     async def abort(self, request_id: str) -> None:

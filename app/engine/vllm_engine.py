@@ -22,9 +22,10 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
-from app.engine.base import EngineLoad
+from app.engine.base import AdapterLoadFailed, EngineLoad
 from app.errors import BadRequestError, EngineUnavailableError
 from app.inside_vllm import slot_sharing
+from app.inside_vllm.load_failures import load_failure
 from app.inside_vllm.plugin import ENV_VAR as ISOLATION_FIX_ENV
 from app.inside_vllm.plugin import require_isolation_fix
 from app.settings import Dtype, Settings
@@ -176,7 +177,9 @@ class VLLMEngine:
     ) -> AsyncIterator[RequestOutput]:
         """The engine's outputs; its refusal of the request, before any output, is a
         :class:`BadRequestError` (400) naming the parameter where vLLM does; a dead engine is
-        :class:`EngineUnavailableError` (503)."""
+        :class:`EngineUnavailableError` (503); an adapter that failed to load (the engine
+        ended the request alone, :mod:`app.inside_vllm.load_failures`) is
+        :class:`AdapterLoadFailed`."""
         produced = False
         try:
             async for output in self._llm.generate(
@@ -186,6 +189,10 @@ class VLLMEngine:
                 lora_request=lora_request(adapter) if adapter is not None else None,
             ):
                 produced = True
+                if output.finished and output.outputs:
+                    reason = load_failure(output.outputs[0].stop_reason)
+                    if reason is not None:
+                        raise AdapterLoadFailed(reason)
                 yield output
         except EngineDeadError as exc:
             raise EngineUnavailableError("The inference engine is not running.") from exc

@@ -5,9 +5,12 @@ When vLLM's server meets a model name it has not loaded, it asks its registered 
 version's digest (the bucket's version index, or the local store's database), this host's
 checked copy of that content (:mod:`app.tenancy.storage.cache`), and a ``LoRARequest`` for
 it. An unknown name is ``None`` (vLLM's 404); missing, corrupt or unreachable content is a
-``GracefulHTTPError`` with our status, and nothing is loaded. Every copy served stays held
-while the process lives: vLLM reloads from the path whenever its host LRU dropped the
-adapter. The long story: docs/scale-out.md, "The resolver".
+``GracefulHTTPError`` with our status, and nothing is loaded. So is a config vLLM's own
+reader refuses under this engine's ``max_lora_rank`` (a version stored before the upload
+check asked that reader): 422 ``adapter_unservable``, naming the field. Whatever still fails
+to load inside the engine fails that request alone (:mod:`app.inside_vllm.load_failures`).
+Every copy served stays held while the process lives: vLLM reloads from the path whenever
+its host LRU dropped the adapter. The long story: docs/scale-out.md, "The resolver".
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ from vllm.lora.resolver import LoRAResolver, LoRAResolverRegistry
 
 from app.errors import GatewayError
 from app.settings import Settings
+from app.tenancy.adapters import AdapterError
 from app.tenancy.base_model import BaseModelInfo
 from app.tenancy.storage import open_adapter_store
 from app.tenancy.storage.cache import AdapterCache
 from app.tenancy.storage.errors import AdapterContentMissing
 from app.tenancy.storage.s3 import S3Content, S3Location
+from app.tenancy.validation import check_engine_rules
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -117,21 +122,27 @@ class CachedBucketContent:
 class StoreLoRAResolver(LoRAResolver):
     """Global adapter version names -> ``LoRARequest`` for this host's copy of the content."""
 
-    def __init__(self, versions: VersionIndex, local_copy: Callable[[str], Path]) -> None:
+    def __init__(
+        self, versions: VersionIndex, local_copy: Callable[[str], Path], *, max_rank: int
+    ) -> None:
         """``local_copy``: this host's directory of a digest's content, fetched first if
-        needed and kept in place while this process lives (it may block)."""
+        needed and kept in place while this process lives (it may block); ``max_rank``: the
+        engine's ``max_lora_rank``."""
         self.versions = versions
         self.local_copy = local_copy
+        self.max_rank = max_rank
 
     @classmethod
     def from_settings(cls, settings: Settings) -> StoreLoRAResolver:
         if settings.adapter_store:
             bucket = S3Content(S3Location.parse(settings.adapter_store))
             cache = AdapterCache(settings.adapter_cache_dir, settings.adapter_cache_bytes)
-            return cls(BucketVersions(bucket), CachedBucketContent(cache, bucket))
+            content = CachedBucketContent(cache, bucket)
+            return cls(BucketVersions(bucket), content, max_rank=settings.max_lora_rank)
         # One host: the store's own directory, which nothing evicts.
         store = open_adapter_store(settings, BaseModelInfo.for_settings(settings))
-        return cls(DatabaseVersions(settings.database_url), store.local_copy)
+        versions = DatabaseVersions(settings.database_url)
+        return cls(versions, store.local_copy, max_rank=settings.max_lora_rank)
 
     async def resolve_lora(self, base_model_name: str, lora_name: str) -> LoRARequest | None:
         match = GLOBAL_NAME.fullmatch(lora_name)
@@ -147,6 +158,14 @@ class StoreLoRAResolver(LoRAResolver):
             raise GracefulHTTPError(
                 f"Adapter `{lora_name}` cannot be loaded: {exc.message} ({exc.code})",
                 HTTPStatus(exc.status_code),
+            ) from exc
+        try:
+            await asyncio.to_thread(check_engine_rules, path, self.max_rank)
+        except AdapterError as exc:
+            logger.warning("adapter %s refused: %s", lora_name, exc)
+            raise GracefulHTTPError(
+                f"Adapter `{lora_name}` cannot be served: {exc} (adapter_unservable)",
+                HTTPStatus.UNPROCESSABLE_ENTITY,
             ) from exc
         logger.info("resolved %s to content %s", lora_name, digest[:12])
         # vLLM numbers resolved adapters itself (it overwrites lora_int_id); the name and the

@@ -10,8 +10,9 @@ plans each step's adapter grouping once instead of in every layer (vLLM's model
 manager tells it which host-tier adapter each activation writes into which slot), and
 keeps vLLM's LoRA layers from zeroing a slot again that is zero already
 (:mod:`app.inside_vllm.slot_zeroing`). It also instruments vLLM's LoRA caches for
-:mod:`app.inside_vllm.residency`'s metrics, and has vLLM read adapter files with
-:mod:`app.inside_vllm.adapter_files`.
+:mod:`app.inside_vllm.residency`'s metrics, has vLLM read adapter files with
+:mod:`app.inside_vllm.adapter_files`, and loads each request's adapter before the scheduler
+sees the request, so that a load failure is that request's (:mod:`app.inside_vllm.load_failures`).
 
 Applied only on vLLM 0.32.x on the CPU platform; ``LORA_GATEWAY_ISOLATION_FIX=0``
 (or ``false``) turns it off. On CPU the fix is a correctness requirement, so the gateway checks
@@ -72,10 +73,11 @@ def register() -> None:
         return
     _make_visible()
     # Adapter residency metrics and reads: on every platform, whatever the fix's switch.
-    from app.inside_vllm import adapter_files, residency
+    from app.inside_vllm import adapter_files, load_failures, residency
 
     residency.install()
     adapter_files.install()
+    load_failures.install()  # after residency: its load wrapper goes around residency's
 
     import vllm
     from vllm.platforms import current_platform

@@ -40,6 +40,7 @@ def adapter_of(row: AdapterVersionRow) -> Adapter:
         # The row id is unique per version across the whole store (and so
         # across replicas): vLLM's cache key for the adapter's weights.
         lora_id=row.id,
+        unservable=row.unservable,
     )
 
 

@@ -99,6 +99,8 @@ class AdapterVersionRow(Base):
     target_modules: Mapped[list[str]] = mapped_column(JSON)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime]
+    # Why the engine could not load it, once it failed to: it is refused from then on.
+    unservable: Mapped[str | None] = mapped_column(Text)
 
 
 class GrantRow(Base):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -30,6 +30,8 @@ class Adapter:
     rank: int
     target_modules: tuple[str, ...]
     lora_id: int
+    # Why the engine could not load it (it is refused from then on); not part of its identity.
+    unservable: str | None = field(default=None, compare=False)
 
     @property
     def engine_name(self) -> str:

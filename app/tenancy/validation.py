@@ -5,10 +5,15 @@ is unpickled. Each rejection is an ``AdapterError`` whose message is for the adm
 uploaded the adapter: it names files, tensors and modules, not server paths. Archives are
 unpacked by :mod:`app.tenancy.archive` first; the base model is read by
 :mod:`app.tenancy.base_model`.
+
+The config is also put to vLLM's own reader (``PEFTHelper``, what the engine's worker reads
+it with before it loads the weights) under the engine's LoRA limits: an adapter it would
+refuse is refused here, naming the field, instead of failing later inside the engine.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -17,13 +22,16 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import regex
 from safetensors import SafetensorError, safe_open
 
 from app.tenancy.adapters import CONFIG_FILE, WEIGHTS_FILE, AdapterError, content_sha256
 from app.tenancy.base_model import BaseModelInfo
+
+if TYPE_CHECKING:
+    from vllm.config.lora import LoRAConfig
 
 ALLOWED_FILES = (CONFIG_FILE, WEIGHTS_FILE, "README.md", ".gitattributes")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
@@ -83,6 +91,7 @@ def validate_adapter_dir(
     select = _TargetSelector(config.get("target_modules"))
     targeted = _check_targets(select, list(base.modules) or list(base.linear_shapes), base)
     _check_tensors(directory / WEIGHTS_FILE, base, rank, select)
+    check_vllm_rules(config, max_rank)  # the last word, after the checks that say more
     suffixes = tuple(sorted({module.rsplit(".", 1)[-1] for module in targeted}))
     return ValidatedAdapter(rank, alpha, suffixes, size, content_sha256(directory))
 
@@ -143,7 +152,9 @@ def _check_hyperparameters(config: dict[str, Any], max_rank: int) -> tuple[int, 
         raise AdapterError(f"the LoRA rank (r) must be an integer, not {rank!r}")
     if not 1 <= rank <= max_rank:
         raise AdapterError(f"the LoRA rank (r) is {rank}; it must be between 1 and {max_rank}")
-    alpha = config.get("lora_alpha", 8)  # PEFT's default when the key is absent
+    if "lora_alpha" not in config:  # PEFT defaults it, vLLM's reader requires it
+        raise AdapterError("lora_alpha is missing")
+    alpha = config["lora_alpha"]
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
         raise AdapterError(f"lora_alpha must be a number, not {alpha!r}")
     if alpha <= 0:
@@ -155,6 +166,54 @@ def _check_hyperparameters(config: dict[str, Any], max_rank: int) -> tuple[int, 
     if config.get("bias", "none") != "none":
         raise AdapterError(f"bias={config['bias']!r} is not supported: only 'none' is served")
     return rank, float(alpha)
+
+
+def engine_lora_config(max_rank: int) -> LoRAConfig:
+    """The engine's LoRA limits as vLLM's reader checks them: the engine is built with
+    ``max_lora_rank`` = the same setting (app/engine/vllm_engine.py), the one field
+    ``PEFTHelper.validate_legal`` reads. vLLM is imported here, not with this module: the
+    processes that only fetch stored content (app/tenancy/storage) start without it."""
+    from vllm.config.lora import LoRAConfig
+
+    return LoRAConfig(max_lora_rank=max_rank)  # type: ignore[arg-type]
+
+
+def vllm_refusal(config: dict[str, Any], lora_config: LoRAConfig) -> str | None:
+    """What vLLM's adapter reader says against ``config``; ``None`` when it takes it."""
+    from vllm.lora.peft_helper import PEFTHelper
+
+    try:
+        PEFTHelper.from_dict(dict(config)).validate_legal(lora_config)
+    except (ValueError, TypeError, AttributeError) as exc:  # TypeError: a value of a wrong type
+        return str(exc) or type(exc).__name__
+    return None
+
+
+def check_vllm_rules(config: dict[str, Any], max_rank: int) -> None:
+    """Refuse, naming the field, a config vLLM's reader refuses under the engine's limits.
+
+    The field is found by asking the reader again without each key it reads: the ones whose
+    absence it takes are named (all of them when no single one is to blame)."""
+    from vllm.lora.peft_helper import PEFTHelper
+
+    lora_config = engine_lora_config(max_rank)
+    refusal = vllm_refusal(config, lora_config)
+    if refusal is None:
+        return
+    read = [field.name for field in dataclasses.fields(PEFTHelper) if field.name in config]
+    blamed = [
+        key
+        for key in read
+        if vllm_refusal({k: v for k, v in config.items() if k != key}, lora_config) is None
+    ]
+    named = ", ".join(f"{key}={config[key]!r}" for key in blamed or read)
+    raise AdapterError(f"{named}: the engine (vLLM) refuses this adapter: {refusal}")
+
+
+def check_engine_rules(directory: Path, max_rank: int) -> None:
+    """Refuse a stored adapter's config that vLLM's reader would refuse (:func:`check_vllm_rules`):
+    for versions stored before the upload check asked it, read where the engine reads them."""
+    check_vllm_rules(_read_config(directory), max_rank)
 
 
 def _model_name(name_or_path: str) -> str:

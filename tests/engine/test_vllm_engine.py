@@ -28,9 +28,9 @@ class FailingLLM:
         self.before = before
         self.aborted: list[str] = []
 
-    async def generate(self, *_: Any, **__: Any) -> AsyncIterator[str]:
-        for n in range(self.before):
-            yield f"output {n}"
+    async def generate(self, *_: Any, **__: Any) -> AsyncIterator[Any]:
+        for _n in range(self.before):
+            yield SimpleNamespace(finished=False, outputs=[])
         raise self.error
 
     async def abort(self, request_id: str) -> None:

@@ -25,6 +25,7 @@ from app.tenancy.base_model import BaseModelInfo
 from app.tenancy.storage.cache import AdapterCache
 from app.tenancy.storage.s3 import S3Content, S3Location, s3_client
 from bench.random_adapters import make_random_adapter
+from tests.support.adapter_dirs import publish_unchecked, with_config
 from tests.support.s3_server import s3_server, use_s3
 from tests.support.servers import free_port
 
@@ -227,6 +228,27 @@ async def test_a_resolved_version_is_never_evicted_from_under_the_engine(
     neighbour.fetch(digest_of(registered, "other@v1"), S3Content(location))
 
     assert (Path(served.lora_path) / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("registered", ["s3"], indirect=True)
+async def test_a_stored_version_vllm_would_refuse_is_refused_naming_the_field(
+    registered: Settings, tmp_path: Path
+) -> None:
+    # Stored before the upload check put configs to vLLM's reader: its first load would fail.
+    source = make_random_adapter(
+        EMBEDDED_MODEL_DIR, tmp_path / "old", rank=8, target_modules=("q_proj",), seed=9
+    )
+    content = S3Content(S3Location.parse(registered.adapter_store))
+    publish_unchecked(content, "old", 1, with_config(source, lora_bias=True))
+    resolver = StoreLoRAResolver.from_settings(engine_settings(registered, tmp_path / "host-b"))
+
+    with pytest.raises(GracefulHTTPError) as refused:
+        await resolver.resolve_lora(BASE, "old@v1")
+
+    assert refused.value.http_status == HTTPStatus.UNPROCESSABLE_ENTITY
+    assert "old@v1" in refused.value.message and "lora_bias" in refused.value.message
+    assert "adapter_unservable" in refused.value.message
+    assert await resolver.resolve_lora(BASE, "legal@v1") is not None  # others still resolve
 
 
 def test_the_plugin_registers_the_resolver_once() -> None:

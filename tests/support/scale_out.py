@@ -26,7 +26,10 @@ import httpx
 import openai
 import pytest
 
-from app.tenancy.storage.s3 import S3Location, s3_client
+from app.settings import EMBEDDED_MODEL_DIR
+from app.tenancy.storage.s3 import S3Content, S3Location, s3_client
+from bench.random_adapters import make_random_adapter
+from tests.support.adapter_dirs import publish_unchecked, with_config
 from tests.support.engine_role import EngineProcess, engine_processes, front_process
 from tests.support.front_app import admin_call
 from tests.support.harness import ADMIN_TOKEN
@@ -36,6 +39,12 @@ ADAPTER = "legal_advisor@v1"
 COLD = "telephony@v1"  # asked for by the cold-load test only, whatever order tests run in
 TAMPERED = "tampered@v1"
 ALIAS = "contracts"  # acme's name for legal_advisor@v1
+# The load-failure test's own adapters: one it breaks on an engine's disk once loaded, four
+# others (one content, four names) that push it out of that engine's host cache
+# (max_cpu_loras 4), and one stored without the upload's checks, with a config vLLM refuses.
+BRITTLE = "brittle@v1"
+SPARES = tuple(f"spare-{n}@v1" for n in range(1, 5))
+REFUSED = "refused@v1"
 # name: the demo adapter it is a copy of
 SOURCES = {
     "legal_advisor": "legal_advisor",
@@ -111,6 +120,14 @@ def running_cluster(state: Path) -> Iterator[Cluster]:
             store = f"s3://{location.bucket}/{location.prefix}"
             for name, demo in SOURCES.items():
                 shutil.copytree(Path("var/adapters") / demo, state / "adapters" / name)
+            for name, seed in (("brittle", 481), ("spare", 482), ("refused", 483)):
+                make_random_adapter(
+                    EMBEDDED_MODEL_DIR,
+                    state / "adapters" / name,
+                    rank=8,
+                    target_modules=("q_proj",),
+                    seed=seed,
+                )
             engine_envs = [
                 {
                     "LORA_GATEWAY_ADAPTER_STORE": store,
@@ -132,9 +149,13 @@ def running_cluster(state: Path) -> Iterator[Cluster]:
             )
             front_url = front.base_url
             digests = {}
-            for name in SOURCES:  # uploaded through the front, as an admin does
-                row = admin_call(front_url, "POST", "/adapters", {"name": name, "path": name})
+            uploads = {name: name for name in SOURCES} | {"brittle": "brittle"}
+            uploads |= {spare.split("@")[0]: "spare" for spare in SPARES}
+            for name, path in uploads.items():  # uploaded through the front, as an admin does
+                row = admin_call(front_url, "POST", "/adapters", {"name": name, "path": path})
                 digests[f"{name}@v{row['version']}"] = row["sha256"]
+            refused = with_config(state / "adapters" / "refused", lora_bias=True)
+            digests[REFUSED] = publish_unchecked(S3Content(location), "refused", 1, refused)
             keys = {}
             for tenant in ("acme", "other"):
                 body = {"id": tenant, "name": tenant, "allow_base_model": tenant == "acme"}

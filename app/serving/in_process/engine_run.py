@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Callable
 
 from vllm import RequestOutput
 
-from app.engine.base import Engine
-from app.errors import GenerationFailedError
+from app.engine.base import AdapterLoadFailed, Engine
+from app.errors import AdapterUnservableError, GenerationFailedError
 from app.quota import Reservation
 from app.serving.in_process.token_meter import TokenMeter
 from app.serving.lifecycle.runs import RunBase, fault_of
@@ -71,6 +71,9 @@ class EngineRun(RunBase):
                         "until then is charged."
                     )
                 yield output
+        except AdapterLoadFailed as exc:
+            self.fail("version")
+            raise AdapterUnservableError(generation.target.model, str(exc)) from exc
         except Exception as exc:
             self.fail(fault_of(exc))
             raise

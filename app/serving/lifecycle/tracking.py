@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from app import metrics
-from app.errors import GatewayError
+from app.errors import AdapterUnservableError, GatewayError
 from app.protocol import SamplingFields
 from app.quota import Limits, QuotaBackend, QuotaExceeded, QuotaTooLarge, Reservation
 from app.scheduling import Admission, AdmissionRefused, FcfsAdmission, Slot, Ticket
@@ -126,6 +126,7 @@ class RequestTracker:
         held_copy: Callable[[str], AbstractContextManager[Path]] | None,
         admission: Admission | None = None,
         shadow_wait_seconds: float = 30.0,
+        on_unservable: Callable[[Adapter, str], Coroutine[Any, Any, None]] | None = None,
     ) -> None:
         """``held_copy`` gives this host's copy of an adapter's content (by digest) for an
         engine in this process to load, kept in place while the request runs; ``None`` where
@@ -133,7 +134,12 @@ class RequestTracker:
         and never needs their content.
         ``admission`` decides when an admitted request may enter the engine (default: at once);
         a shadow request waits up to ``shadow_wait_seconds`` for capacity no request wants.
+        An adapter version that fails to load in the engine is refused from then on, before
+        the engine, and ``on_unservable`` is told once (the version and the engine's reason).
         """
+        self._on_unservable = on_unservable
+        # lora_id -> why the engine could not load it
+        self.unservable: dict[int, str] = {}
         self._shadow_wait = shadow_wait_seconds
         self._admission = admission or FcfsAdmission()
         self.in_flight = in_flight
@@ -199,6 +205,10 @@ class RequestTracker:
                 except AdmissionRefused as exc:
                     refused = exc
                     raise
+                except AdapterUnservableError as exc:
+                    if adapter is not None:
+                        self._unservable(adapter, exc.reason)
+                    raise
                 finally:
                     if lease is not None:
                         lease.cancel()
@@ -232,6 +242,8 @@ class RequestTracker:
                 tenant, request.model, sticky_key=sticky_key(request, principal)
             )
             model = target.model
+            if target.adapter is not None and (reason := self.why_unservable(target.adapter)):
+                raise AdapterUnservableError(model, reason)
             if target.adapter is not None and self._held_copy is not None:
                 copy = self._held_copy(target.adapter.sha256)
                 target = await self._on_this_host(target, target.adapter, holds, copy)
@@ -434,6 +446,21 @@ class RequestTracker:
         self._ledger.record(record)
         return record
 
+    def why_unservable(self, adapter: Adapter) -> str | None:
+        """Why ``adapter``'s version is refused before the engine (it failed to load, here or
+        on another replica); ``None`` while it is served."""
+        return adapter.unservable or self.unservable.get(adapter.lora_id)
+
+    def _unservable(self, adapter: Adapter, reason: str) -> None:
+        if adapter.lora_id in self.unservable:
+            return
+        logger.error(
+            "adapter %s failed to load, refused from now on: %s", adapter.engine_name, reason
+        )
+        self.unservable[adapter.lora_id] = reason
+        if self._on_unservable is not None:
+            self._spawn(self._on_unservable(adapter, reason))
+
     async def _shadow(
         self,
         service: Service[Request, RunT],
@@ -445,6 +472,9 @@ class RequestTracker:
         record it as a shadow (never billed); its answer is discarded. Dropped when no spare
         capacity comes in time; stopped as soon as a request needs it."""
         tenant, model = generation.principal.tenant.id, generation.target.model
+        if self.why_unservable(candidate):
+            metrics.SHADOW_REQUESTS.labels(tenant, model, "dropped").inc()
+            return
         task = asyncio.current_task()
         assert task is not None
         slot = await self._admission.spare(
@@ -481,6 +511,8 @@ class RequestTracker:
                     self._record(run, outcome, began, started_at, request.user)
         except asyncio.CancelledError:
             outcome = "cancelled"  # a request needed the capacity, or the gateway stops
+        except AdapterUnservableError as exc:
+            self._unservable(candidate, exc.reason)
         except Exception:
             logger.info("shadow request %s failed", shadowed.request_id, exc_info=True)
         finally:

@@ -19,7 +19,17 @@ from app.tenancy.storage.s3 import s3_client
 from tests.support.engine_role import BASE_MODEL_ID, EngineProcess
 from tests.support.lora_requests_info import LoraRequestsInfo, parse_lora_requests_info
 from tests.support.reference import reference_greedy
-from tests.support.scale_out import ADAPTER, ALIAS, COLD, SOURCES, TAMPERED, Cluster
+from tests.support.scale_out import (
+    ADAPTER,
+    ALIAS,
+    BRITTLE,
+    COLD,
+    REFUSED,
+    SOURCES,
+    SPARES,
+    TAMPERED,
+    Cluster,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -143,6 +153,30 @@ def test_a_corrupted_object_is_refused_and_the_engine_keeps_serving(cluster: Clu
     cache = Path(engine.env["LORA_GATEWAY_ADAPTER_CACHE_DIR"])
     assert not (cache / "sha256" / cluster.digests[TAMPERED]).exists()
     assert "adapter tampered@v1 refused" in engine.log_text()
+
+
+def test_an_adapter_that_fails_to_load_fails_only_its_requests(cluster: Cluster) -> None:
+    engine = cluster.engines[1]
+    refused = complete(engine, REFUSED)  # by the resolver, before vLLM loads anything
+    assert refused.status_code == 422, refused.text
+    message = refused.json()["error"]["message"]
+    assert "lora_bias" in message and "adapter_unservable" in message
+
+    assert complete(engine, BRITTLE).status_code == 200  # loaded, in the host cache
+    cached = Path(engine.env["LORA_GATEWAY_ADAPTER_CACHE_DIR"]) / "sha256"
+    weights = cached / cluster.digests[BRITTLE] / "adapter_model.safetensors"
+    weights.chmod(0o644)
+    weights.write_bytes(b"\xff" * 64)  # the disk goes bad under the running engine
+    for spare in SPARES:  # push it out of the host cache: its next use reads the disk
+        assert complete(engine, spare).status_code == 200, spare
+    failed = complete(engine, BRITTLE)
+    assert failed.status_code == 500, failed.text
+    assert f"adapter {BRITTLE} failed to load" in engine.log_text()
+
+    assert engine.running()
+    assert httpx.get(f"{engine.base_url}/health", timeout=30).status_code == 200
+    assert complete(engine, ADAPTER).status_code == 200
+    assert complete(engine, SPARES[0]).status_code == 200
 
 
 @pytest.mark.parametrize("model", ["nope@v1", "legal_advisor@v7", "legal_advisor", "../x@v1"])
