@@ -171,6 +171,12 @@ SPLIT_TIME_TO_FIRST_TOKEN = Histogram(
     ["tenant", "model", "version"],
     buckets=LATENCY_BUCKETS_S,
 )
+SLO_OUTCOMES = Counter(
+    "lora_gateway_slo_outcomes",
+    "Requests that ended ok with latency objectives, by class (interactive, batch) and "
+    "outcome against them: met, missed_ttft, missed_tpot.",
+    ["class", "outcome"],
+)
 SHADOW_REQUESTS = Counter(
     "lora_gateway_shadow_requests",
     "Shadow requests (a tenant's request run again on a candidate version, answer "
@@ -303,6 +309,7 @@ METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
     REQUEST_DURATION,
     SPLIT_REQUESTS,
     SPLIT_TIME_TO_FIRST_TOKEN,
+    SLO_OUTCOMES,
     SHADOW_REQUESTS,
     QUOTA_REJECTIONS,
     QUOTA_UNCHECKED,

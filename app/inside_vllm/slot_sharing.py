@@ -49,6 +49,8 @@ from app.inside_vllm.objectives import Objectives
 
 QUANTUM_KEY = "lora_gateway_slot_quantum_tokens"
 KEEP_ENDING_KEY = "lora_gateway_slot_keep_ending"
+# Runs the scheduler with no quantum, for the requests that carry objectives; with a quantum,
+# it reads their objectives anyway.
 OBJECTIVES_KEY = "lora_gateway_slot_objectives"
 SCHEDULER_CLS = f"{__name__}.SlotSharingScheduler"
 # How much sooner a request with no token yet is served than a paused one: a bound on how
@@ -369,7 +371,6 @@ class SlotSharingScheduler(Scheduler):
         options = additional if isinstance(additional, dict) else {}
         self.quantum = int(options.get(QUANTUM_KEY, 0))
         self.keep_ending = bool(options.get(KEEP_ENDING_KEY, False))
-        self.by_objectives = bool(options.get(OBJECTIVES_KEY, False))
         if self.policy != SchedulingPolicy.FCFS:
             raise ValueError("slot sharing orders vLLM's queue first come, first served")
         # For the requests whose turn a take started or paused, until they finish: their
@@ -388,7 +389,8 @@ class SlotSharingScheduler(Scheduler):
         self.step_seconds = 0.0
 
     def add_request(self, request: Request) -> None:
-        if self.by_objectives and request.sampling_params is not None:
+        # Read wherever the scheduler runs: a tenant's own objectives need no class's.
+        if request.sampling_params is not None:
             objectives = Objectives.of(request.sampling_params.extra_args)
             if objectives is not None:
                 self._objectives[request.request_id] = objectives
