@@ -131,7 +131,7 @@ def upstream_body(
     if params.extra_args:
         # The request's class and latency objectives, for the engine's slot turns: vLLM's
         # server makes them the request's extra_args.
-        body["vllm_xargs"] = params.extra_args
+        body["vllm_xargs"] = dict(params.extra_args)
     if request.stream:
         # Counts on every chunk: a stream cut short is charged what it had produced.
         body["stream"] = True

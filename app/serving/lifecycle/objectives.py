@@ -13,11 +13,14 @@ from typing import Literal
 
 from vllm import SamplingParams
 
-from app.inside_vllm.objectives import Objectives
+from app.inside_vllm.objectives import TTFT_KEY, Objectives
 from app.settings import Settings
 from app.tenancy.tenants import Priority, Tenant
 
 SloOutcome = Literal["met", "missed_ttft", "missed_tpot"]
+# What is left of a TTFT objective the gateway's queue spent whole: positive, as the engine
+# reads no objective from 0.
+MIN_TTFT_MS = 0.001
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,16 @@ def carry(params: SamplingParams, objectives: Objectives | None) -> None:
     reads them (none: ``params`` are left as they are)."""
     if objectives is not None:
         params.extra_args = {**(params.extra_args or {}), **objectives.extra_args()}
+
+
+def spend_wait(params: SamplingParams, waited: float) -> None:
+    """Take the ``waited`` seconds the request spent in the gateway before the engine from its
+    TTFT objective, where it carries one: the engine counts its deadline from the request's
+    arrival there, the tenant from its admission here. Never down to nothing: a request due
+    already is served as soon as the turns allow."""
+    args = params.extra_args
+    if args and TTFT_KEY in args:
+        args[TTFT_KEY] = max(args[TTFT_KEY] - waited * 1000, MIN_TTFT_MS)
 
 
 def outcome(objectives: Objectives, ttft_ms: float | None, tpot_ms: float | None) -> SloOutcome:

@@ -36,7 +36,7 @@ from app.quota import Limits, QuotaBackend, QuotaExceeded, QuotaTooLarge, Reserv
 from app.scheduling import Admission, AdmissionRefused, FcfsAdmission, Slot, Ticket
 from app.serving.lifecycle.fair_worker import FairWorker
 from app.serving.lifecycle.inflight import InFlight
-from app.serving.lifecycle.objectives import ClassObjectives, carry
+from app.serving.lifecycle.objectives import ClassObjectives, carry, spend_wait
 from app.serving.lifecycle.objectives import outcome as slo_outcome
 from app.serving.lifecycle.runs import (
     ClientDisconnected,
@@ -195,6 +195,7 @@ class RequestTracker:
                     # Queued for an engine slot after the reservation, so the queue holds only
                     # requests the quotas allow, and before the run is read: a refusal is a status.
                     await slot.acquire()
+                    spend_wait(generation.params, time.monotonic() - began)
                     # The slot goes back as the engine ends the request, not after its
                     # answer has been written, settled and recorded.
                     run.when_ended(partial(self._give_back, run, slot))
