@@ -237,11 +237,11 @@ def plan(
     others, the one due soonest first (:class:`Judge`; ``first_token_at``: each one's first
     token's time, ``step_seconds``: the engine's measured step time): an adapter takes a
     free slot at once, and a held one only when its request would otherwise miss its next
-    token's deadline, at the last step that still meets it, from the adapter whose requests
-    have the most slack, each of which has
-    generated a token since it last started (requests with no objective: its quantum). No
-    turn pauses a stream paused before and behind its TPOT objective, nor, for a batch
-    request, an interactive one; these rules apply to the quantum's turns too."""
+    token's deadline, at the last steps that still meet it, from the adapter whose requests
+    have the most slack, each of which has generated a token since it last started (a
+    request with no objective: its quantum). No turn pauses a stream paused before and
+    behind its TPOT objective, nor, for a batch request, an interactive one; these rules
+    apply to the quantum's turns too."""
     judge = Judge(objectives or {}, first_token_at or {}, waiting_since, now, step_seconds)
     resident: dict[int, list[Candidate]] = {}
     for request in running:
@@ -381,8 +381,10 @@ class SlotSharingScheduler(Scheduler):
         self._parked: list[Request] = []
         self.parked_kv_usage = PARKED_KV_USAGE
         # The requests that carry objectives, until they finish, and when each had its first
-        # token; the engine's pace: its step time, measured from each schedule() to the end
-        # of its update_from_output(), so idle time between requests is never counted.
+        # token; the engine's pace: its step time, from the first schedule() after a step's
+        # update_from_output() to the end of the next one (where vLLM schedules
+        # asynchronously, the next step is scheduled before the last one's output is in), so
+        # idle time between requests is never counted.
         self._objectives: dict[str, Objectives] = {}
         self._first_token_at: dict[str, float] = {}
         self._step_began: float | None = None
@@ -397,7 +399,8 @@ class SlotSharingScheduler(Scheduler):
         super().add_request(request)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        self._step_began = time.monotonic()
+        if self._step_began is None:
+            self._step_began = time.monotonic()
         if self._turn_start or self._objectives:
             self._forget_finished()
         shares = self.quantum > 0 or self._objectives
