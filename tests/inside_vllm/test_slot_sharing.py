@@ -521,15 +521,15 @@ def test_the_slot_is_shared_in_turns_and_every_answer_is_whole(
     assert sched._parked == [] and sched.kv_cache_manager.usage == 0.0
 
 
-@pytest.mark.parametrize("quantum", [0, 2])
+@pytest.mark.parametrize(("quantum", "asynchronous"), [(0, False), (2, False), (0, True)])
 @pytest.mark.parametrize(("ttft", "turn"), [(3600.0, False), (1e-6, True)])
 def test_the_scheduler_takes_turns_by_the_objectives_its_requests_carry(
-    quantum: int, ttft: float, turn: bool
+    quantum: int, asynchronous: bool, ttft: float, turn: bool
 ) -> None:
-    """With or without a quantum: the second adapter waits for the whole first answer while
-    its first token's objective allows, and takes the slot at once (after the holder's
-    first token) when it is due."""
-    sched = scheduler(quantum, objectives=not quantum)
+    """With or without a quantum, synchronous or not: the second adapter waits for the whole
+    first answer while its first token's objective allows, and takes the slot at once (after
+    the holder's first token) when it is due."""
+    sched = scheduler(quantum, asynchronous=asynchronous, objectives=not quantum)
     assert isinstance(sched, SlotSharingScheduler)
     within = Objectives(interactive=True, ttft=3600.0, tpot=3600.0)
     r0, r1 = request(0, 1, within), request(1, 2, Objectives(interactive=True, ttft=ttft))
