@@ -95,6 +95,15 @@ ADAPTERS_RESIDENT = Gauge(
     multiprocess_mode="livesum",
 )
 
+# -- slot turns: recorded in vLLM's engine core process -------------------------
+SLOT_TURNS = Counter(
+    "lora_gateway_slot_turns",
+    "Device slots the engine's scheduler took from a resident adapter for a waiting one, "
+    "pausing its running requests, by rule: objective (a waiting request would otherwise "
+    "miss its latency objective) or quantum.",
+    ["rule"],
+)
+
 # -- requests: recorded in the gateway process ---------------------------------
 # Labels hold only registered tenants and the models they were granted (an
 # unknown or refused name is recorded as UNKNOWN_MODEL), so cardinality is bounded.
@@ -300,6 +309,7 @@ METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
     ADAPTER_SWAP_SECONDS,
     ADAPTER_EVICTIONS,
     ADAPTERS_RESIDENT,
+    SLOT_TURNS,
     REQUESTS,
     PROMPT_TOKENS,
     COMPLETION_TOKENS,

@@ -46,6 +46,7 @@ from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import Request, RequestStatus
 
 from app.inside_vllm.objectives import Objectives
+from app.metrics import SLOT_TURNS
 
 QUANTUM_KEY = "lora_gateway_slot_quantum_tokens"
 KEEP_ENDING_KEY = "lora_gateway_slot_keep_ending"
@@ -467,6 +468,7 @@ class SlotSharingScheduler(Scheduler):
         for request, victims in takes:
             if victims:  # a turn, not a free slot
                 self._turn_start[request.request_id] = request.num_output_tokens
+                SLOT_TURNS.labels(self._rule_of(request)).inc()
             for victim in victims:
                 self.running.remove(victim)  # type: ignore[arg-type]
                 if park:
@@ -490,6 +492,15 @@ class SlotSharingScheduler(Scheduler):
         for victim in preempted:
             self.waiting.add_request(victim)
         self.waiting.prepend_requests(reversed(queued))  # extendleft: the last goes first
+
+    def _rule_of(self, request: Candidate) -> str:
+        """The rule a turn was taken by: its request's objective, where it has the one its
+        next token is due by, else the quantum."""
+        objectives = self._objectives.get(request.request_id)
+        if objectives is None:
+            return "quantum"
+        first = request.num_output_tokens == 0
+        return "objective" if (objectives.ttft if first else objectives.tpot) else "quantum"
 
     def _park(self, request: Request, timestamp: float) -> None:
         """Pause a running request with its KV blocks kept (``_preempt_request`` frees them

@@ -22,6 +22,7 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 from app.inside_vllm.objectives import Objectives
+from app.metrics import SLOT_TURNS
 from app.inside_vllm.slot_sharing import (
     KEEP_ENDING_KEY,
     NEW_REQUEST_LEAD,
@@ -506,7 +507,9 @@ def test_the_slot_is_shared_in_turns_and_every_answer_is_whole(
     assert isinstance(sched, SlotSharingScheduler)
     sched.parked_kv_usage = parked_kv_usage
     r0, r1 = request(0, 1), request(1, 2)
+    turns = SLOT_TURNS.labels("quantum")._value.get()
     run = drive(sched, {0: r0, 1: r1})
+    assert SLOT_TURNS.labels("quantum")._value.get() - turns >= 2  # turns, both ways
     # r1 has its first token the step after it came, once r0 had its first one: it takes
     # r0's slot. r0 resumes when r1 has had its turn of two tokens.
     assert run.steps[1] == ({"r1"}, {"r0"} if asynchronous else set())  # parked: not freed
@@ -533,11 +536,15 @@ def test_the_scheduler_takes_turns_by_the_objectives_its_requests_carry(
     assert isinstance(sched, SlotSharingScheduler)
     within = Objectives(interactive=True, ttft=3600.0, tpot=3600.0)
     r0, r1 = request(0, 1, within), request(1, 2, Objectives(interactive=True, ttft=ttft))
+    turns = {rule: SLOT_TURNS.labels(rule)._value.get() for rule in ("objective", "quantum")}
     run = drive(sched, {0: r0, 1: r1})
     if turn:
         assert run.first_step("r1") == 1 and run.last_step("r0") > 1
     else:
         assert run.first_step("r1") > run.last_step("r0")
+    # r1's turn, by its objective; r0 had its slot back when r1 ended: a free slot.
+    taken = {rule: SLOT_TURNS.labels(rule)._value.get() - turns[rule] for rule in turns}
+    assert taken == {"objective": int(turn), "quantum": 0}
     assert run.tokens == {"r0": ANSWER, "r1": ANSWER}
     assert sched.step_seconds > 0  # the measured pace
     assert sched._objectives == {} and sched._first_token_at == {}  # forgotten once done
