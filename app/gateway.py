@@ -22,6 +22,7 @@ from app.quota import backend_from_url
 from app.quota.local_limit import LocalRateLimit
 from app.serving.backend import Backend, BackendFactory
 from app.serving.lifecycle.inflight import InFlight
+from app.serving.lifecycle.objectives import ClassObjectives
 from app.serving.lifecycle.tracking import RequestTracker
 from app.serving.preparation.structured import OutputConstraints
 from app.serving.preparation.tools import tool_parser_class
@@ -83,6 +84,7 @@ class Gateway:
             admission=self.admission,
             lease_seconds=settings.quota_lease_seconds,
             shadow_wait_seconds=settings.shadow_wait_seconds,
+            objectives=ClassObjectives.from_settings(settings),
             held_copy=self.admin.storage.held_copy if backends.holds_adapter_copies else None,
             on_unservable=self.admin.adapter_unservable,
         )

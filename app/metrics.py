@@ -95,6 +95,15 @@ ADAPTERS_RESIDENT = Gauge(
     multiprocess_mode="livesum",
 )
 
+# -- slot turns: recorded in vLLM's engine core process -------------------------
+SLOT_TURNS = Counter(
+    "lora_gateway_slot_turns",
+    "Device slots the engine's scheduler took from a resident adapter for a waiting one, "
+    "pausing its running requests, by rule: objective (a waiting request would otherwise "
+    "miss its latency objective) or quantum.",
+    ["rule"],
+)
+
 # -- requests: recorded in the gateway process ---------------------------------
 # Labels hold only registered tenants and the models they were granted (an
 # unknown or refused name is recorded as UNKNOWN_MODEL), so cardinality is bounded.
@@ -170,6 +179,12 @@ SPLIT_TIME_TO_FIRST_TOKEN = Histogram(
     "Time to first token of requests to an alias served by a split, by version.",
     ["tenant", "model", "version"],
     buckets=LATENCY_BUCKETS_S,
+)
+SLO_OUTCOMES = Counter(
+    "lora_gateway_slo_outcomes",
+    "Requests that ended ok with latency objectives, by class (interactive, batch) and "
+    "outcome against them: met, missed_ttft, missed_tpot.",
+    ["class", "outcome"],
 )
 SHADOW_REQUESTS = Counter(
     "lora_gateway_shadow_requests",
@@ -294,6 +309,7 @@ METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
     ADAPTER_SWAP_SECONDS,
     ADAPTER_EVICTIONS,
     ADAPTERS_RESIDENT,
+    SLOT_TURNS,
     REQUESTS,
     PROMPT_TOKENS,
     COMPLETION_TOKENS,
@@ -303,6 +319,7 @@ METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
     REQUEST_DURATION,
     SPLIT_REQUESTS,
     SPLIT_TIME_TO_FIRST_TOKEN,
+    SLO_OUTCOMES,
     SHADOW_REQUESTS,
     QUOTA_REJECTIONS,
     QUOTA_UNCHECKED,

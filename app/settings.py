@@ -148,6 +148,27 @@ class Settings(BaseSettings):
         "more output at saturation, longer first-token waits where adapters far outnumber the "
         "slots (docs/scheduling.md).",
     )
+    slo_ttft_ms_interactive: float | None = Field(
+        None,
+        gt=0,
+        description="Time to first token an interactive request is promised, in ms (unset: "
+        "none). A request with objectives takes a device slot from a resident adapter only "
+        "when it would otherwise miss one, instead of every lora_slot_quantum_tokens "
+        "(docs/scheduling.md); a tenant may have its own.",
+    )
+    slo_tpot_ms_interactive: float | None = Field(
+        None,
+        gt=0,
+        description="Time per output token after the first an interactive request is promised, "
+        "over its life, in ms (unset: none): a turn pauses the streams furthest ahead of "
+        "theirs, and never again one paused and behind it.",
+    )
+    slo_ttft_ms_batch: float | None = Field(
+        None, gt=0, description="slo_ttft_ms_interactive for batch tenants' requests."
+    )
+    slo_tpot_ms_batch: float | None = Field(
+        None, gt=0, description="slo_tpot_ms_interactive for batch tenants' requests."
+    )
     max_lora_rank: Literal[8, 16, 32, 64, 128, 256] = Field(
         32, description="Largest adapter rank the engine accepts."
     )
@@ -398,7 +419,14 @@ class Settings(BaseSettings):
         # A Literal of ints refuses the string an environment variable gives.
         return int(rank) if isinstance(rank, str) and rank.strip().isdigit() else rank
 
-    @field_validator("kv_cache_gib", mode="before")
+    @field_validator(
+        "kv_cache_gib",
+        "slo_ttft_ms_interactive",
+        "slo_tpot_ms_interactive",
+        "slo_ttft_ms_batch",
+        "slo_tpot_ms_batch",
+        mode="before",
+    )
     @classmethod
     def _unset_from_text(cls, value: object) -> object:
         # An environment variable cannot be None: an empty value (or "none") unsets it.
@@ -427,6 +455,19 @@ class Settings(BaseSettings):
         else:
             raw = ""
         return [token.strip() for token in raw.split(",") if token.strip()]
+
+    @property
+    def has_objectives(self) -> bool:
+        """Whether any priority class has a latency objective."""
+        return any(
+            value is not None
+            for value in (
+                self.slo_ttft_ms_interactive,
+                self.slo_tpot_ms_interactive,
+                self.slo_ttft_ms_batch,
+                self.slo_tpot_ms_batch,
+            )
+        )
 
     def model_dir(self, *, weights: bool = True) -> Path:
         """The base model's local directory (a hub id is fetched, as vLLM would); without

@@ -36,3 +36,17 @@ def test_the_front_role_needs_an_upstream(monkeypatch: pytest.MonkeyPatch) -> No
         Settings()
     monkeypatch.setenv("LORA_GATEWAY_UPSTREAM_URL", "http://inference-gateway")
     assert Settings().upstream_url == "http://inference-gateway"
+
+
+def test_latency_objectives_are_unset_by_default_and_set_per_class(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert not Settings(_env_file=None).has_objectives  # type: ignore[call-arg]
+    monkeypatch.setenv("LORA_GATEWAY_SLO_TTFT_MS_INTERACTIVE", "")
+    monkeypatch.setenv("LORA_GATEWAY_SLO_TPOT_MS_BATCH", "250")
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    assert (settings.slo_ttft_ms_interactive, settings.slo_tpot_ms_batch) == (None, 250.0)
+    assert settings.has_objectives
+    monkeypatch.setenv("LORA_GATEWAY_SLO_TTFT_MS_BATCH", "0")
+    with pytest.raises(ValidationError, match="slo_ttft_ms_batch"):
+        Settings(_env_file=None)  # type: ignore[call-arg]

@@ -31,6 +31,8 @@ async def apply_manifests(
                     allow_base_model=manifest.allow_base_model,
                     weight=manifest.weight,
                     priority=manifest.priority,
+                    slo_ttft_ms=manifest.slo_ttft_ms,
+                    slo_tpot_ms=manifest.slo_tpot_ms,
                 ),
             )
             changes.append(f"created tenant {manifest.id}")
@@ -40,6 +42,8 @@ async def apply_manifests(
             enabled=manifest.enabled,
             weight=manifest.weight,
             priority=manifest.priority,
+            slo_ttft_ms=manifest.slo_ttft_ms,
+            slo_tpot_ms=manifest.slo_tpot_ms,
         )
         if any(getattr(current, f) != v for f, v in update_.model_dump(exclude_none=True).items()):
             await admin.update_tenant(actor, manifest.id, update_)

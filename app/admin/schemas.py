@@ -18,6 +18,7 @@ from app.tenancy.manifests import (
     TENANT_ID_PATTERN,
     AdapterName,
     GrantSpec,
+    ObjectiveMs,
     PriorityClass,
     RollbackSpec,
     ShadowSpec,
@@ -85,6 +86,8 @@ class TenantCreate(Strict):
     allow_base_model: Flag = False
     weight: Weight = DEFAULT_WEIGHT
     priority: PriorityClass = DEFAULT_PRIORITY
+    slo_ttft_ms: ObjectiveMs = 0
+    slo_tpot_ms: ObjectiveMs = 0
 
 
 class TenantUpdate(Strict):
@@ -95,6 +98,8 @@ class TenantUpdate(Strict):
     enabled: Flag | None = Field(None, description="false: every key of the tenant is refused")
     weight: Weight | None = None
     priority: PriorityClass | None = None
+    slo_ttft_ms: ObjectiveMs | None = None
+    slo_tpot_ms: ObjectiveMs | None = None
 
 
 class Out(BaseModel):
@@ -108,6 +113,8 @@ class TenantOut(Out):
     enabled: bool
     weight: int
     priority: Priority
+    slo_ttft_ms: int
+    slo_tpot_ms: int
     created_at: datetime
 
 

@@ -77,6 +77,8 @@ class AdminService:
                 enabled=True,
                 weight=body.weight,
                 priority=body.priority,
+                slo_ttft_ms=body.slo_ttft_ms,
+                slo_tpot_ms=body.slo_tpot_ms,
                 created_at=now(),
             )
             session.add(row)

@@ -18,12 +18,21 @@ adapter brings, so that a turn pauses no more requests than it must. Waiting ada
 served by how long their requests have waited in all, so that one slot change serves the
 adapter that brings more of them first, and every request's wait grows until it is served. A
 new request counts :data:`NEW_REQUEST_LEAD` seconds more, so a first token does not wait
-behind every paused stream, and no paused stream waits for ever. The rules and what they
-cost: docs/scheduling.md, "Sharing the device slots".
+behind every paused stream, and no paused stream waits for ever.
+
+A request that carries objectives (:mod:`app.inside_vllm.objectives`) is served by them
+instead of the quantum: its adapter takes a slot by a turn only when it would otherwise miss
+its objective (its first token's, or a paused stream's next token's), judged from the engine's
+measured step time and the tokens the holders have left; the turn pauses the adapter whose
+streams have the most slack against their own time-per-token objective; a stream once paused
+is not paused again while it is behind its objective, and a batch request never pauses an
+interactive stream. The rules and what they cost: docs/scheduling.md, "Sharing the device
+slots".
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections import Counter, defaultdict
@@ -36,25 +45,43 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import Request, RequestStatus
 
+from app.inside_vllm.objectives import Objectives
+from app.metrics import SLOT_TURNS
+
 QUANTUM_KEY = "lora_gateway_slot_quantum_tokens"
 KEEP_ENDING_KEY = "lora_gateway_slot_keep_ending"
+# Runs the scheduler with no quantum, for the requests that carry objectives; with a quantum,
+# it reads their objectives anyway.
+OBJECTIVES_KEY = "lora_gateway_slot_objectives"
 SCHEDULER_CLS = f"{__name__}.SlotSharingScheduler"
 # How much sooner a request with no token yet is served than a paused one: a bound on how
 # long new requests can keep a paused stream waiting.
 NEW_REQUEST_LEAD = 5.0
 # How full the KV cache may be for a paused request to keep its blocks (be parked).
 PARKED_KV_USAGE = 0.5
+# Steps from a turn taken to the first token it was taken for: the step that changes the slot
+# and computes the prompt (longer than a decoding step), and one of margin for the pace's
+# variance. A guess until the objectives' benchmark grid (issue #49) measures it.
+TURN_LEAD_STEPS = 3
+# How much each step's time moves the measured pace (an exponential moving average).
+PACE_SMOOTHING = 0.2
 
 
-def engine_options(quantum: int, *, keep_ending: bool = False) -> dict[str, Any]:
+def engine_options(
+    quantum: int, *, keep_ending: bool = False, objectives: bool = False
+) -> dict[str, Any]:
     """The engine arguments that share the slots every ``quantum`` tokens (0: vLLM's own
     scheduler, a waiting adapter waits for a slot to free), an adapter whose requests end
-    within a turn keeping its slot with ``keep_ending``."""
-    if quantum <= 0:
+    within a turn keeping its slot with ``keep_ending``; with ``objectives``, the requests
+    that carry objectives are served by them, whatever the quantum (0: the others wait for
+    a slot to free)."""
+    if quantum <= 0 and not objectives:
         return {}
-    additional: dict[str, Any] = {QUANTUM_KEY: quantum}
+    additional: dict[str, Any] = {QUANTUM_KEY: max(quantum, 0)}
     if keep_ending:
         additional[KEEP_ENDING_KEY] = True
+    if objectives:
+        additional[OBJECTIVES_KEY] = True
     return {"scheduler_cls": SCHEDULER_CLS, "additional_config": additional}
 
 
@@ -97,6 +124,86 @@ def adapter_of(request: Candidate) -> int | None:
     return lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else None
 
 
+class Judge:
+    """The requests' objectives against the engine's pace, as the plan weighs them: when each
+    request's next token is due, how much slack a running stream has, and whether a waiting
+    request would miss without a turn. Times are ``time.time()`` seconds, as vLLM's arrival
+    times are."""
+
+    def __init__(
+        self,
+        objectives: Mapping[str, Objectives],
+        first_token_at: Mapping[str, float],
+        paused: Mapping[str, float],
+        now: float,
+        step_seconds: float,
+    ) -> None:
+        self.objectives = objectives
+        self.first_token_at = first_token_at
+        self.paused = paused  # the requests a turn has paused (and not finished)
+        self.now = now
+        self.step = step_seconds
+
+    def deadline(self, request: Candidate) -> float | None:
+        """When ``request``'s next token is due to meet its objective: its first token by its
+        arrival plus its TTFT objective; a later one by its first token's time plus its TPOT
+        objective for each token after the first, counted over its life so far. None where it
+        has no such objective."""
+        objectives = self.objectives.get(request.request_id)
+        if objectives is None:
+            return None
+        if request.num_output_tokens == 0:
+            return None if objectives.ttft is None else request.arrival_time + objectives.ttft
+        first = self.first_token_at.get(request.request_id)
+        if objectives.tpot is None or first is None:
+            return None
+        return first + objectives.tpot * request.num_output_tokens
+
+    def slack(self, request: Candidate) -> float:
+        """How long a running request could stop and still have its next token in time:
+        infinite where it has no objective."""
+        deadline = self.deadline(request)
+        return math.inf if deadline is None else deadline - self.now - self.step
+
+    def protected(self, request: Candidate) -> bool:
+        """A stream a turn has paused, behind its TPOT objective: not paused again until it
+        is back within it."""
+        objectives = self.objectives.get(request.request_id)
+        return (
+            request.request_id in self.paused
+            and objectives is not None
+            and objectives.tpot is not None
+            and self.slack(request) < 0
+        )
+
+    def interactive(self, request: Candidate) -> bool:
+        objectives = self.objectives.get(request.request_id)
+        return objectives is not None and objectives.interactive
+
+    def may_pause(self, holder: Holder, waiting: Candidate) -> bool:
+        """Whether a turn for ``waiting`` may pause ``holder``'s requests: none is a protected
+        stream, nor an interactive one where ``waiting`` is a batch request."""
+        objectives = self.objectives.get(waiting.request_id)
+        batch = objectives is not None and not objectives.interactive
+        return not any(
+            self.protected(r) or (batch and self.interactive(r)) for r in holder.requests
+        )
+
+    def needs_turn(self, deadline: float, holders: Iterable[Holder]) -> bool:
+        """A request due at ``deadline`` needs a turn now: it is within the turn's lead of
+        its deadline (:data:`TURN_LEAD_STEPS` steps at the engine's pace; sooner, the holders
+        run on and a slot may free by itself), and waiting for a slot to free by itself, once
+        the holder with the fewest tokens left has generated them (by their ``max_tokens``;
+        they may end sooner) and a step for its prompt, would miss it."""
+        if deadline - self.now > TURN_LEAD_STEPS * self.step:
+            return False
+        left = min(
+            (max(r.max_tokens - r.num_output_tokens for r in h.requests) for h in holders),
+            default=0,
+        )
+        return self.now + (left + 1) * self.step > deadline
+
+
 def plan(
     running: Iterable[Candidate],
     waiting: Iterable[Candidate],
@@ -107,6 +214,9 @@ def plan(
     waiting_since: Mapping[str, float],
     now: float,
     keep_ending: bool = False,
+    objectives: Mapping[str, Objectives] | None = None,
+    first_token_at: Mapping[str, float] | None = None,
+    step_seconds: float = 0.0,
 ) -> list[tuple[Candidate, list[Candidate]]]:
     """The slots to give now: pairs of (a waiting request whose adapter holds no slot, the
     running requests of the resident adapter whose slot it takes, none for a free slot).
@@ -121,13 +231,26 @@ def plan(
     all end within ``quantum`` tokens keeps its slot. The adapter with the fewest running
     requests goes first, then the one furthest into its turn; one running more requests than
     the smallest gives its slot up only to an adapter with as many waiting, so a turn pauses
-    no more requests than it must (each stops generating for the turn)."""
+    no more requests than it must (each stops generating for the turn). A ``quantum`` of 0
+    gives free slots only.
+
+    Requests with ``objectives`` (by request id) are served by them instead, before the
+    others, the one due soonest first (:class:`Judge`; ``first_token_at``: each one's first
+    token's time, ``step_seconds``: the engine's measured step time): an adapter takes a
+    free slot at once, and a held one only when its request would otherwise miss its next
+    token's deadline, at the last steps that still meet it, from the adapter whose requests
+    have the most slack, each of which has generated a token since it last started (a
+    request with no objective: its quantum). No turn pauses a stream paused before and
+    behind its TPOT objective, nor, for a batch request, an interactive one; these rules
+    apply to the quantum's turns too."""
+    judge = Judge(objectives or {}, first_token_at or {}, waiting_since, now, step_seconds)
     resident: dict[int, list[Candidate]] = {}
     for request in running:
         adapter = adapter_of(request)
         if adapter is not None:
             resident.setdefault(adapter, []).append(request)
     blocked: dict[int, tuple[float, Candidate]] = {}  # its longest-waiting request
+    due: dict[int, tuple[float, Candidate]] = {}  # its request due soonest, with an objective
     ready: Counter[int] = Counter()
     waited: defaultdict[int, float] = defaultdict(float)
     for request in waiting:
@@ -143,6 +266,9 @@ def plan(
         waited[adapter] += now - since
         if adapter not in blocked or since < blocked[adapter][0]:
             blocked[adapter] = since, request
+        deadline = judge.deadline(request)
+        if deadline is not None and (adapter not in due or deadline < due[adapter][0]):
+            due[adapter] = deadline, request
     if not blocked:
         return []
 
@@ -160,24 +286,64 @@ def plan(
     smallest = len(holders[0].requests) if holders else 0
     holders[:0] = [FREE_SLOT] * (max_loras - len(resident))
     takes: list[tuple[Candidate, list[Candidate]]] = []
-    for adapter, (_, request) in sorted(blocked.items(), key=lambda item: -waited[item[0]]):
-        new = request.num_output_tokens == 0
+    for adapter in sorted(blocked, key=lambda a: (0, due[a][0]) if a in due else (1, -waited[a])):
         largest = max(smallest, ready[adapter])
-        holder = next(
-            (
-                h
-                for h in holders
-                if h.turn >= (1 if new and not h.by_turn else quantum)
-                and len(h.requests) <= largest
-                and not (keep_ending and h.ends_within(quantum))
-            ),
-            None,
-        )
-        if holder is None:
-            break  # the next slot is this request's
+        if adapter in due:
+            deadline, request = due[adapter]
+            holder = _by_objectives(judge, request, deadline, holders, largest, quantum)
+            if holder is None:
+                continue  # within its objective, or no stream may be paused for it
+        else:
+            request = blocked[adapter][1]
+            new = request.num_output_tokens == 0
+            holder = next(
+                (
+                    h
+                    for h in holders
+                    if (
+                        h is FREE_SLOT
+                        or (
+                            quantum > 0
+                            and h.turn >= (1 if new and not h.by_turn else quantum)
+                            and not (keep_ending and h.ends_within(quantum))
+                            and judge.may_pause(h, request)
+                        )
+                    )
+                    and len(h.requests) <= largest
+                ),
+                None,
+            )
+            if holder is None:
+                break  # the next slot is this request's
         holders.remove(holder)
         takes.append((request, holder.requests))
     return takes
+
+
+def _by_objectives(
+    judge: Judge,
+    request: Candidate,
+    deadline: float,
+    holders: list[Holder],
+    largest: int,
+    quantum: int,
+) -> Holder | None:
+    """The slot ``request`` (due at ``deadline``) takes: a free one, else, where it would
+    miss its deadline waiting for one, the held one whose streams have the most slack among
+    those a turn may pause; None where it waits."""
+    if holders and holders[0] is FREE_SLOT:
+        return FREE_SLOT
+    if not judge.needs_turn(deadline, holders):
+        return None
+    pausable = [
+        h
+        for h in holders
+        if h.turn >= 1
+        and len(h.requests) <= largest
+        and judge.may_pause(h, request)
+        and (h.turn >= quantum or all(judge.deadline(r) is not None for r in h.requests))
+    ]
+    return max(pausable, key=lambda h: min(judge.slack(r) for r in h.requests), default=None)
 
 
 class SlotSharingScheduler(Scheduler):
@@ -215,13 +381,48 @@ class SlotSharingScheduler(Scheduler):
         self._waiting_since: dict[str, float] = {}
         self._parked: list[Request] = []
         self.parked_kv_usage = PARKED_KV_USAGE
+        # The requests that carry objectives, until they finish, and when each had its first
+        # token; the engine's pace: its step time, from the first schedule() after a step's
+        # update_from_output() to the end of the next one (where vLLM schedules
+        # asynchronously, the next step is scheduled before the last one's output is in), so
+        # idle time between requests is never counted.
+        self._objectives: dict[str, Objectives] = {}
+        self._first_token_at: dict[str, float] = {}
+        self._step_began: float | None = None
+        self.step_seconds = 0.0
+
+    def add_request(self, request: Request) -> None:
+        # Read wherever the scheduler runs: a tenant's own objectives need no class's.
+        if request.sampling_params is not None:
+            objectives = Objectives.of(request.sampling_params.extra_args)
+            if objectives is not None:
+                self._objectives[request.request_id] = objectives
+        super().add_request(request)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        if self._turn_start:
+        if self._step_began is None:
+            self._step_began = time.monotonic()
+        if self._turn_start or self._objectives:
             self._forget_finished()
-        if self.lora_config is not None and self.quantum > 0 and self._anyone_waits():
+        shares = self.quantum > 0 or self._objectives
+        if self.lora_config is not None and shares and self._anyone_waits():
             self._share_slots(self.lora_config.max_loras)
         return super().schedule(*args, **kwargs)
+
+    def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+        outputs = super().update_from_output(*args, **kwargs)
+        if self._objectives:
+            now = time.time()
+            for request_id in self._objectives.keys() - self._first_token_at.keys():
+                request = self.requests.get(request_id)
+                if request is not None and request.num_output_tokens > 0:
+                    self._first_token_at[request_id] = now
+        if self._step_began is not None:
+            step = time.monotonic() - self._step_began
+            self._step_began = None
+            pace = self.step_seconds
+            self.step_seconds = step if not pace else pace + PACE_SMOOTHING * (step - pace)
+        return outputs
 
     def _anyone_waits(self) -> bool:
         return bool(self.waiting or self.kv_holding_waiting or self._parked)
@@ -255,6 +456,9 @@ class SlotSharingScheduler(Scheduler):
             waiting_since=self._waiting_since,
             now=now,
             keep_ending=self.keep_ending,
+            objectives=self._objectives,
+            first_token_at=self._first_token_at,
+            step_seconds=self.step_seconds,
         )
         if not takes and not self._parked:
             return
@@ -264,6 +468,7 @@ class SlotSharingScheduler(Scheduler):
         for request, victims in takes:
             if victims:  # a turn, not a free slot
                 self._turn_start[request.request_id] = request.num_output_tokens
+                SLOT_TURNS.labels(self._rule_of(request)).inc()
             for victim in victims:
                 self.running.remove(victim)  # type: ignore[arg-type]
                 if park:
@@ -287,6 +492,15 @@ class SlotSharingScheduler(Scheduler):
         for victim in preempted:
             self.waiting.add_request(victim)
         self.waiting.prepend_requests(reversed(queued))  # extendleft: the last goes first
+
+    def _rule_of(self, request: Candidate) -> str:
+        """The rule a turn was taken by: its request's objective, where it has the one its
+        next token is due by, else the quantum."""
+        objectives = self._objectives.get(request.request_id)
+        if objectives is None:
+            return "quantum"
+        first = request.num_output_tokens == 0
+        return "objective" if (objectives.ttft if first else objectives.tpot) else "quantum"
 
     def _park(self, request: Request, timestamp: float) -> None:
         """Pause a running request with its KV blocks kept (``_preempt_request`` frees them
@@ -330,6 +544,9 @@ class SlotSharingScheduler(Scheduler):
         for request_id in [r for r in self._turn_start if r not in self.requests]:
             del self._turn_start[request_id]
             self._waiting_since.pop(request_id, None)
+        for request_id in [r for r in self._objectives if r not in self.requests]:
+            del self._objectives[request_id]
+            self._first_token_at.pop(request_id, None)
 
 
 class AsyncSlotSharingScheduler(SlotSharingScheduler, AsyncScheduler):

@@ -47,8 +47,9 @@ def admission_for(settings: Settings) -> Admission:
         quantum=settings.scheduler_quantum_tokens,
         max_adapter_wait=settings.scheduler_max_adapter_wait_seconds,
         max_loras=settings.max_loras,
-        # An engine that shares its slots in turns runs a request that crowds them.
-        hold_crowding=settings.lora_slot_quantum_tokens == 0,
+        # An engine that shares its slots in turns (by the quantum, or by objectives) runs a
+        # request that crowds them.
+        hold_crowding=settings.lora_slot_quantum_tokens == 0 and not settings.has_objectives,
         per_step=settings.scheduler_dispatches_per_step,
         max_constrained=settings.scheduler_max_constrained_per_tenant,
     )

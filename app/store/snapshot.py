@@ -118,6 +118,8 @@ async def load_registry(
             limits=quotas.get(row.id, Limits()),
             weight=row.weight,
             priority="batch" if row.priority == "batch" else "interactive",
+            slo_ttft_ms=row.slo_ttft_ms,
+            slo_tpot_ms=row.slo_tpot_ms,
             uid=row.uid,
             cache_salt=row.cache_salt,
         )

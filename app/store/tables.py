@@ -66,6 +66,9 @@ class TenantRow(Base):
     priority: Mapped[str] = mapped_column(
         String(16), default="interactive", server_default="interactive"
     )
+    # Its own latency objectives in ms (0: its class's, from the settings).
+    slo_ttft_ms: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    slo_tpot_ms: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class ApiKeyRow(Base):

@@ -8,6 +8,8 @@ A manifest::
     allow_base_model: false
     weight: 2            # share of the engine under contention (default 1)
     priority: batch      # interactive (default) or batch
+    slo_ttft_ms: 2000    # its own latency objectives (default 0: its class's settings)
+    slo_tpot_ms: 200
     adapters:            # alias the tenant calls -> registered adapter (latest version)
       legal_advisor: legal_advisor
       support:           # or a split of versions (docs/rollouts.md)
@@ -59,6 +61,18 @@ Weight = Annotated[
 PriorityClass = Annotated[
     Priority,
     Field(description="interactive: latency-sensitive; batch: may wait (the llm-d objective)."),
+]
+# A latency objective of the tenant's own, in ms; 0: its class's (the settings'). At most a
+# day: beyond, it is no objective.
+MAX_OBJECTIVE_MS: Final = 86_400_000
+ObjectiveMs = Annotated[
+    int,
+    Field(
+        ge=0,
+        le=MAX_OBJECTIVE_MS,
+        strict=True,
+        description="The tenant's own latency objective in ms (0: its priority class's).",
+    ),
 ]
 
 
@@ -203,6 +217,8 @@ class TenantManifest(BaseModel):
     enabled: bool = True
     weight: Weight = DEFAULT_WEIGHT
     priority: PriorityClass = DEFAULT_PRIORITY
+    slo_ttft_ms: ObjectiveMs = 0
+    slo_tpot_ms: ObjectiveMs = 0
     adapters: dict[GrantAlias, AdapterName | GrantSpec] = Field(default_factory=dict)
 
     def grants(self) -> dict[str, GrantSpec]:

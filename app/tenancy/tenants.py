@@ -50,6 +50,10 @@ class Tenant:
     # tenant of weight 2 is admitted twice the tokens of a tenant of weight 1.
     weight: int = DEFAULT_WEIGHT
     priority: Priority = DEFAULT_PRIORITY
+    # Its own latency objectives in ms, time to first token and per output token after it
+    # (0: its priority class's, from the settings).
+    slo_ttft_ms: int = 0
+    slo_tpot_ms: int = 0
     uid: str = field(default_factory=new_tenant_uid)
     # Requests share prefix-cache entries only when their salts match: the tenant's own.
     cache_salt: str = field(default_factory=new_cache_salt, repr=False)

@@ -73,6 +73,10 @@ def test_bad_grant_aliases_are_a_400_naming_alias(alias: str, match: str) -> Non
         ({"weight": 1.5}, "weight"),
         ({"priority": "urgent"}, "priority"),
         ({"priority": 1}, "priority"),
+        ({"slo_ttft_ms": -1}, "slo_ttft_ms"),
+        ({"slo_ttft_ms": 86_400_001}, "slo_ttft_ms"),
+        ({"slo_tpot_ms": 50.5}, "slo_tpot_ms"),
+        ({"slo_tpot_ms": "50"}, "slo_tpot_ms"),
     ],
 )
 def test_bad_scheduling_attributes_are_refused_naming_the_field(

@@ -21,11 +21,15 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
+from app.inside_vllm.objectives import Objectives
+from app.metrics import SLOT_TURNS
 from app.inside_vllm.slot_sharing import (
     KEEP_ENDING_KEY,
     NEW_REQUEST_LEAD,
+    OBJECTIVES_KEY,
     QUANTUM_KEY,
     SCHEDULER_CLS,
+    TURN_LEAD_STEPS,
     SlotSharingScheduler,
     engine_options,
     plan,
@@ -70,6 +74,9 @@ def takes(
     waiting_since: dict[str, float] | None = None,
     now: float = 100.0,
     keep_ending: bool = False,
+    objectives: dict[str, Objectives] | None = None,
+    first_token_at: dict[str, float] | None = None,
+    step_seconds: float = 0.0,
 ) -> list[tuple[str, list[str]]]:
     """The plan's takes as (the waiting request, the running requests it pauses), by id."""
     planned = plan(
@@ -81,6 +88,9 @@ def takes(
         waiting_since=waiting_since or {},
         now=now,
         keep_ending=keep_ending,
+        objectives=objectives,
+        first_token_at=first_token_at,
+        step_seconds=step_seconds,
     )
     return [(request.request_id, [r.request_id for r in victims]) for request, victims in planned]
 
@@ -199,6 +209,145 @@ def test_requests_not_ready_to_run_are_not_served_a_slot() -> None:
     assert takes([running("a1", 1, 9)], waiting, max_loras=1) == []
 
 
+# -- turns by objectives -------------------------------------------------------------------
+
+STEP = 0.25  # the engine's measured step time, in seconds (binary fractions: exact sums)
+INTERACTIVE = Objectives(interactive=True, ttft=2.0, tpot=0.5)
+BATCH = Objectives(interactive=False, ttft=2.0, tpot=0.5)
+
+
+def by_objectives(
+    slots: list[Fake],
+    waiting: list[Fake],
+    now: float,
+    *,
+    objectives: dict[str, Objectives] | None = None,
+    max_loras: int = 1,
+    **kwargs: object,
+) -> list[tuple[str, list[str]]]:
+    """The takes with every request interactive (unless ``objectives`` says otherwise),
+    each running one's first token 10 s before ``now``."""
+    every = {r.request_id: INTERACTIVE for r in (*slots, *waiting)} | (objectives or {})
+    first = {r.request_id: now - 10.0 for r in slots}
+    first |= kwargs.pop("first_token_at", {})  # type: ignore[arg-type]
+    return takes(
+        slots,
+        waiting,
+        max_loras=max_loras,
+        now=now,
+        objectives=every,
+        first_token_at=first,
+        step_seconds=STEP,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def test_no_turn_while_every_waiting_request_is_within_its_objective() -> None:
+    """The quantum would have paused the stream; its objectives need no turn yet."""
+    slots, waiting = [running("a1", 1, 40)], [Fake("w", 2, arrival_time=99.0)]  # due at 101
+    assert takes(slots, waiting, max_loras=1) == [("w", ["a1"])]  # by the quantum
+    lead = TURN_LEAD_STEPS * STEP
+    assert by_objectives(slots, waiting, now=101.0 - lead - STEP) == []
+
+
+def test_a_turn_is_taken_before_a_waiting_request_would_miss_its_first_token() -> None:
+    """Once its deadline is within the turn's lead at the measured pace, unless a slot frees
+    by itself in time: the holder's tokens left and a step for the prompt."""
+    holder, waiting = running("a1", 1, 40), [Fake("w", 2, arrival_time=99.0)]  # due at 101
+    now = 101.0 - TURN_LEAD_STEPS * STEP
+    assert by_objectives([holder], waiting, now=now) == [("w", ["a1"])]
+    for left, turn in [(2, False), (3, True)]:  # now + (left + 1) steps: 101.0, then 101.25
+        holder.max_tokens = holder.num_output_tokens + left
+        assert bool(by_objectives([holder], waiting, now=now)) == turn
+    # A paused stream is due by its TPOT objective: its next token, over its life so far.
+    stream = paused("p", 2, 21)  # its 22nd token is due at 90.5 + 21 x 0.5 = 101
+    first = {"p": 90.5}
+    holder.max_tokens = 1000
+    assert by_objectives([holder], [stream], now=now - STEP, first_token_at=first) == []
+    assert by_objectives([holder], [stream], now=now, first_token_at=first) == [("p", ["a1"])]
+
+
+def test_a_free_slot_is_taken_at_once_and_the_request_due_soonest_goes_first() -> None:
+    waiting = [Fake("later", 2, arrival_time=99.5), Fake("sooner", 3, arrival_time=99.0)]
+    assert by_objectives([], waiting, now=99.5) == [("sooner", [])]
+    # Before a request with no objective that has waited longer.
+    waiting.append(Fake("none", 4, arrival_time=50.0))
+    objectives = {"none": Objectives(interactive=True)}
+    taken = by_objectives([], waiting, now=99.5, max_loras=2, objectives=objectives)
+    assert taken == [("sooner", []), ("later", [])]
+
+
+def test_a_turn_pauses_the_streams_with_the_most_slack() -> None:
+    """Each stream's slack: how long it could stop and its next token still keep its life's
+    time per token within its objective."""
+    slots = [running("a1", 1, 20), running("b1", 2, 20)]
+    waiting = [Fake("w", 3, arrival_time=99.0)]
+    now = 101.0 - TURN_LEAD_STEPS * STEP
+    for a_first, paused_ in [(85.0, "b1"), (95.0, "a1")]:  # a1's 21st token due at 95 or 105
+        first = {"a1": a_first, "b1": 90.0}  # b1's due at 100
+        assert by_objectives(slots, waiting, now, max_loras=2, first_token_at=first) == [
+            ("w", [paused_])
+        ]
+
+
+def test_a_stream_is_never_paused_again_while_it_is_behind_its_objective() -> None:
+    """Paused once, a stream is paused again only once it is back within its TPOT objective
+    over its life so far; never paused, it may be paused behind it, once."""
+    holder, waiting = running("a1", 1, 10), [Fake("w", 2, arrival_time=99.0)]
+    now = 101.0 - TURN_LEAD_STEPS * STEP  # 100.25
+    for first, was_paused, turn in [
+        (96.0, True, True),  # its 11th token due at 101: within
+        (95.0, True, False),  # due at 100, a step from now: behind
+        (95.0, False, True),
+    ]:
+        since = {"a1": 90.0} if was_paused else {}
+        taken = by_objectives(
+            [holder], waiting, now, first_token_at={"a1": first}, waiting_since=since
+        )
+        assert taken == ([("w", ["a1"])] if turn else [])
+
+
+def test_a_turn_waits_for_each_stream_to_generate_a_token_since_it_last_started() -> None:
+    holder, waiting = running("a1", 1, 10), [Fake("w", 2, arrival_time=99.0)]
+    now = 101.0 - TURN_LEAD_STEPS * STEP
+    assert by_objectives([holder], waiting, now, turn_start={"a1": 10}) == []
+    assert by_objectives([holder], waiting, now, turn_start={"a1": 9}) == [("w", ["a1"])]
+
+
+def test_a_batch_request_never_pauses_an_interactive_stream() -> None:
+    slots, waiting = [running("a1", 1, 40)], [Fake("w", 2, arrival_time=99.0)]
+    now = 101.0 - TURN_LEAD_STEPS * STEP
+    classes = [
+        (BATCH, INTERACTIVE, False),
+        (BATCH, BATCH, True),
+        (INTERACTIVE, BATCH, True),
+    ]
+    for waiting_class, holder_class, turn in classes:
+        objectives = {"w": waiting_class, "a1": holder_class}
+        taken = by_objectives(slots, waiting, now, objectives=objectives)
+        assert taken == ([("w", ["a1"])] if turn else [])
+    # Nor by the quantum, for a batch request with no objective of its own.
+    objectives = {"w": Objectives(interactive=False), "a1": INTERACTIVE}
+    assert by_objectives(slots, waiting, now, objectives=objectives) == []
+
+
+def test_requests_without_objectives_fall_back_to_the_quantum() -> None:
+    """A quantum of 0 (objectives alone) gives them free slots only."""
+    slots, waiting = [running("a1", 1, 40)], [Fake("w", 2, arrival_time=99.0)]
+    objectives = {"w": Objectives(interactive=True)}  # its class, no objective
+    assert by_objectives(slots, waiting, 99.0, objectives=objectives) == [("w", ["a1"])]
+    assert by_objectives(slots, waiting, 99.0, objectives=objectives, quantum=0) == []
+    assert by_objectives([], waiting, 99.0, objectives=objectives, quantum=0) == [("w", [])]
+    # A stream with no objective gives its slot up after its quantum only.
+    holder_objectives = {"a1": Objectives(interactive=True)}
+    now = 101.0 - TURN_LEAD_STEPS * STEP
+    for turn_start, turn in [({"a1": 37}, False), ({"a1": 36}, True)]:
+        taken = by_objectives(
+            slots, waiting, now, objectives=holder_objectives, turn_start=turn_start
+        )
+        assert taken == ([("w", ["a1"])] if turn else [])
+
+
 def test_the_engine_options_name_the_scheduler_and_its_quantum() -> None:
     assert engine_options(0) == {}
     assert engine_options(8) == {
@@ -209,6 +358,11 @@ def test_the_engine_options_name_the_scheduler_and_its_quantum() -> None:
         QUANTUM_KEY: 8,
         KEEP_ENDING_KEY: True,
     }
+    # Objectives with no quantum: the scheduler, for the requests that carry objectives.
+    assert engine_options(0, objectives=True) == {
+        "scheduler_cls": SCHEDULER_CLS,
+        "additional_config": {QUANTUM_KEY: 0, OBJECTIVES_KEY: True},
+    }
 
 
 # -- vLLM's scheduler --------------------------------------------------------------------
@@ -218,11 +372,17 @@ PROMPT = 40
 ANSWER = 6
 
 
-def scheduler(quantum: int, *, asynchronous: bool = False, keep_ending: bool = False) -> Scheduler:
+def scheduler(
+    quantum: int,
+    *,
+    asynchronous: bool = False,
+    keep_ending: bool = False,
+    objectives: bool = False,
+) -> Scheduler:
     """The scheduler the engine core builds from :func:`engine_options` over the embedded
     model's config, with one LoRA slot and a KV cache of placeholder blocks (nothing is
     computed)."""
-    options = engine_options(quantum, keep_ending=keep_ending)
+    options = engine_options(quantum, keep_ending=keep_ending, objectives=objectives)
     model = ModelConfig(
         model=str(EMBEDDED_MODEL_DIR), dtype="float32", seed=0, skip_tokenizer_init=True
     )
@@ -247,23 +407,24 @@ def scheduler(quantum: int, *, asynchronous: bool = False, keep_ending: bool = F
         num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)]
     )
     cls = config.scheduler_config.get_scheduler_cls()
-    assert cls is (SlotSharingScheduler if quantum else Scheduler)
+    assert cls is (SlotSharingScheduler if quantum or objectives else Scheduler)
     built = cls(  # type: ignore[call-arg]
         vllm_config=config,
         kv_cache_config=kv_cache,
         structured_output_manager=StructuredOutputManager(config),
         block_size=BLOCK,
     )
-    assert isinstance(built, AsyncScheduler) == (asynchronous and bool(quantum))
+    assert isinstance(built, AsyncScheduler) == (asynchronous and bool(quantum or objectives))
     return built
 
 
-def request(number: int, adapter: int) -> Request:
+def request(number: int, adapter: int, objectives: Objectives | None = None) -> Request:
     init_none_hash(sha256)
+    extra_args = objectives.extra_args() if objectives is not None else None
     return Request(
         request_id=f"r{number}",
         prompt_token_ids=[number + 1] * PROMPT,
-        sampling_params=SamplingParams(max_tokens=ANSWER, ignore_eos=True),
+        sampling_params=SamplingParams(max_tokens=ANSWER, ignore_eos=True, extra_args=extra_args),
         pooling_params=None,
         lora_request=LoRARequest(f"adapter-{adapter}", adapter, "/unused"),
         arrival_time=time.time(),
@@ -346,7 +507,9 @@ def test_the_slot_is_shared_in_turns_and_every_answer_is_whole(
     assert isinstance(sched, SlotSharingScheduler)
     sched.parked_kv_usage = parked_kv_usage
     r0, r1 = request(0, 1), request(1, 2)
+    turns = SLOT_TURNS.labels("quantum")._value.get()
     run = drive(sched, {0: r0, 1: r1})
+    assert SLOT_TURNS.labels("quantum")._value.get() - turns >= 2  # turns, both ways
     # r1 has its first token the step after it came, once r0 had its first one: it takes
     # r0's slot. r0 resumes when r1 has had its turn of two tokens.
     assert run.steps[1] == ({"r1"}, {"r0"} if asynchronous else set())  # parked: not freed
@@ -359,6 +522,39 @@ def test_the_slot_is_shared_in_turns_and_every_answer_is_whole(
     assert not sched.has_requests()
     assert sched._turn_start == {} and sched._waiting_since == {}  # forgotten once done
     assert sched._parked == [] and sched.kv_cache_manager.usage == 0.0
+
+
+@pytest.mark.parametrize(("quantum", "asynchronous"), [(0, False), (2, False), (0, True)])
+@pytest.mark.parametrize(("ttft", "turn"), [(3600.0, False), (1e-6, True)])
+def test_the_scheduler_takes_turns_by_the_objectives_its_requests_carry(
+    quantum: int, asynchronous: bool, ttft: float, turn: bool
+) -> None:
+    """With or without a quantum, synchronous or not: the second adapter waits for the whole
+    first answer while its first token's objective allows, and takes the slot at once (after
+    the holder's first token) when it is due."""
+    sched = scheduler(quantum, asynchronous=asynchronous, objectives=not quantum)
+    assert isinstance(sched, SlotSharingScheduler)
+    within = Objectives(interactive=True, ttft=3600.0, tpot=3600.0)
+    r0, r1 = request(0, 1, within), request(1, 2, Objectives(interactive=True, ttft=ttft))
+    turns = {rule: SLOT_TURNS.labels(rule)._value.get() for rule in ("objective", "quantum")}
+    run = drive(sched, {0: r0, 1: r1})
+    if turn:
+        assert run.first_step("r1") == 1 and run.last_step("r0") > 1
+    else:
+        assert run.first_step("r1") > run.last_step("r0")
+    # r1's turn, by its objective; r0 had its slot back when r1 ended: a free slot.
+    taken = {rule: SLOT_TURNS.labels(rule)._value.get() - turns[rule] for rule in turns}
+    assert taken == {"objective": int(turn), "quantum": 0}
+    assert run.tokens == {"r0": ANSWER, "r1": ANSWER}
+    assert sched.step_seconds > 0  # the measured pace
+    assert sched._objectives == {} and sched._first_token_at == {}  # forgotten once done
+
+
+def test_requests_without_objectives_keep_vllms_order_under_objectives_alone() -> None:
+    sched = scheduler(0, objectives=True)
+    run = drive(sched, {0: request(0, 1), 1: request(1, 2)})
+    assert run.first_step("r1") > run.last_step("r0")
+    assert sched._objectives == {}
 
 
 def test_a_parked_request_keeps_the_engine_stepping_and_can_be_aborted() -> None:

@@ -149,6 +149,14 @@ def test_the_policy_is_chosen_once_from_the_settings() -> None:
     assert isinstance(backend_factory(Settings(**base), start_vllm_engine).admission, FairAdmission)  # type: ignore[arg-type]
     sized = admission_for(Settings(**base, max_num_seqs=24))  # type: ignore[arg-type]
     assert isinstance(sized, FairAdmission) and sized.queue.window == 24
+    # Requests that crowd the slots are held where the engine takes no turns for them.
+    for quantum, objectives, held in [
+        (16, {}, False),
+        (0, {}, True),
+        (0, {"slo_ttft_ms_batch": 9}, False),
+    ]:
+        fair = admission_for(Settings(**base, lora_slot_quantum_tokens=quantum, **objectives))  # type: ignore[arg-type]
+        assert isinstance(fair, FairAdmission) and fair.queue.affinity.hold == held
 
 
 class ReportingEngine:

@@ -340,28 +340,37 @@ async def test_scheduling_attributes_round_trip(
 ) -> None:
     plain = await admin.create_tenant(ACTOR, schemas.TenantCreate(id="plain", name="Plain"))
     assert (plain.weight, plain.priority) == (1, "interactive")
-    heavy = schemas.TenantCreate(id="heavy", name="Heavy", weight=3, priority="batch")
+    assert (plain.slo_ttft_ms, plain.slo_tpot_ms) == (0, 0)  # its class's objectives
+    heavy = schemas.TenantCreate(
+        id="heavy", name="Heavy", weight=3, priority="batch", slo_ttft_ms=9000
+    )
     await admin.create_tenant(ACTOR, heavy)
-    await admin.update_tenant(ACTOR, "plain", schemas.TenantUpdate(weight=5))
+    await admin.update_tenant(ACTOR, "plain", schemas.TenantUpdate(weight=5, slo_tpot_ms=80))
     read = await admin.get_tenant("plain")
-    assert (read.weight, read.priority) == (5, "interactive")
+    assert (read.weight, read.priority, read.slo_tpot_ms) == (5, "interactive", 80)
     view = await registry(sessions)
     assert (view.tenant("plain").weight, view.tenant("plain").priority) == (5, "interactive")
     assert (view.tenant("heavy").weight, view.tenant("heavy").priority) == (3, "batch")
+    assert (view.tenant("plain").slo_ttft_ms, view.tenant("plain").slo_tpot_ms) == (0, 80)
+    assert (view.tenant("heavy").slo_ttft_ms, view.tenant("heavy").slo_tpot_ms) == (9000, 0)
 
 
 async def test_manifests_set_and_reset_scheduling_attributes(
     admin: AdminService, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    weighted = TenantManifest(id="acme", name="ACME", weight=4, priority="batch")
+    weighted = TenantManifest(
+        id="acme", name="ACME", weight=4, priority="batch", slo_ttft_ms=3000, slo_tpot_ms=150
+    )
     assert await apply_manifests(admin, ACTOR, [weighted]) == ["created tenant acme"]
     tenant = (await registry(sessions)).tenant("acme")
     assert (tenant.weight, tenant.priority) == (4, "batch")
+    assert (tenant.slo_ttft_ms, tenant.slo_tpot_ms) == (3000, 150)
     # A manifest that no longer names them puts the defaults back.
     plain = TenantManifest(id="acme", name="ACME")
     assert await apply_manifests(admin, ACTOR, [plain]) == ["updated tenant acme"]
     tenant = (await registry(sessions)).tenant("acme")
     assert (tenant.weight, tenant.priority) == (1, "interactive")
+    assert (tenant.slo_ttft_ms, tenant.slo_tpot_ms) == (0, 0)
 
 
 async def test_a_rollback_rule_fires_once_however_many_replicas_race(

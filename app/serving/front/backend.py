@@ -6,7 +6,8 @@ A request is prepared exactly as in-process (the same :class:`ChatPreparation` a
 same fields before anything is held, and the reservation is the same worst case. What goes
 upstream is built from an allow-list (:func:`upstream_body`): the fields this gateway
 supports, as it understood them, never the client's body; so no client can set vLLM's
-engine-side fields (``priority``, ``cache_salt``, ``vllm_xargs``, ``kv_transfer_params``...).
+engine-side fields (``priority``, ``cache_salt``, ``vllm_xargs``, ``kv_transfer_params``...):
+the front sets ``cache_salt`` and ``vllm_xargs`` (the tenant's objectives) itself.
 What comes back is read into the gateway's own response models, with the tenant's name for the
 model: the client sees what an in-process answer would show, and no global name.
 """
@@ -114,8 +115,9 @@ def upstream_body(
     """The body forwarded for ``request``: ``fields`` of the parsed request, the sampling the
     front prepared, the global model name, the completion budget the front reserved for, the
     tenant's random prefix-cache salt (a tenant's cached prefixes never serve another, nor
-    a later tenant of the same id), and for a stream at least ``stream_interval`` tokens a
-    chunk (an upstream's own ``--stream-interval`` may raise it, never lower it)."""
+    a later tenant of the same id), the request's objectives (``vllm_xargs``), and for a
+    stream at least ``stream_interval`` tokens a chunk (an upstream's own
+    ``--stream-interval`` may raise it, never lower it)."""
     body = request.model_dump(mode="json", by_alias=True, exclude_none=True, include=set(fields))
     params = generation.params
     for name in _SAMPLING:
@@ -126,6 +128,10 @@ def upstream_body(
     body[limit] = params.max_tokens
     body["model"] = global_name(generation.target)
     body["cache_salt"] = generation.principal.tenant.cache_salt
+    if params.extra_args:
+        # The request's class and latency objectives, for the engine's slot turns: vLLM's
+        # server makes them the request's extra_args.
+        body["vllm_xargs"] = dict(params.extra_args)
     if request.stream:
         # Counts on every chunk: a stream cut short is charged what it had produced.
         body["stream"] = True

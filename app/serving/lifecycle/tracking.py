@@ -30,11 +30,14 @@ from typing import Any, TypeVar
 
 from app import metrics
 from app.errors import AdapterUnservableError, GatewayError
+from app.inside_vllm.objectives import Objectives
 from app.protocol import SamplingFields
 from app.quota import Limits, QuotaBackend, QuotaExceeded, QuotaTooLarge, Reservation
 from app.scheduling import Admission, AdmissionRefused, FcfsAdmission, Slot, Ticket
 from app.serving.lifecycle.fair_worker import FairWorker
 from app.serving.lifecycle.inflight import InFlight
+from app.serving.lifecycle.objectives import ClassObjectives, carry, spend_wait
+from app.serving.lifecycle.objectives import outcome as slo_outcome
 from app.serving.lifecycle.runs import (
     ClientDisconnected,
     Outcome,
@@ -127,6 +130,7 @@ class RequestTracker:
         admission: Admission | None = None,
         shadow_wait_seconds: float = 30.0,
         on_unservable: Callable[[Adapter, str], Coroutine[Any, Any, None]] | None = None,
+        objectives: ClassObjectives | None = None,
     ) -> None:
         """``held_copy`` gives this host's copy of an adapter's content (by digest) for an
         engine in this process to load, kept in place while the request runs; ``None`` where
@@ -136,10 +140,13 @@ class RequestTracker:
         a shadow request waits up to ``shadow_wait_seconds`` for capacity no request wants.
         An adapter version that fails to load in the engine is refused from then on, before
         the engine, and ``on_unservable`` is told once (the version and the engine's reason).
+        Each request carries its latency ``objectives`` (its tenant's own, else its class's)
+        to the engine's slot turns, and is counted by its outcome against them.
         """
         self._on_unservable = on_unservable
         # lora_id -> why the engine could not load it
         self.unservable: dict[int, str] = {}
+        self._objectives = objectives or ClassObjectives({}, {})
         self._shadow_wait = shadow_wait_seconds
         self._admission = admission or FcfsAdmission()
         self.in_flight = in_flight
@@ -194,6 +201,7 @@ class RequestTracker:
                     # Queued for an engine slot after the reservation, so the queue holds only
                     # requests the quotas allow, and before the run is read: a refusal is a status.
                     await slot.acquire()
+                    spend_wait(generation.params, time.monotonic() - began)
                     # The slot goes back as the engine ends the request, not after its
                     # answer has been written, settled and recorded.
                     run.when_ended(partial(self._give_back, run, slot))
@@ -254,6 +262,7 @@ class RequestTracker:
             generation = await self._prepare(
                 service, request, principal, target, request_id, body_bytes
             )
+            carry(generation.params, self._objectives.of(tenant))
             reservation = None
             if subjects:
                 reservation = await self._checked(
@@ -408,6 +417,11 @@ class RequestTracker:
         metrics.COMPLETION_TOKENS.labels(tenant, model).inc(completion_tokens)
         metrics.REQUEST_DURATION.labels(tenant, model, endpoint).observe(time.monotonic() - began)
         record = self._record(run, outcome, began, started_at, user)
+        objectives = Objectives.of(generation.params.extra_args)
+        if outcome == "ok" and objectives is not None and objectives.any:
+            counted = slo_outcome(objectives, record.ttft_ms, record.itl_ms)
+            priority = "interactive" if objectives.interactive else "batch"
+            metrics.SLO_OUTCOMES.labels(priority, counted).inc()
         adapter = generation.target.adapter
         if adapter is not None and generation.target.split:
             version = str(adapter.version)
@@ -484,10 +498,18 @@ class RequestTracker:
             metrics.SHADOW_REQUESTS.labels(tenant, model, "dropped").inc()
             return
         quiet = request.model_copy(update={"stream": False, "stream_options": None})
+        # A shadow's answer is discarded: it carries the batch class's objectives, whose
+        # turns never pause an interactive stream.
+        objectives = self._objectives.of(generation.principal.tenant, shadow=True)
+        params = generation.params
+        if objectives is not None:
+            params = params.clone()
+            carry(params, objectives)
         shadowed = replace(
             generation,
             request_id=f"{generation.request_id}-shadow",
             target=ModelTarget(model=model, adapter=candidate),
+            params=params,
             shadow=True,
         )
         began, started_at = time.monotonic(), datetime.now(timezone.utc)
