@@ -22,7 +22,6 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 from app.inside_vllm.objectives import Objectives
-from app.metrics import SLOT_TURNS
 from app.inside_vllm.slot_sharing import (
     KEEP_ENDING_KEY,
     NEW_REQUEST_LEAD,
@@ -34,6 +33,7 @@ from app.inside_vllm.slot_sharing import (
     engine_options,
     plan,
 )
+from app.metrics import SLOT_TURNS
 from app.settings import EMBEDDED_MODEL_DIR
 
 
