@@ -4,14 +4,17 @@ the dtype the engine is asked for."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from vllm import SamplingParams
+from vllm import CompletionOutput, RequestOutput, SamplingParams
 from vllm.exceptions import VLLMValidationError
+from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+from vllm.v1.engine.output_processor import RequestOutputCollector
 
 from app.engine import vllm_engine
 from app.engine.vllm_engine import VLLMEngine
@@ -132,3 +135,85 @@ def test_an_unset_kv_block_size_is_ours_on_a_cpu_and_vllms_elsewhere(
 def test_auto_dtype_is_left_to_vllm_off_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_engine.current_platform, "is_cpu", lambda: False)
     assert vllm_engine.engine_dtype("auto") == "auto"
+
+
+def request_output(tokens: list[int], finish_reason: str | None = None) -> RequestOutput:
+    choice = CompletionOutput(
+        index=0,
+        text="x" * len(tokens),
+        token_ids=tokens,
+        cumulative_logprob=None,
+        logprobs=None,
+        finish_reason=finish_reason,
+    )
+    return RequestOutput("r", None, [1, 2], None, [choice], finished=finish_reason is not None)
+
+
+class HoldingLLM:
+    """Stands in for AsyncLLM as vLLM's server reads it: ``add_request`` registers the
+    request (under an internal id of vLLM's) and returns its output collector (vLLM's own),
+    where the first token is at once; the next ``held`` tokens are held back for a chunk of
+    ``stream_interval``, until ``abort`` hands them over in the request's last output, as
+    vLLM's output processor does."""
+
+    def __init__(self, held: int) -> None:
+        self.model_config = SimpleNamespace(max_model_len=64)
+        self.held = held
+        self.collectors: dict[str, RequestOutputCollector] = {}
+        self.aborted: list[tuple[str, bool]] = []
+
+    async def add_request(
+        self, request_id: str, prompt: Any, params: SamplingParams, **_: Any
+    ) -> RequestOutputCollector:
+        collector = RequestOutputCollector(params.output_kind, f"{request_id}-internal")
+        collector.put(request_output([7]))
+        self.collectors[collector.request_id] = collector
+        return collector
+
+    async def abort(self, request_id: str, internal: bool = False) -> None:
+        self.aborted.append((request_id, internal))
+        collector = self.collectors.pop(request_id if internal else f"{request_id}-internal")
+        collector.put(request_output(list(range(self.held)), finish_reason="abort"))
+
+
+CHUNKED = SamplingParams(stream_interval=1000, output_kind=RequestOutputKind.DELTA)
+
+
+async def test_a_read_cancelled_mid_request_aborts_it_and_hands_over_what_it_held() -> None:
+    llm = HoldingLLM(held=5)
+    abandoned: list[RequestOutput] = []
+    engine = VLLMEngine(llm)  # type: ignore[arg-type]
+    outputs = engine.generate([1, 2], CHUNKED, "r", None, on_abandoned=abandoned.append)
+    assert (await anext(outputs)).outputs[0].token_ids == [7]
+    waiting = asyncio.ensure_future(anext(outputs))
+    await asyncio.sleep(0)  # the read waits for the next output
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert llm.aborted == [("r-internal", True)]
+    [last] = abandoned
+    assert last.finished and last.outputs[0].token_ids == [0, 1, 2, 3, 4]
+
+
+async def test_a_stream_closed_between_outputs_hands_over_what_it_held() -> None:
+    llm = HoldingLLM(held=3)
+    abandoned: list[RequestOutput] = []
+    engine = VLLMEngine(llm)  # type: ignore[arg-type]
+    outputs = engine.generate([1, 2], CHUNKED, "r", None, on_abandoned=abandoned.append)
+    await anext(outputs)
+    await outputs.aclose()  # type: ignore[attr-defined]
+    assert llm.aborted == [("r-internal", True)]
+    [last] = abandoned
+    assert last.outputs[0].token_ids == [0, 1, 2]
+
+
+async def test_an_abort_while_the_stream_is_read_ends_the_stream_with_what_it_held() -> None:
+    llm = HoldingLLM(held=4)
+    abandoned: list[RequestOutput] = []
+    engine = VLLMEngine(llm)  # type: ignore[arg-type]
+    outputs = engine.generate([1, 2], CHUNKED, "r", None, on_abandoned=abandoned.append)
+    await anext(outputs)
+    await engine.abort("r")
+    rest = [output async for output in outputs]
+    assert [o.outputs[0].token_ids for o in rest] == [[0, 1, 2, 3]] and rest[0].finished
+    assert llm.aborted == [("r", False)] and abandoned == []

@@ -80,6 +80,40 @@ async def test_a_client_that_leaves_is_charged_what_was_produced(
         assert served.samples("lora_gateway_requests_total", tenant=TENANT, status="cancelled") == 1
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_client_that_leaves_is_charged_what_chunks_held_back(
+    serve: ServeFactory, stream: bool
+) -> None:
+    """Chunks of ``stream_interval`` tokens, every choice of ``n``: the tokens each choice
+    produced and held back for its next chunk when the client left are charged too."""
+    engine = ScriptedEngine(step_seconds=0.001)
+    async with serve(engine) as served:
+        await served.set_quota(token_budget=1_000_000, budget_period="day")
+        async with served.client() as client:
+            body = chat(
+                served,
+                max_tokens=5000,
+                n=8,
+                ignore_eos=True,
+                stream_interval=1000,
+                stream=stream,
+            )
+            call = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+            await eventually(lambda: engine.requests and engine.started()[0].produced >= 20)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+        request = engine.started()[0]
+        await eventually(lambda: request.closed)
+        await served.settled()
+        assert request.aborted and 20 <= request.produced < 1000
+        [record] = await served.usage_records()
+        assert record.status == "cancelled"
+        assert record.completion_tokens == 8 * request.produced
+        level = await quota_usage(served)
+        assert level.budget_used == record.prompt_tokens + 8 * request.produced
+
+
 async def test_a_stream_the_client_stopped_reading_is_charged_in_full(
     serve: ServeFactory,
 ) -> None:
