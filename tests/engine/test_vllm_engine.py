@@ -1,11 +1,11 @@
-"""What vLLM raises about a request becomes a 400 before any output, and a dead engine a 503
-(``VLLMEngine.generate`` over a stand-in for vLLM's AsyncLLM: the mapping, not the engine);
+"""What vLLM raises about a request becomes a 400 before any output, and a dead engine a 503;
+a request whose stream stops being read is aborted, and its last output handed over
+(``VLLMEngine.generate`` over stand-ins for vLLM's AsyncLLM: the mapping, not the engine);
 the dtype the engine is asked for."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,7 +13,7 @@ import pytest
 from vllm import CompletionOutput, RequestOutput, SamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import RequestOutputKind
-from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.engine.output_processor import RequestOutputCollector
 
 from app.engine import vllm_engine
@@ -22,21 +22,59 @@ from app.errors import BadRequestError, EngineUnavailableError
 from app.settings import Settings
 
 
-class FailingLLM:
-    """Yields ``before`` outputs, then raises ``error``."""
+def request_output(tokens: list[int], finish_reason: str | None = None) -> RequestOutput:
+    choice = CompletionOutput(
+        index=0,
+        text="x" * len(tokens),
+        token_ids=tokens,
+        cumulative_logprob=None,
+        logprobs=None,
+        finish_reason=finish_reason,
+    )
+    return RequestOutput("r", None, [1, 2], None, [choice], finished=finish_reason is not None)
 
-    def __init__(self, error: BaseException, before: int = 0) -> None:
+
+class ScriptedCollector:
+    """The output collector vLLM hands over for a request, reduced to what is read of it:
+    ``items`` one at a time; an exception among them is raised, as vLLM's collector raises
+    one its output handler put there."""
+
+    def __init__(self, request_id: str, items: list[RequestOutput | BaseException]) -> None:
+        self.request_id = request_id
+        self.items = items
+
+    def get_nowait(self) -> None:
+        return None
+
+    async def get(self) -> RequestOutput:
+        item = self.items.pop(0)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        pass
+
+
+class FailingLLM:
+    """Refuses a request with ``error`` as it is added; or, given ``before``, takes it and
+    hands over ``before`` outputs, then fails it with ``error``."""
+
+    def __init__(self, error: BaseException, before: int | None = None) -> None:
         self.model_config = SimpleNamespace(max_model_len=64)
         self.error = error
         self.before = before
         self.aborted: list[str] = []
 
-    async def generate(self, *_: Any, **__: Any) -> AsyncIterator[str]:
-        for n in range(self.before):
-            yield f"output {n}"
-        raise self.error
+    async def add_request(self, request_id: str, *_: Any, **__: Any) -> ScriptedCollector:
+        if self.before is None:
+            raise self.error
+        outputs: list[RequestOutput | BaseException] = [
+            request_output([n]) for n in range(self.before)
+        ]
+        return ScriptedCollector(request_id, [*outputs, self.error])
 
-    async def abort(self, request_id: str) -> None:
+    async def abort(self, request_id: str, internal: bool = False) -> None:
         self.aborted.append(request_id)
 
     async def check_health(self) -> None:
@@ -48,14 +86,6 @@ async def run(llm: FailingLLM) -> list[Any]:
     return [o async for o in engine.generate([1, 2], SamplingParams(), "r", None)]
 
 
-def wrapped(cause: BaseException) -> EngineGenerateError:
-    # How AsyncLLM.generate reports what its input processing raised.
-    try:
-        raise EngineGenerateError() from cause
-    except EngineGenerateError as exc:
-        return exc
-
-
 @pytest.mark.parametrize(
     ("error", "param", "says"),
     [
@@ -65,8 +95,8 @@ def wrapped(cause: BaseException) -> EngineGenerateError:
             "top_p",
         ),
         (VLLMValidationError("The decoder prompt cannot be empty"), None, "cannot be empty"),
-        (wrapped(ValueError("Token id 99999 is out of vocabulary")), None, "out of vocabulary"),
-        (wrapped(OverflowError("int too big to convert")), None, "out of range"),
+        (ValueError("Token id 99999 is out of vocabulary"), None, "out of vocabulary"),
+        (OverflowError("int too big to convert"), None, "out of range"),
         (ValueError("bad prompt"), None, "bad prompt"),
     ],
 )
@@ -83,15 +113,21 @@ async def test_a_refusal_before_any_output_is_a_400(
 
 
 async def test_after_output_it_is_not_the_requests_fault() -> None:
+    late = FailingLLM(ValueError("late"), before=1)
     with pytest.raises(ValueError):
-        await run(FailingLLM(ValueError("late"), before=1))
-    with pytest.raises(EngineGenerateError):
-        await run(FailingLLM(wrapped(RuntimeError("engine bug"))))
+        await run(late)
+    assert late.aborted == ["r"]
+    with pytest.raises(RuntimeError):
+        await run(FailingLLM(RuntimeError("engine bug")))
 
 
 async def test_a_dead_engine_is_a_503() -> None:
+    dead = FailingLLM(EngineDeadError(), before=2)
     with pytest.raises(EngineUnavailableError):
-        await run(FailingLLM(EngineDeadError(), before=2))
+        await run(dead)
+    assert dead.aborted == []  # nothing left to abort
+    with pytest.raises(EngineUnavailableError):
+        await run(FailingLLM(EngineDeadError()))
     # The readiness probe's question, to the same dead engine.
     with pytest.raises(EngineUnavailableError, match="not running"):
         await VLLMEngine(FailingLLM(EngineDeadError())).check_health()  # type: ignore[arg-type]
@@ -135,18 +171,6 @@ def test_an_unset_kv_block_size_is_ours_on_a_cpu_and_vllms_elsewhere(
 def test_auto_dtype_is_left_to_vllm_off_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_engine.current_platform, "is_cpu", lambda: False)
     assert vllm_engine.engine_dtype("auto") == "auto"
-
-
-def request_output(tokens: list[int], finish_reason: str | None = None) -> RequestOutput:
-    choice = CompletionOutput(
-        index=0,
-        text="x" * len(tokens),
-        token_ids=tokens,
-        cumulative_logprob=None,
-        logprobs=None,
-        finish_reason=finish_reason,
-    )
-    return RequestOutput("r", None, [1, 2], None, [choice], finished=finish_reason is not None)
 
 
 class HoldingLLM:

@@ -6,8 +6,9 @@ producer task that runs whether or not anyone reads: like vLLM's output collecto
 slow reader has not taken yet are merged. Like vLLM's ``stream_interval`` (the engine's,
 raised by a request's), a request hands over its first token at once, then an output once it
 holds that many tokens, and the last. ``abort`` ends a request with one last output that
-carries what was produced and not read (finish reason ``abort``); closing the stream aborts it
-too. ``fail_after`` makes requests raise ``error`` once that many tokens were read.
+carries what was produced and not read (finish reason ``abort``); closing the stream (or
+cancelling a read) aborts it too, and hands what was produced and not read to
+``on_abandoned``. ``fail_after`` makes requests raise ``error`` once that many tokens were read.
 :class:`SeatedEngine` runs a fixed number of requests at once and queues the rest, as vLLM's
 scheduler does when its memory is full; both report their load as vLLM's scheduler does.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +124,7 @@ class ScriptedEngine:
         request_id: str,
         adapter: Adapter | None,
         cache_salt: str | None = None,
+        on_abandoned: Callable[[RequestOutput], None] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         request = ScriptedRequest(request_id, list(prompt_token_ids), params, adapter, cache_salt)
         request.interval = max(self.stream_interval, params.stream_interval or 1)
@@ -147,6 +149,9 @@ class ScriptedEngine:
             request.closed = True
             if not request.finished:
                 await self.abort(request_id)
+            unread, request.pending = request.pending, None
+            if unread is not None and on_abandoned is not None:
+                on_abandoned(unread)
             producer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await producer
