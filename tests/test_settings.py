@@ -36,3 +36,14 @@ def test_the_front_role_needs_an_upstream(monkeypatch: pytest.MonkeyPatch) -> No
         Settings()
     monkeypatch.setenv("LORA_GATEWAY_UPSTREAM_URL", "http://inference-gateway")
     assert Settings().upstream_url == "http://inference-gateway"
+
+
+def test_the_deployments_stream_interval_is_within_the_requests_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LORA_GATEWAY_STREAM_INTERVAL", "32")
+    monkeypatch.setenv("LORA_GATEWAY_MAX_STREAM_INTERVAL", "16")
+    with pytest.raises(ValueError, match="max_stream_interval"):
+        Settings(_env_file=None)  # type: ignore[call-arg]
+    monkeypatch.setenv("LORA_GATEWAY_MAX_STREAM_INTERVAL", "32")
+    assert Settings(_env_file=None).max_stream_interval == 32  # type: ignore[call-arg]
