@@ -87,7 +87,7 @@ async def test_a_client_that_leaves_is_charged_what_chunks_held_back(
     """Chunks of ``stream_interval`` tokens, every choice of ``n``: the tokens each choice
     produced and held back for its next chunk when the client left are charged too."""
     engine = ScriptedEngine(step_seconds=0.001)
-    async with serve(engine) as served:
+    async with serve(engine, max_stream_interval=1000) as served:
         await served.set_quota(token_budget=1_000_000, budget_period="day")
         async with served.client() as client:
             body = chat(
