@@ -68,7 +68,7 @@ class FakeUpstream:
     script: Script = field(default_factory=Script)
     requests: list[Recorded] = field(default_factory=list)
 
-    def wait_for_requests(self, count: int, timeout: float = 10.0) -> None:
+    def wait_for_requests(self, count: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while len(self.requests) < count:
             assert time.monotonic() < deadline, "the upstream got no request"

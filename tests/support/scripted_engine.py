@@ -208,6 +208,10 @@ class SeatedEngine(ScriptedEngine):
         self._seats = asyncio.Semaphore(seats)
         self.running = 0
         self.peak = 0
+        # Request ids in the order they took a seat.
+        self.seated: list[str] = []
+        # Request id -> requests seated between its arrival and its own seat.
+        self.waited_behind: dict[str, int] = {}
 
     def load(self) -> EngineLoad | None:
         return EngineLoad(
@@ -218,7 +222,10 @@ class SeatedEngine(ScriptedEngine):
         )
 
     async def _produce(self, request: ScriptedRequest) -> None:
+        arrived = len(self.seated)
         async with self._seats:
+            self.waited_behind[request.request_id] = len(self.seated) - arrived
+            self.seated.append(request.request_id)
             self.running += 1
             self.peak = max(self.peak, self.running)
             try:
