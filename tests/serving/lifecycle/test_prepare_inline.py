@@ -26,7 +26,7 @@ class RecordingService:
         try:
             self.threads.append(threading.current_thread().name)
             if self.hold:
-                self.release.wait(5)
+                self.release.wait(60)  # bounds a hang only
             return request_id
         finally:
             self.busy.release()
