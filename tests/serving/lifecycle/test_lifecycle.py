@@ -259,12 +259,15 @@ async def test_an_engine_refusal_is_a_400_and_holds_nothing(serve: ServeFactory)
 
 async def test_a_long_request_keeps_its_concurrency_lease(serve: ServeFactory) -> None:
     engine = ScriptedEngine(step_seconds=0.01)
-    async with serve(engine, quota_lease_seconds=0.3) as served:
+    # Renewed every second: a busy machine's stalls of the event loop stay well within it.
+    async with serve(engine, quota_lease_seconds=3.0) as served:
         await served.set_quota(max_concurrent_requests=1)
         async with served.client() as client:
-            body = chat(served, max_tokens=120, stream=True)
+            body = chat(served, max_tokens=500, stream=True)
             call = asyncio.create_task(client.post("/v1/chat/completions", json=body))
-            await asyncio.sleep(0.9)  # three lease periods
+            await eventually(lambda: bool(engine.requests))
+            await asyncio.sleep(3.5)  # past the lease it took: only renewals keep it
+            assert not engine.started()[0].finished
             assert (await quota_usage(served)).concurrent == 1
             second = await client.post("/v1/chat/completions", json=chat(served, max_tokens=1))
             assert second.status_code == 429
