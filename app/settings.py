@@ -130,6 +130,13 @@ class Settings(BaseSettings):
         "and clients less CPU per token, and tokens arrive in bursts. A request may ask for "
         "more with `stream_interval`, as vLLM's own server takes it.",
     )
+    max_stream_interval: int = Field(
+        64,
+        ge=1,
+        description="Most tokens a request's `stream_interval` may ask a chunk to gather; past "
+        "it, a 400. A front charges a client that leaves up to that many less one per "
+        "unfinished choice beyond the last count it saw (the engine may hold them unsent).",
+    )
     max_loras: int = Field(4, ge=1, description="Adapters resident in device slots at once.")
     max_cpu_loras: int = Field(
         8, ge=1, description="Adapters cached in host memory (>= max_loras)."
@@ -444,6 +451,8 @@ class Settings(BaseSettings):
             raise ValueError("metrics_port must differ from port")
         if self.role == "front" and not self.upstream_url:
             raise ValueError("the front role needs upstream_url")
+        if self.stream_interval > self.max_stream_interval:
+            raise ValueError("stream_interval must be <= max_stream_interval")
         return self
 
     def admin_tokens(self) -> list[str]:

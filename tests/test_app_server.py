@@ -45,12 +45,12 @@ SERVER = textwrap.dedent(
 DEADLINE_SECONDS = 3.0
 
 
-def serve_then_interrupt(how: str) -> tuple[int, str, float]:
-    """Start the server, stop it with SIGINT once it answers; its exit status, its stderr
-    and the seconds from the signal to its exit."""
+def serve_then_interrupt(how: str, deadline: float = DEADLINE_SECONDS) -> tuple[int, str, float]:
+    """Start the server (exit deadline ``deadline``), stop it with SIGINT once it answers; its
+    exit status, its stderr and the seconds from the signal to its exit."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-c", SERVER.format(deadline=DEADLINE_SECONDS), str(port), how],
+        [sys.executable, "-c", SERVER.format(deadline=deadline), str(port), how],
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -65,17 +65,18 @@ def serve_then_interrupt(how: str) -> tuple[int, str, float]:
         process.kill()
 
 
-def test_a_clean_shutdown_exits_at_once() -> None:
-    status, stderr, seconds = serve_then_interrupt("clean")
+def test_a_clean_shutdown_exits_before_the_deadline() -> None:
+    # Exiting at the deadline is status 1 with every thread's stack (below): a clean exit's 0
+    # and no stack are the verdict, whatever a busy machine makes the shutdown take.
+    status, stderr, _ = serve_then_interrupt("clean", deadline=60.0)
     assert status == 0, stderr
-    assert seconds < DEADLINE_SECONDS
     assert "Thread" not in stderr
 
 
 def test_a_thread_left_running_cannot_hold_the_process() -> None:
     status, stderr, seconds = serve_then_interrupt("leave-a-thread")
     assert status == 1
-    assert DEADLINE_SECONDS <= seconds < DEADLINE_SECONDS + 10
+    assert seconds >= DEADLINE_SECONDS  # held to the deadline; the exit is bounded by a hang
     assert "in held_forever" in stderr  # every thread's stack, the culprit's among them
 
 

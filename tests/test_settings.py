@@ -50,3 +50,14 @@ def test_latency_objectives_are_unset_by_default_and_set_per_class(
     monkeypatch.setenv("LORA_GATEWAY_SLO_TTFT_MS_BATCH", "0")
     with pytest.raises(ValidationError, match="slo_ttft_ms_batch"):
         Settings(_env_file=None)  # type: ignore[call-arg]
+
+
+def test_the_deployments_stream_interval_is_within_the_requests_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LORA_GATEWAY_STREAM_INTERVAL", "32")
+    monkeypatch.setenv("LORA_GATEWAY_MAX_STREAM_INTERVAL", "16")
+    with pytest.raises(ValueError, match="max_stream_interval"):
+        Settings(_env_file=None)  # type: ignore[call-arg]
+    monkeypatch.setenv("LORA_GATEWAY_MAX_STREAM_INTERVAL", "32")
+    assert Settings(_env_file=None).max_stream_interval == 32  # type: ignore[call-arg]

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from app import protocol
 from app.api.completion_response import CompletionResponse
 from app.api.deps import CurrentPrincipal, GatewayDep, RequestId
+from app.errors import BadRequestError
 from app.protocol import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -70,6 +71,7 @@ async def create_chat_completion(
     # RequestTracker.track: resolve the model for the tenant, check its limits, prepare
     # (template, tokenise) in its turn, reserve the worst case, wait for a slot, run on
     # the backend, answer (JSON or SSE), settle what it used (docs/architecture.md).
+    refuse_long_chunks(body, gateway.settings.max_stream_interval)
     return CompletionResponse(gateway.tracker, gateway.backend.chat, body, principal, request_id)
 
 
@@ -80,9 +82,20 @@ async def create_completion(
     principal: CurrentPrincipal,
     request_id: RequestId,
 ) -> Response:
+    refuse_long_chunks(body, gateway.settings.max_stream_interval)
     return CompletionResponse(
         gateway.tracker, gateway.backend.completions, body, principal, request_id
     )
+
+
+def refuse_long_chunks(body: ChatCompletionRequest | CompletionRequest, limit: int) -> None:
+    """Refuse a ``stream_interval`` over the deployment's ``limit``, before anything is held:
+    the tokens a chunk holds back are what a front cannot count when its client leaves."""
+    if body.stream_interval is not None and body.stream_interval > limit:
+        raise BadRequestError(
+            f"`stream_interval` may be at most {limit} tokens; it is {body.stream_interval}.",
+            param="stream_interval",
+        )
 
 
 def _card(entry_id: str, parent: str | None, owner: str) -> ModelCard:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -30,8 +30,15 @@ class Engine(Protocol):
         request_id: str,
         adapter: Adapter | None,
         cache_salt: str | None = None,
+        on_abandoned: Callable[[RequestOutput], None] | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Stream outputs of one request; closing the iterator aborts it.
+        """Stream outputs of one request (deltas), as the engine hands them over: with a
+        ``stream_interval`` of N, the first token, then every N, and the last.
+
+        Closing the iterator before the request ends, or cancelling a read, aborts it: the
+        abort's last output, which carries what the request produced and the stream had not
+        handed out (tokens held back for the next chunk, outputs not read yet), goes to
+        ``on_abandoned`` before the close returns.
 
         Requests share prefix-cache entries only when their ``cache_salt``
         is equal (and their adapter version too). :class:`AdapterLoadFailed` when the

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import platform
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -18,7 +18,8 @@ from vllm.exceptions import VLLMValidationError
 from vllm.inputs.engine import tokens_input
 from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
-from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+from vllm.v1.engine.exceptions import EngineDeadError
+from vllm.v1.engine.output_processor import RequestOutputCollector
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
@@ -178,36 +179,85 @@ class VLLMEngine:
         request_id: str,
         adapter: Adapter | None,
         cache_salt: str | None = None,
+        on_abandoned: Callable[[RequestOutput], None] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """The engine's outputs; its refusal of the request, before any output, is a
         :class:`BadRequestError` (400) naming the parameter where vLLM does; a dead engine is
         :class:`EngineUnavailableError` (503); an adapter that failed to load (the engine
         ended the request alone, :mod:`app.inside_vllm.load_failures`) is
-        :class:`AdapterLoadFailed`."""
-        produced = False
+        :class:`AdapterLoadFailed`.
+
+        The request's output collector is read here, as ``AsyncLLM.generate`` reads it, not
+        through that: cancelled, it aborts the request and drops the abort's last output,
+        which carries the tokens a stream interval held back (vLLM's output processor hands
+        them over only then). Here that output goes to ``on_abandoned``."""
+        collector = await self._added(prompt_token_ids, params, request_id, adapter, cache_salt)
+        finished = False
         try:
-            async for output in self._llm.generate(
-                tokens_input(list(prompt_token_ids), cache_salt=cache_salt),
-                params,
-                request_id,
-                lora_request=lora_request(adapter) if adapter is not None else None,
-            ):
-                produced = True
-                if output.finished and output.outputs:
+            while not finished:
+                # Without a wait when an output is ready, as vLLM's own loop.
+                output = collector.get_nowait() or await collector.get()
+                assert isinstance(output, RequestOutput)
+                finished = output.finished
+                if finished and output.outputs:
                     reason = load_failure(output.outputs[0].stop_reason)
                     if reason is not None:
                         raise AdapterLoadFailed(reason)
                 yield output
         except EngineDeadError as exc:
             raise EngineUnavailableError("The inference engine is not running.") from exc
-        except (VLLMValidationError, EngineGenerateError, ValueError, OverflowError) as exc:
-            refusal = None if produced else _request_refusal(exc)
+        except BaseException:
+            if not finished:
+                await self._abandon(collector, on_abandoned)
+            raise
+        finally:
+            collector.close()  # type: ignore[no-untyped-call]
+
+    async def _added(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str,
+        adapter: Adapter | None,
+        cache_salt: str | None,
+    ) -> RequestOutputCollector:
+        """The request, given to the engine; its output collector."""
+        try:
+            return await self._llm.add_request(
+                request_id,
+                tokens_input(list(prompt_token_ids), cache_salt=cache_salt),
+                params,
+                lora_request=lora_request(adapter) if adapter is not None else None,
+            )
+        except EngineDeadError as exc:
+            raise EngineUnavailableError("The inference engine is not running.") from exc
+        except (VLLMValidationError, ValueError, OverflowError) as exc:
+            refusal = _request_refusal(exc)
             if refusal is None:
                 raise
             # vLLM may have registered the request before refusing it (a seed the engine
             # core's transport cannot carry): it would count as unfinished for good.
             await self._llm.abort(request_id)
             raise refusal from exc
+
+    async def _abandon(
+        self,
+        collector: RequestOutputCollector,
+        on_abandoned: Callable[[RequestOutput], None] | None,
+    ) -> None:
+        """Abort a request whose stream stopped being read, and hand over its last output:
+        vLLM's abort puts it in the collector at once, with the tokens held back, merged
+        with any output not read yet."""
+        try:
+            await self._llm.abort(collector.request_id, internal=True)
+        except Exception:
+            logger.warning("could not abort request %s", collector.request_id, exc_info=True)
+        try:
+            last = collector.get_nowait()
+        except Exception:  # the engine failed meanwhile: what failed reports it
+            return
+        if isinstance(last, RequestOutput) and on_abandoned is not None:
+            on_abandoned(last)
 
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)
@@ -230,15 +280,9 @@ class VLLMEngine:
 
 def _request_refusal(exc: BaseException) -> BadRequestError | None:
     """What vLLM's refusal of a request says, as a 400; ``None`` for a failure that is not
-    about the request. vLLM wraps what its input processing raises, other than its own
-    validation errors, in ``EngineGenerateError``; ``ValueError`` there is its "bad input"
-    (its OpenAI server answers 400 to it too), ``OverflowError`` a number too large to send to
-    the engine core (a seed of 2**64)."""
-    if isinstance(exc, EngineGenerateError):
-        cause = exc.__cause__
-        if cause is None or isinstance(cause, EngineGenerateError):
-            return None
-        return _request_refusal(cause)
+    about the request. ``ValueError`` is vLLM's "bad input" from its input processing (its
+    OpenAI server answers 400 to it too), ``OverflowError`` a number too large to send to the
+    engine core (a seed of 2**64)."""
     if isinstance(exc, VLLMValidationError):
         message = str(exc.args[0]) if exc.args else "The request was refused by the engine."
         return BadRequestError(message, param=exc.parameter)

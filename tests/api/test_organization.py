@@ -152,18 +152,25 @@ async def test_limits_show_what_is_left_of_the_tenant_and_the_key(serve: ServeFa
         await served.admin(
             "PUT", f"/tenants/{TENANT}/keys/{own[0]['id']}/quota", {"requests_per_minute": 5}
         )
+        began = time.monotonic()
         await complete(served, served.key, 4)
         await served.settled()
         (record,) = await served.usage_records()
         used = record.prompt_tokens + record.completion_tokens
         async with served.client() as tenant:
             limits = (await tenant.get("/v1/organization/limits")).json()
+        elapsed = time.monotonic() - began  # what the levels drained for, at most
         mine = limits["tenant"]
         assert mine["requests_per_minute"]["limit"] == 10
-        assert mine["requests_per_minute"]["remaining"] == 9
-        assert 0 < mine["requests_per_minute"]["reset_seconds"] <= 6
-        # The level drains at 10 tokens a second.
-        assert 600 - used <= mine["tokens_per_minute"]["remaining"] < 600
+        requests = mine["requests_per_minute"]
+        # One request, drained at one every 6 s: gone only if a busy machine took that long.
+        if elapsed < 6:
+            assert requests["remaining"] == 9 and 0 < requests["reset_seconds"] <= 6
+        else:
+            assert requests["remaining"] in (9, 10) and 0 <= requests["reset_seconds"] <= 6
+        # The level drains at 10 tokens a second: by no more than that since the request.
+        tokens_left = mine["tokens_per_minute"]["remaining"]
+        assert 600 - used <= tokens_left <= min(600, 600 - used + 10 * elapsed + 1)
         assert mine["concurrent_requests"] == {"limit": 2, "in_use": 0, "remaining": 2}
         assert mine["token_budget"]["used"] == used
         assert mine["token_budget"]["remaining"] == 50_000 - used

@@ -169,7 +169,7 @@ async def send_until_answered(
             break
         await asyncio.wait([first], timeout=pause)
     try:
-        head = await asyncio.wait_for(first, 5)
+        head = await asyncio.wait_for(first, 60)  # bounds a hang only
     except ConnectionResetError:
         return b"", True
     if not head:

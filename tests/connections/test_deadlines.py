@@ -28,11 +28,12 @@ async def test_a_request_head_not_complete_in_time_is_answered_408_and_closed() 
         reader, writer = await running.connect()
         writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow")  # and nothing more
         started = time.monotonic()
-        response, closed = await read_until_closed(reader)
+        response, closed = await read_until_closed(reader, timeout=9)
         writer.close()
     assert closed and status_of(response) == 408
     assert json.loads(response.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_timeout"
-    assert time.monotonic() - started < 3
+    # The configured 0.5 s, not the default 10 s: slack for a busy machine.
+    assert time.monotonic() - started < 8
     assert running.probe.paths == []
     assert refused("head_timeout") == before + 1
 

@@ -18,9 +18,10 @@ async def test_a_stalled_tls_handshake_is_dropped_and_https_is_served(tmp_path: 
     async with serving(tls_handshake_timeout_seconds=0.5, **tls) as running:
         reader, writer = await running.connect()  # plain TCP: no ClientHello ever comes
         started = time.monotonic()
-        _, closed = await read_until_closed(reader, timeout=5)
+        _, closed = await read_until_closed(reader, timeout=9)
         writer.close()
-        assert closed and time.monotonic() - started < 4
+        # The configured 0.5 s, not the default 10 s: slack for a busy machine.
+        assert closed and time.monotonic() - started < 8
 
         context = ssl.create_default_context(cafile=str(cert_file))
         context.check_hostname = False

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import time
 import zipfile
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from app.settings import EMBEDDED_MODEL_DIR
 from app.tenancy.storage import STORE_DIR
 from bench.random_adapters import make_random_adapter
 from tests.support.live_gateway import LiveGateway, long_stream
+from tests.support.store_polls import store_polls
 
 pytestmark = pytest.mark.slow
 
@@ -173,7 +173,7 @@ def test_admin_api_is_documented(gateway: LiveGateway) -> None:
     assert {"application/json", "multipart/form-data"} <= set(upload)
 
 
-def test_changes_made_elsewhere_apply_within_a_second(gateway: LiveGateway) -> None:
+def test_changes_made_elsewhere_apply_by_the_next_poll(gateway: LiveGateway) -> None:
     """Another replica (here: the CLI's service on the same store) revokes a key."""
     from app.cli import admin_service
 
@@ -183,19 +183,24 @@ def test_changes_made_elsewhere_apply_within_a_second(gateway: LiveGateway) -> N
     client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=issued["key"], max_retries=0)
     assert client.models.list()
 
+    def revoked() -> bool:
+        try:
+            gateway.gateway.registry.authenticate(issued["key"])
+        except Exception:
+            return True
+        return False
+
     async def revoke() -> None:
         async with admin_service(gateway.settings) as other_replica:
             await other_replica.revoke_key("admin:other", "elsewhere", issued["id"])
 
-    asyncio.run(revoke())
-    revoked_at = time.monotonic()
-    while True:
-        try:
-            client.models.list()
-        except openai.AuthenticationError:
-            break
-        assert time.monotonic() - revoked_at < 1.0, "still accepted a second after revocation"
-        time.sleep(0.05)
+    with store_polls(gateway.gateway) as polls:
+        asyncio.run(revoke())
+        polls.expect(revoked)
+        # By its next poll (the one under way may have read the store before the change).
+        assert polls.seen() <= 2
+    with pytest.raises(openai.AuthenticationError):
+        client.models.list()
 
 
 def test_usage_ledger_counts_every_request_including_cancelled_ones(

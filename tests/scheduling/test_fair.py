@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -169,12 +170,25 @@ class ReportingEngine:
         return self.report
 
 
-async def reported(engine: ReportingEngine, running: int, waiting: int, kv: float) -> None:
-    """Two new reports, each seen by the window's poll."""
+async def reported(
+    engine: ReportingEngine,
+    running: int,
+    waiting: int,
+    kv: float,
+    following: FairAdmission | None = None,
+) -> None:
+    """Two new reports, each seen by ``following``'s poll (waited for: a busy machine may
+    delay the poll by many periods); with no admission following, three poll periods each."""
     for _ in range(2):
         step = engine.report.step + 1 if engine.report else 0
         engine.report = EngineLoad(running, waiting, kv, step)
-        await asyncio.sleep(3 * LOAD_POLL_SECONDS)
+        if following is None:
+            await asyncio.sleep(3 * LOAD_POLL_SECONDS)
+            continue
+        deadline = time.monotonic() + 60  # bounds a hang only
+        while following._step != step:
+            assert time.monotonic() < deadline, "the poll never saw the report"
+            await asyncio.sleep(LOAD_POLL_SECONDS)
 
 
 @pytest.mark.parametrize(("fixed", "after"), [(None, 4), (16, 16)])
@@ -188,7 +202,7 @@ async def test_the_window_follows_the_engines_reports_unless_it_is_set(
     fair.follow(engine)  # type: ignore[arg-type]
     try:
         # Requests wait inside the engine, whose memory is full with 4 running.
-        await reported(engine, running=4, waiting=10, kv=1.0)
+        await reported(engine, running=4, waiting=10, kv=1.0, following=fair)
         assert fair.queue.window == after
         assert metrics.SCHEDULER_SLOTS.labels("window")._value.get() == after
     finally:
@@ -207,10 +221,15 @@ async def test_paced_requests_go_in_as_the_engine_reports_its_steps() -> None:
     try:
         slots = [fair.admit(ticket("a", n)) for n in range(6)]
         waits = [asyncio.create_task(slot.acquire()) for slot in slots]
+        deadline = time.monotonic() + 60  # bounds a hang only
+        while sum(w.done() for w in waits) < 2:
+            assert time.monotonic() < deadline, "the first two never went in"
+            await asyncio.sleep(LOAD_POLL_SECONDS)
         await asyncio.sleep(3 * LOAD_POLL_SECONDS)
         assert sum(w.done() for w in waits) == 2  # no step reported yet
-        await reported(engine, running=2, waiting=0, kv=0.1)  # two steps
-        assert sum(w.done() for w in waits) == 6
+        await reported(engine, running=2, waiting=0, kv=0.1, following=fair)  # two steps
+        # Let in by the steps: their waits end as the loop next runs them.
+        await asyncio.wait_for(asyncio.gather(*waits), 60)  # bounds a hang only
     finally:
         fair.follow(None)
         for slot in slots:

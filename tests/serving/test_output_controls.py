@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.support.scripted_engine import VOCABULARY, ScriptedEngine
-from tests.support.serving import Served, ServeFactory
+from tests.support.serving import Served, ServeFactory, quota_usage
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
@@ -91,3 +91,28 @@ async def test_refusals_name_the_field_and_reach_no_engine(serve: ServeFactory) 
             and "at most 2" in error["message"]
         )
     assert engine.requests == {}
+
+
+async def test_a_stream_interval_past_the_limit_is_refused_and_holds_nothing(
+    serve: ServeFactory,
+) -> None:
+    """Streamed or not (an in-process answer gathers its outputs in chunks too)."""
+    engine = ScriptedEngine()
+    async with serve(engine, max_stream_interval=16) as served, served.client() as client:
+        await served.set_quota(max_concurrent_requests=1)
+        for path, body in [
+            ("/v1/chat/completions", chat(served, stream_interval=17, stream=True)),
+            ("/v1/chat/completions", chat(served, stream_interval=1_000_000)),
+            ("/v1/completions", {"model": served.model, "prompt": "x", "stream_interval": 17}),
+        ]:
+            response = await client.post(path, json=body)
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["param"] == "stream_interval" and "16" in error["message"]
+        assert engine.requests == {}
+        assert await served.usage_records() == []
+        body = chat(served, stream_interval=16, stream=True, max_tokens=2)
+        assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+        assert (await quota_usage(served)).concurrent == 0
+    [request] = engine.requests.values()
+    assert request.params.stream_interval == 16

@@ -4,7 +4,7 @@ unservable, and a later request pinned to it is refused before the engine."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 from vllm import RequestOutput, SamplingParams
@@ -30,12 +30,13 @@ class BrokenVersionEngine(ScriptedEngine):
         request_id: str,
         adapter: Adapter | None,
         cache_salt: str | None = None,
+        on_abandoned: Callable[[RequestOutput], None] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         if adapter is not None and adapter.version == 2:
             self.load_failures += 1
             raise AdapterLoadFailed("Error while deserializing header: header too large")
         async for output in super().generate(
-            prompt_token_ids, params, request_id, adapter, cache_salt
+            prompt_token_ids, params, request_id, adapter, cache_salt, on_abandoned
         ):
             yield output
 

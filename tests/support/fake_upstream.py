@@ -47,6 +47,8 @@ class Script:
     cut_after: int | None = None
     # A stream that stops after this many tokens, until the front leaves.
     hold_after: int | None = None
+    # A stream's tokens for each choice, where they differ (else ``completion_tokens`` each).
+    choice_tokens: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -66,7 +68,7 @@ class FakeUpstream:
     script: Script = field(default_factory=Script)
     requests: list[Recorded] = field(default_factory=list)
 
-    def wait_for_requests(self, count: int, timeout: float = 10.0) -> None:
+    def wait_for_requests(self, count: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while len(self.requests) < count:
             assert time.monotonic() < deadline, "the upstream got no request"
@@ -178,20 +180,21 @@ async def _chunks(
         if chat:
             for i in range(n):
                 yield chunk([choice(i, "", None, role=True)], _usage(0) if continuous else None)
-        for step in range(1, script.completion_tokens + 1):
+        lengths = script.choice_tokens or (script.completion_tokens,) * n
+        for step in range(1, max(lengths) + 1):
             if script.step_seconds:
                 await asyncio.sleep(script.step_seconds)
             if script.cut_after is not None and step > script.cut_after:
                 return
             if script.hold_after is not None and step > script.hold_after:
                 await asyncio.Event().wait()
-            last = step == script.completion_tokens
-            for i in range(n):
-                finish = "length" if last else None
-                yield chunk([choice(i, "x", finish)], _usage(step) if continuous else None)
+            for i, length in enumerate(lengths):
+                if step <= length:
+                    finish = "length" if step == length else None
+                    yield chunk([choice(i, "x", finish)], _usage(step) if continuous else None)
             recorded.streamed = step
         if options.get("include_usage"):
-            yield chunk([], _usage(script.completion_tokens * n))
+            yield chunk([], _usage(sum(lengths)))
         yield "data: [DONE]\n\n"
     except (asyncio.CancelledError, GeneratorExit):
         recorded.disconnected.set()

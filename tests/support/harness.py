@@ -148,8 +148,9 @@ class RunningApp:
         async with self.gateway.sessions() as session:
             return list((await session.scalars(select(UsageRow).order_by(UsageRow.id))).all())
 
-    async def settled(self, timeout: float = 5.0) -> None:
-        """Wait for the reconciliations handed to the background."""
+    async def settled(self, timeout: float = 60.0) -> None:
+        """Wait for the reconciliations handed to the background (``timeout`` bounds only a
+        hang)."""
         for _ in range(int(timeout / 0.01)):
             if not self.gateway._tasks:
                 return

@@ -56,7 +56,7 @@ class LiveGateway(RunningApp):
     def admin_client(self) -> httpx.Client:
         return httpx.Client(**admin_client_options(self.base_url))
 
-    def wait_idle(self, timeout: float = 10.0) -> int:
+    def wait_idle(self, timeout: float = 60.0) -> int:
         """Unfinished engine requests once they drain (or at the timeout)."""
         deadline = time.monotonic() + timeout
         while self.engine.num_unfinished_requests() and time.monotonic() < deadline:

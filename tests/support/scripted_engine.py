@@ -3,9 +3,12 @@ that need no model: it behaves like vLLM's AsyncLLM where the serving layer can 
 
 Each request produces ``max_tokens`` tokens per choice, one step every ``step_seconds``, in a
 producer task that runs whether or not anyone reads: like vLLM's output collector, deltas a
-slow reader has not taken yet are merged. ``abort`` ends a request with one last output that
-carries what was produced and not read (finish reason ``abort``); closing the stream aborts it
-too. ``fail_after`` makes requests raise ``error`` once that many tokens were read.
+slow reader has not taken yet are merged. Like vLLM's ``stream_interval`` (the engine's,
+raised by a request's), a request hands over its first token at once, then an output once it
+holds that many tokens, and the last. ``abort`` ends a request with one last output that
+carries what was produced and not read (finish reason ``abort``); closing the stream (or
+cancelling a read) aborts it too, and hands what was produced and not read to
+``on_abandoned``. ``fail_after`` makes requests raise ``error`` once that many tokens were read.
 :class:`SeatedEngine` runs a fixed number of requests at once and queues the rest, as vLLM's
 scheduler does when its memory is full; both report their load as vLLM's scheduler does.
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +47,10 @@ class ScriptedRequest:
     pending: RequestOutput | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     finished: bool = False
+    # Tokens an output gathers before it is handed over (the first and the last go at once).
+    interval: int = 1
+    # Tokens produced and held back until the output gathers ``interval`` of them.
+    held: list[int] = field(default_factory=list)
 
     def put(self, output: RequestOutput) -> None:
         if self.pending is None:
@@ -62,8 +69,10 @@ class ScriptedEngine:
         fail_after: int | None = None,
         error: Exception | None = None,
         last_finish_reason: str = "length",
+        stream_interval: int = 1,
     ) -> None:
         self.max_model_len = max_model_len
+        self.stream_interval = stream_interval
         self.step_seconds = step_seconds
         self.fail_after = fail_after
         self.error = error or RuntimeError("scripted engine failure")
@@ -105,7 +114,8 @@ class ScriptedEngine:
         self.aborted.append(request_id)
         request.aborted = True
         request.finished = True
-        request.put(self._output(request, [], finish_reason="abort"))
+        held, request.held = request.held, []
+        request.put(self._output(request, held, finish_reason="abort"))
 
     async def generate(
         self,
@@ -114,8 +124,10 @@ class ScriptedEngine:
         request_id: str,
         adapter: Adapter | None,
         cache_salt: str | None = None,
+        on_abandoned: Callable[[RequestOutput], None] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         request = ScriptedRequest(request_id, list(prompt_token_ids), params, adapter, cache_salt)
+        request.interval = max(self.stream_interval, params.stream_interval or 1)
         self.requests[request_id] = request
         producer = asyncio.create_task(self._produce(request))
         self._producers.add(producer)
@@ -137,6 +149,9 @@ class ScriptedEngine:
             request.closed = True
             if not request.finished:
                 await self.abort(request_id)
+            unread, request.pending = request.pending, None
+            if unread is not None and on_abandoned is not None:
+                on_abandoned(unread)
             producer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await producer
@@ -152,8 +167,11 @@ class ScriptedEngine:
             last = request.produced == budget
             token = len(request.prompt_token_ids) + request.produced
             request.finished = last
-            finish_reason = self.last_finish_reason if last else None
-            request.put(self._output(request, [token], finish_reason=finish_reason))
+            request.held.append(token)
+            if last or request.produced == 1 or len(request.held) >= request.interval:
+                finish_reason = self.last_finish_reason if last else None
+                held, request.held = request.held, []
+                request.put(self._output(request, held, finish_reason=finish_reason))
 
     def _output(
         self, request: ScriptedRequest, tokens: list[int], *, finish_reason: str | None
@@ -190,6 +208,10 @@ class SeatedEngine(ScriptedEngine):
         self._seats = asyncio.Semaphore(seats)
         self.running = 0
         self.peak = 0
+        # Request ids in the order they took a seat.
+        self.seated: list[str] = []
+        # Request id -> requests seated between its arrival and its own seat.
+        self.waited_behind: dict[str, int] = {}
 
     def load(self) -> EngineLoad | None:
         return EngineLoad(
@@ -200,7 +222,10 @@ class SeatedEngine(ScriptedEngine):
         )
 
     async def _produce(self, request: ScriptedRequest) -> None:
+        arrived = len(self.seated)
         async with self._seats:
+            self.waited_behind[request.request_id] = len(self.seated) - arrived
+            self.seated.append(request.request_id)
             self.running += 1
             self.peak = max(self.peak, self.running)
             try:

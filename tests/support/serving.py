@@ -101,7 +101,8 @@ async def quota_usage(served: Served) -> SimpleNamespace:
     return SimpleNamespace(concurrent=usage["concurrent_requests"], **usage)
 
 
-async def eventually(predicate: Any, timeout: float = 10.0) -> None:
+async def eventually(predicate: Any, timeout: float = 60.0) -> None:
+    """Wait until ``predicate`` holds; ``timeout`` bounds only a hang."""
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"

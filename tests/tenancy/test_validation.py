@@ -427,9 +427,12 @@ EVIL_PATTERN = "(?:[\\w.]+)+!"  # catastrophic backtracking for Python's re on e
 def test_backtracking_target_pattern_is_evaluated_in_bounded_time(
     tmp_path: Path, base: BaseModelInfo
 ) -> None:
-    started = time.monotonic()
-    rejects(make_adapter(tmp_path, target_modules=EVIL_PATTERN), base, "matches no linear layer")
-    assert time.monotonic() - started < 2 * validation.TARGET_PATTERN_BUDGET_S + 1
+    adapter = make_adapter(tmp_path, target_modules=EVIL_PATTERN)
+    # The matching's own time: this thread's CPU, which a busy machine does not inflate (the
+    # matcher's budget is wall-clock, never less).
+    started = time.thread_time()
+    rejects(adapter, base, "matches no linear layer")
+    assert time.thread_time() - started < 2 * validation.TARGET_PATTERN_BUDGET_S + 1
 
 
 def test_target_pattern_over_its_time_budget_is_refused(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, ClassVar
 
 from vllm import CompletionOutput, RequestOutput, SamplingParams
@@ -162,6 +162,7 @@ class PacedEngine:
         request_id: str,
         adapter: Adapter | None,
         cache_salt: str | None = None,
+        on_abandoned: Callable[[RequestOutput], None] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         interval = max(self.stream_interval, params.stream_interval or 1)
         running = _Running(
@@ -180,6 +181,9 @@ class PacedEngine:
                     return
         finally:
             await self.abort(request_id)
+            unread, running.pending = running.pending, None
+            if unread is not None and on_abandoned is not None:
+                on_abandoned(unread)
 
     async def close(self) -> None:
         if self._stepper is not None:

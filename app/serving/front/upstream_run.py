@@ -8,9 +8,10 @@ What is charged, however the request ends:
 - a streamed request with no counts yet (the client left before the first chunk): the prompt,
   with no completion tokens, as the upstream produced none it sent;
 - a stream the client cut short whose chunks gather ``stream_interval`` tokens: the last
-  counts plus that many less one per choice (within the completion budget), the most the
-  upstream may have produced and not yet sent. Its abort's last counts never reach the
-  front, and a count short of them would make part of every abandoned stream free;
+  counts plus that many less one per unfinished choice (within the completion budget), the
+  most the upstream may have produced and not yet sent (a choice's last chunk goes at
+  once). Its abort's last counts never reach the front, and a count short of them would
+  make part of every abandoned stream free;
 - a non-streamed request the client abandoned: the worst case it reserved. The upstream
   counts only in its final answer, which never comes once the connection is closed, and a
   count of zero would make a long generation free to anyone who hangs up just before its
@@ -86,6 +87,8 @@ class UpstreamRun(RunBase):
         self._total: int | None = None
         # choice index -> completion tokens so far (continuous usage counts per choice)
         self._per_choice: dict[int, int] = {}
+        # choices whose last chunk came: they hold nothing unsent
+        self._finished_choices: set[int] = set()
 
     @property
     def prompt_tokens(self) -> int:
@@ -101,7 +104,8 @@ class UpstreamRun(RunBase):
             streamed = sum(self._per_choice.values())
             if self.finished or self.failed:
                 return streamed
-            unsent = (int(self.call.body.get("stream_interval", 1)) - 1) * len(self._per_choice)
+            unfinished = len(self._per_choice.keys() - self._finished_choices)
+            unsent = (int(self.call.body.get("stream_interval", 1)) - 1) * unfinished
             return min(streamed + unsent, self.generation.completion_budget)
         if self._sent and not self.finished and not self.failed and not self._streamed:
             return self.generation.completion_budget
@@ -187,6 +191,8 @@ class UpstreamRun(RunBase):
         if self._streamed and answer.choices:
             for choice in answer.choices:
                 self._per_choice[choice.index] = usage.completion_tokens
+                if choice.finish_reason is not None:
+                    self._finished_choices.add(choice.index)
         else:
             # The answer's usage, or a stream's final usage chunk (no choices): the total.
             self._total = usage.completion_tokens

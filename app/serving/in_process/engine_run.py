@@ -18,8 +18,9 @@ from app.serving.preparation.generation import Generation
 logger = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 2.0
-"""How long an aborted request's last output may take to arrive: it carries the tokens the
-engine produced that the client had not read yet, which are charged too."""
+"""How long an aborted request's last output may take to arrive through a stream still open:
+it carries the tokens the engine produced that the client had not read yet (those a stream
+interval held back included), which are charged too."""
 
 
 class EngineRun(RunBase):
@@ -57,6 +58,7 @@ class EngineRun(RunBase):
             # A tenant's cached prefixes never serve another tenant (nor a later tenant of
             # the same id): no timing side channel reveals what others have asked.
             cache_salt=generation.principal.tenant.cache_salt,
+            on_abandoned=self._abandoned,
         )
         try:
             async for output in self._stream:
@@ -93,13 +95,20 @@ class EngineRun(RunBase):
                 ended, self._ended = self._ended, None
                 ended()
 
+    def _abandoned(self, output: RequestOutput) -> None:
+        """The last output of a request aborted as its stream was closed or a read of it
+        cancelled (the client left): never handed out, its tokens are charged all the same.
+        The request did not finish."""
+        self.meter.observe(output)
+
     async def _drain(self, stream: AsyncIterator[RequestOutput]) -> None:
         async for output in stream:
             self._observe(output)
 
     async def close(self) -> None:
         """Abort an unfinished engine request, count what it produced until then, and close
-        the stream."""
+        the stream. A stream the client's leaving closed has aborted it already, and counted
+        its last output (:meth:`_abandoned`)."""
         stream = self._stream
         if stream is None:
             return

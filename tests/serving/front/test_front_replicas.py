@@ -16,6 +16,7 @@ import pytest
 from tests.support.fake_upstream import FakeUpstream, Script
 from tests.support.front_app import Front, front_settings, running_front
 from tests.support.redis_server import redis_server
+from tests.support.store_polls import store_polls
 
 
 @dataclass
@@ -40,7 +41,7 @@ class Replicas:
         return key
 
     async def seen_by_all(self, key: str) -> None:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # bounds a hang only
         while not all(_knows(front, key) for front in self.fronts):
             assert time.monotonic() < deadline, "a replica never saw the key"
             await asyncio.sleep(0.05)
@@ -107,7 +108,7 @@ async def test_concurrency_is_one_limit_across_replicas(replicas: Replicas) -> N
     assert await replicas.fire(key, 3) == [200, 200, 200]
 
 
-async def test_a_key_revoked_on_one_replica_is_refused_by_the_other_within_a_second(
+async def test_a_key_revoked_on_one_replica_is_refused_by_the_other_by_its_next_poll(
     replicas: Replicas,
 ) -> None:
     key = await replicas.tenant("revoked")
@@ -120,9 +121,10 @@ async def test_a_key_revoked_on_one_replica_is_refused_by_the_other_within_a_sec
         }
         assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
         [listed] = await first.admin("GET", "/tenants/revoked/keys")
-        await first.admin("DELETE", f"/tenants/revoked/keys/{listed['id']}")
-        revoked_at = time.monotonic()
-        while (status := (await client.post("/v1/chat/completions", json=body)).status_code) == 200:
-            assert time.monotonic() - revoked_at < 1.0, "the other replica still takes the key"
-            await asyncio.sleep(0.02)
+        with store_polls(second.gateway) as polls:
+            await first.admin("DELETE", f"/tenants/revoked/keys/{listed['id']}")
+            polls.expect(lambda: not _knows(second, key))
+            # By its next poll (the one under way may have read the store before the change).
+            assert await polls.seen_async() <= 2
+        status = (await client.post("/v1/chat/completions", json=body)).status_code
     assert status == 401

@@ -302,6 +302,18 @@ async def test_a_client_that_leaves_a_stream_pays_what_its_chunks_may_hold_unsen
     assert (record.status, record.completion_tokens) == ("cancelled", 10 + interval - 1)
 
 
+async def test_a_choice_that_finished_holds_nothing_unsent(front: Setup) -> None:
+    """Of ``n`` choices, one finished (its last chunk goes at once) and one cut short: only
+    the unfinished one may hold tokens the front never saw."""
+    front.upstream.script = Script(choice_tokens=(5, 100), hold_after=10)
+    body = chat(max_tokens=100, n=2, stream=True, stream_interval=4)
+    assert await read_then_leave(front, body, chunks=15) == 15
+    [sent] = front.upstream.requests
+    assert await asyncio.to_thread(sent.disconnected.wait, 10)
+    [*_, record] = await front.front.records_after(front.known)
+    assert (record.status, record.completion_tokens) == ("cancelled", 5 + 10 + 4 - 1)
+
+
 async def test_a_stream_asks_the_upstream_for_the_deployments_interval_or_the_requests(
     front: Setup, monkeypatch: pytest.MonkeyPatch
 ) -> None:

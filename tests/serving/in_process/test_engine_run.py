@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from prometheus_client import REGISTRY
@@ -40,6 +40,7 @@ class AbortFailsEngine:
         request_id: str,
         adapter: Adapter | None,
         cache_salt: str | None = None,
+        on_abandoned: Callable[[RequestOutput], None] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         for _ in range(4):
             await asyncio.sleep(0.001)
@@ -89,6 +90,7 @@ class FinishingEngine(AbortFailsEngine):
         request_id: str,
         adapter: Adapter | None,
         cache_salt: str | None = None,
+        on_abandoned: Callable[[RequestOutput], None] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         for number in range(3):
             last = output(1)

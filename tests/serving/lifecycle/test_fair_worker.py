@@ -21,7 +21,7 @@ class Gate:
     def job(self, name: str) -> object:
         def work() -> str:
             self.order.append(name)
-            assert self.open.wait(5), "the gate was never opened"
+            assert self.open.wait(60), "the gate was never opened"
             return name
 
         return work

@@ -80,6 +80,40 @@ async def test_a_client_that_leaves_is_charged_what_was_produced(
         assert served.samples("lora_gateway_requests_total", tenant=TENANT, status="cancelled") == 1
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_client_that_leaves_is_charged_what_chunks_held_back(
+    serve: ServeFactory, stream: bool
+) -> None:
+    """Chunks of ``stream_interval`` tokens, every choice of ``n``: the tokens each choice
+    produced and held back for its next chunk when the client left are charged too."""
+    engine = ScriptedEngine(step_seconds=0.001)
+    async with serve(engine, max_stream_interval=1000) as served:
+        await served.set_quota(token_budget=1_000_000, budget_period="day")
+        async with served.client() as client:
+            body = chat(
+                served,
+                max_tokens=5000,
+                n=8,
+                ignore_eos=True,
+                stream_interval=1000,
+                stream=stream,
+            )
+            call = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+            await eventually(lambda: engine.requests and engine.started()[0].produced >= 20)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+        request = engine.started()[0]
+        await eventually(lambda: request.closed)
+        await served.settled()
+        assert request.aborted and 20 <= request.produced < 1000
+        [record] = await served.usage_records()
+        assert record.status == "cancelled"
+        assert record.completion_tokens == 8 * request.produced
+        level = await quota_usage(served)
+        assert level.budget_used == record.prompt_tokens + 8 * request.produced
+
+
 async def test_a_stream_the_client_stopped_reading_is_charged_in_full(
     serve: ServeFactory,
 ) -> None:
@@ -228,12 +262,15 @@ async def test_an_engine_refusal_is_a_400_and_holds_nothing(serve: ServeFactory)
 
 async def test_a_long_request_keeps_its_concurrency_lease(serve: ServeFactory) -> None:
     engine = ScriptedEngine(step_seconds=0.01)
-    async with serve(engine, quota_lease_seconds=0.3) as served:
+    # Renewed every second: a busy machine's stalls of the event loop stay well within it.
+    async with serve(engine, quota_lease_seconds=3.0) as served:
         await served.set_quota(max_concurrent_requests=1)
         async with served.client() as client:
-            body = chat(served, max_tokens=120, stream=True)
+            body = chat(served, max_tokens=500, stream=True)
             call = asyncio.create_task(client.post("/v1/chat/completions", json=body))
-            await asyncio.sleep(0.9)  # three lease periods
+            await eventually(lambda: bool(engine.requests))
+            await asyncio.sleep(3.5)  # past the lease it took: only renewals keep it
+            assert not engine.started()[0].finished
             assert (await quota_usage(served)).concurrent == 1
             second = await client.post("/v1/chat/completions", json=chat(served, max_tokens=1))
             assert second.status_code == 429
