@@ -76,7 +76,7 @@ def test_every_constraint_is_within_the_gateways_bounds(kind: str) -> None:
         request = ChatCompletionRequest.model_validate(
             body | {"structured_outputs": {field: value}}
         )
-        assert OutputConstraints.from_settings(Settings()).params(request) is not None
+        assert OutputConstraints.from_settings(Settings()).constraint(request) is not None
 
 
 def test_the_deep_schema_goes_as_deep_as_allowed() -> None:

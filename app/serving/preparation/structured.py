@@ -94,14 +94,9 @@ class OutputConstraints:
         if self.compiler is not None:
             self.compiler.warm()
 
-    def params(self, request: SamplingFields) -> StructuredOutputsParams | None:
-        """The request's constraint for the engine, within the bounds; ``None`` for free
-        text."""
-        constraint = self.constraint(request)
-        return None if constraint is None else constraint.params
-
     def constraint(self, request: SamplingFields) -> Constraint | None:
-        """:meth:`params`, with the field it came from."""
+        """The request's constraint for the engine, within the bounds, and the field it came
+        from; ``None`` for free text."""
         checked = self._checked(request)
         if checked is None:
             return None

@@ -48,7 +48,8 @@ def params_of(
 ) -> Any:
     model = ChatCompletionRequest if "messages" in body else CompletionRequest
     request = model.model_validate(body)
-    structured = (constraints or OutputConstraints()).params(request)
+    constraint = (constraints or OutputConstraints()).constraint(request)
+    structured = None if constraint is None else constraint.params
     return sampling_params(
         request, prompt_tokens=5, max_model_len=1000, structured_outputs=structured, **kwargs
     )

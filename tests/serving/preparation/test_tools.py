@@ -181,7 +181,9 @@ def test_required_is_an_array_of_named_calls_as_vllm_builds_it() -> None:
         request(tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False)
     )
     assert single is not None and single["maxItems"] == 1
-    params = OutputConstraints().params(request(tools=[WEATHER], tool_choice="required"))
+    constraint = OutputConstraints().constraint(request(tools=[WEATHER], tool_choice="required"))
+    assert constraint is not None
+    params = constraint.params
     assert params is not None and params.json == tools.forced_call_schema(
         request(tools=[WEATHER], tool_choice="required")
     )
