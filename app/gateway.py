@@ -27,6 +27,7 @@ from app.serving.lifecycle.tracking import RequestTracker
 from app.serving.preparation.structured import OutputConstraints
 from app.serving.preparation.tools import tool_parser_class
 from app.settings import Settings
+from app.store.responses import ResponseStore
 from app.store.snapshot import load_registry, revision
 from app.tenancy.adapters import Adapter
 from app.tenancy.base_model import BaseModelInfo
@@ -67,6 +68,7 @@ class Gateway:
         )
         self.in_flight = InFlight()
         self.ledger = UsageLedger(sessions, backlog_max=settings.usage_backlog_max)
+        self.responses = ResponseStore(sessions)
         self.quota = backend_from_url(
             settings.quota_url,
             fail_open=settings.quota_fail_open,
