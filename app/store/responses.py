@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
 from sqlalchemy import delete, select
@@ -41,9 +41,20 @@ class ItemPage:
     has_more: bool
 
 
+PURGE_BATCH = 500
+"""Rows one purge transaction deletes: each holds the table's write lock only that long."""
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
 class ResponseStore:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], retention: timedelta) -> None:
+        """Responses are kept for ``retention``: an older one is not found, and
+        :meth:`purge` deletes it."""
         self._sessions = sessions
+        self.retention = retention
 
     async def save(self, tenant_uid: str, response: StoredResponse) -> None:
         """Store ``response`` for the tenant: one insert."""
@@ -61,7 +72,7 @@ class ResponseStore:
             input_items=response.input_items,
             context=response.context,
             size_bytes=size,
-            created_at=datetime.now(timezone.utc),
+            created_at=_now(),
         )
         async with self._sessions.begin() as session:
             session.add(row)
@@ -69,7 +80,9 @@ class ResponseStore:
     async def get(self, tenant_uid: str, response_id: str) -> StoredResponse | None:
         """The tenant's response ``response_id``; None where it has none of that id."""
         query = select(StoredResponseRow).where(
-            StoredResponseRow.id == response_id, StoredResponseRow.tenant_uid == tenant_uid
+            StoredResponseRow.id == response_id,
+            StoredResponseRow.tenant_uid == tenant_uid,
+            StoredResponseRow.created_at >= _now() - self.retention,
         )
         async with self._sessions() as session:
             row = (await session.execute(query)).scalar_one_or_none()
@@ -94,6 +107,28 @@ class ResponseStore:
         async with self._sessions.begin() as session:
             result = await session.execute(query)
         return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    async def purge(self, batch: int = PURGE_BATCH) -> int:
+        """Delete the responses older than the retention, ``batch`` rows a transaction, oldest
+        first; how many were deleted."""
+        cutoff = _now() - self.retention
+        purged = 0
+        while True:
+            oldest = (
+                select(StoredResponseRow.id)
+                .where(StoredResponseRow.created_at < cutoff)
+                .order_by(StoredResponseRow.created_at)
+                .limit(batch)
+            )
+            async with self._sessions.begin() as session:
+                ids = list((await session.scalars(oldest)).all())
+                if ids:
+                    await session.execute(
+                        delete(StoredResponseRow).where(StoredResponseRow.id.in_(ids))
+                    )
+            purged += len(ids)
+            if len(ids) < batch:
+                return purged
 
 
 def page(
