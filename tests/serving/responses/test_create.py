@@ -15,7 +15,7 @@ from pydantic import TypeAdapter
 
 from tests.serving.responses.engines import WritingEngine
 from tests.support.scripted_engine import ScriptedEngine
-from tests.support.serving import Served, ServeFactory, sse_events
+from tests.support.serving import TENANT, Served, ServeFactory, quota_usage, sse_events
 
 STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 WEATHER = {
@@ -56,11 +56,37 @@ async def test_a_plain_response_is_the_chat_paths_answer(serve: ServeFactory) ->
         [request] = served.engine.requests.values()
         prompt = served.engine.tokenizer.decode(request.prompt_token_ids)
         assert prompt.index("Be brief.") < prompt.index("Say hi")
+        tenant = served.gateway.registry.tenant(TENANT)
+        assert tenant is not None and request.cache_salt == tenant.cache_salt
         # The usage ledger and metrics name the endpoint.
         await served.settled()
         [record] = await served.usage_records()
         assert (record.endpoint, record.completion_tokens) == ("responses", 5)
         assert served.samples("lora_gateway_requests_total", endpoint="responses", status="ok") == 1
+
+
+async def test_the_quotas_reserve_and_settle_a_response_as_a_chat_completion(
+    serve: ServeFactory,
+) -> None:
+    async with serve(ScriptedEngine(last_finish_reason="stop")) as served:
+        await served.set_quota(token_budget=10**6, budget_period="day")
+        await client(served).responses.create(model=served.model, input="hi", max_output_tokens=3)
+        await served.settled()
+        [record] = await served.usage_records()
+        used = await quota_usage(served)
+        assert used.budget_used == record.prompt_tokens + record.completion_tokens
+        assert used.concurrent == 0
+        # A worst case past the whole budget is refused before it runs, and holds nothing.
+        await served.set_quota(token_budget=50, budget_period="day")
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client(served).responses.create(
+                model=served.model, input="hi", max_output_tokens=500
+            )
+        assert refused.value.code == "request_too_large"
+        await served.settled()
+        assert len(served.engine.requests) == 1
+        assert len(await served.usage_records()) == 1
+        assert (await quota_usage(served)).concurrent == 0
 
 
 async def test_an_output_cut_at_max_output_tokens_is_incomplete(serve: ServeFactory) -> None:
@@ -233,3 +259,5 @@ async def test_what_is_not_served_is_refused_naming_the_field(
         assert answer.status_code == 400
         assert answer.json()["error"]["param"].startswith(field)
         assert not served.engine.requests
+        await served.settled()
+        assert await served.usage_records() == []
