@@ -15,7 +15,14 @@ from pydantic import TypeAdapter
 
 from tests.serving.responses.engines import WritingEngine
 from tests.support.scripted_engine import ScriptedEngine
-from tests.support.serving import TENANT, Served, ServeFactory, quota_usage, sse_events
+from tests.support.serving import (
+    TENANT,
+    Served,
+    ServeFactory,
+    eventually,
+    quota_usage,
+    sse_events,
+)
 
 STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 WEATHER = {
@@ -261,3 +268,29 @@ async def test_what_is_not_served_is_refused_naming_the_field(
         assert not served.engine.requests
         await served.settled()
         assert await served.usage_records() == []
+
+
+async def test_a_client_that_leaves_a_stream_stops_the_engine_and_is_settled(
+    serve: ServeFactory,
+) -> None:
+    engine = ScriptedEngine(step_seconds=0.05)
+    async with serve(engine) as served:
+        await served.set_quota(token_budget=10**6, budget_period="day")
+        body = {"model": served.model, "input": "hi", "max_output_tokens": 500, "stream": True}
+        async with served.client() as http, http.stream("POST", "/v1/responses", json=body) as s:
+            async for line in s.aiter_lines():
+                if "response.output_text.delta" in line:
+                    break
+        await eventually(lambda: bool(engine.aborted))
+        await served.settled()
+        [record] = await served.usage_records()
+        assert record.status == "cancelled" and 0 < record.completion_tokens < 500
+        used = await quota_usage(served)
+        assert used.budget_used == record.prompt_tokens + record.completion_tokens
+        assert used.concurrent == 0
+        # A response cut off by its client is not stored (its id is the request's).
+        stored = await served.gateway.responses.get(
+            served.gateway.registry.tenant(TENANT).uid,  # type: ignore[union-attr]
+            f"resp_{record.request_id}",
+        )
+        assert stored is None
