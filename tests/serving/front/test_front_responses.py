@@ -8,16 +8,18 @@ from __future__ import annotations
 import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import openai
 import pytest
 from openai.types.responses import Response
 
-from tests.serving.front.test_serving_front import ADAPTER_SOURCE, CHAT_BODY_KEYS, GLOBAL_NAME
-from tests.support.fake_upstream import UPSTREAM_PROMPT_TOKENS, FakeUpstream, Script
+from tests.support.fake_upstream import CHAT_BODY_KEYS, UPSTREAM_PROMPT_TOKENS, FakeUpstream, Script
 from tests.support.front_app import Front, front_settings, running_front
 
+ADAPTER_SOURCE = Path(__file__).resolve().parents[3] / "var/adapters/medical_scribe"
 ALIAS = "notes"
+GLOBAL_NAME = "scribe@v1"
 
 
 @dataclass

@@ -10,14 +10,13 @@ from typing import Any
 
 import openai
 import pytest
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from tests.serving.responses.engines import WritingEngine
+from tests.support.responses import WritingEngine, client, strict
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.serving import (
     TENANT,
-    Served,
     ServeFactory,
     eventually,
     quota_usage,
@@ -34,16 +33,6 @@ WEATHER = {
         "required": ["city"],
     },
 }
-
-
-def client(served: Served) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{served.base_url}/v1", api_key=served.key, max_retries=0)
-
-
-def strict(response: Any) -> Response:
-    """``response`` (the client's, or JSON) validated field by field against the SDK's model:
-    the client itself builds its models without validation."""
-    return Response.model_validate(response if isinstance(response, dict) else response.to_dict())
 
 
 async def test_a_plain_response_is_the_chat_paths_answer(serve: ServeFactory) -> None:

@@ -11,13 +11,21 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from sqlalchemy import event
 
-from tests.serving.responses.test_create import client, strict
-from tests.serving.test_serving_rollouts import register_versions
+from bench.random_adapters import make_random_adapter
+from tests.support.responses import client, strict
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.serving import TENANT, Served, ServeFactory
 
 OTHER = "tenant-b"
+
+
+def register_versions(served_root: Path, model_dir: Path) -> None:
+    for seed in (1, 2):
+        make_random_adapter(
+            model_dir, served_root / f"helper-{seed}", rank=4, target_modules=("q_proj",), seed=seed
+        )
 
 
 async def other_tenants_key(served: Served) -> str:
@@ -166,3 +174,25 @@ async def test_a_chain_past_the_context_is_refused_before_it_runs(serve: ServeFa
         error = refused.json()["error"]
         assert (error["code"], error["param"]) == ("context_length_exceeded", "input")
         assert len(engine.requests) == 1
+
+
+async def test_storing_a_response_is_one_write(serve: ServeFactory) -> None:
+    async with serve(ScriptedEngine()) as served:
+        writes: list[str] = []
+
+        def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            if "stored_responses" in statement and not statement.lstrip().startswith("SELECT"):
+                writes.append(statement.split()[0])
+
+        engine = served.gateway.sessions.kw["bind"].sync_engine
+        event.listen(engine, "before_cursor_execute", count)
+        try:
+            await create(served)
+            await create(served, store=False)
+            async with served.client() as http:
+                body = {"model": served.model, "input": "hi", "max_output_tokens": 3}
+                streamed = await http.post("/v1/responses", json={**body, "stream": True})
+            assert "response.completed" in streamed.text or "response.incomplete" in streamed.text
+        finally:
+            event.remove(engine, "before_cursor_execute", count)
+        assert writes == ["INSERT", "INSERT"]

@@ -1,12 +1,27 @@
-"""Scripted engines the Responses tests share."""
+"""What the Responses API's tests share: the official client on a served gateway, the SDK's
+own strict reading of a Response, and an engine that writes a given text."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import openai
+from openai.types.responses import Response
 from vllm import CompletionOutput, RequestOutput
 
 from tests.support.scripted_engine import ScriptedEngine, ScriptedRequest
+from tests.support.serving import Served
+
+
+def client(served: Served) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{served.base_url}/v1", api_key=served.key, max_retries=0)
+
+
+def strict(response: Any) -> Response:
+    """``response`` (the client's, or JSON) validated field by field against the SDK's model:
+    the client itself builds its models without validation."""
+    return Response.model_validate(response if isinstance(response, dict) else response.to_dict())
 
 
 class WritingEngine(ScriptedEngine):
