@@ -20,10 +20,10 @@ from app.protocol.requests import (
     MAX_TOOLS,
     MAX_USER_LENGTH,
     JsonSchemaSpec,
-    _active,
-    _at_most,
-    _refusal,
-    _unsupported,
+    active_fields,
+    at_most,
+    refusal,
+    unsupported,
 )
 from app.protocol.tools import FunctionName
 
@@ -149,7 +149,7 @@ class TextFormat(OpenAIModel):
                 loc=(missing,),
                 input=None,
             )
-            raise _refusal(type(self).__name__, [error])
+            raise refusal(type(self).__name__, [error])
         return self
 
     def response_format(self) -> dict[str, Any]:
@@ -197,18 +197,18 @@ class ResponsesRequest(OpenAIModel):
         if not isinstance(data, Mapping):
             return data
         errors = [
-            _unsupported(name, data[name], f"`{name}` is not supported by this server; omit it")
-            for name in _active(data, REFUSED_FIELDS)
+            unsupported(name, data[name], f"`{name}` is not supported by this server; omit it")
+            for name in active_fields(data, REFUSED_FIELDS)
         ]
         if errors:
-            raise _refusal(cls.__name__, errors)
+            raise refusal(cls.__name__, errors)
         # Null means "the default", as in OpenAI's API.
         return {key: value for key, value in data.items() if value is not None}
 
     @field_validator("input", mode="before")
     @classmethod
     def _known_items(cls, items: Any) -> Any:
-        _at_most(items, MAX_MESSAGES, "input items")
+        at_most(items, MAX_MESSAGES, "input items")
         if not isinstance(items, list):
             return items
         for index, item in enumerate(items):
@@ -230,7 +230,7 @@ class ResponsesRequest(OpenAIModel):
     @field_validator("tools", mode="before")
     @classmethod
     def _function_tools(cls, tools: Any) -> Any:
-        _at_most(tools, MAX_TOOLS, "tools")
+        at_most(tools, MAX_TOOLS, "tools")
         if isinstance(tools, list):
             for index, tool in enumerate(tools):
                 kind = tool.get("type") if isinstance(tool, Mapping) else type(tool).__name__
