@@ -27,6 +27,7 @@ from app.serving.lifecycle.tracking import RequestTracker
 from app.serving.preparation.structured import OutputConstraints
 from app.serving.preparation.tools import tool_parser_class
 from app.settings import Settings
+from app.store.responses import ResponseStore
 from app.store.snapshot import load_registry, revision
 from app.tenancy.adapters import Adapter
 from app.tenancy.base_model import BaseModelInfo
@@ -67,6 +68,7 @@ class Gateway:
         )
         self.in_flight = InFlight()
         self.ledger = UsageLedger(sessions, backlog_max=settings.usage_backlog_max)
+        self.responses = ResponseStore(sessions, timedelta(days=settings.response_retention_days))
         self.quota = backend_from_url(
             settings.quota_url,
             fail_open=settings.quota_fail_open,
@@ -132,8 +134,9 @@ class Gateway:
     async def watch_store(self, stop: asyncio.Event) -> None:
         """Follow changes made by other replicas and to the admin token file; record key use
         off the hot path; apply the splits' rollback rules every ``rollback_check_seconds``;
-        until ``stop`` is set."""
-        rules_checked = time.monotonic()
+        purge expired stored responses every ``response_purge_seconds``; until ``stop`` is
+        set."""
+        rules_checked = responses_purged = time.monotonic()
         while True:
             with suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.registry_poll_seconds)
@@ -154,6 +157,12 @@ class Gateway:
                     )
             except Exception:
                 logger.exception("could not refresh from the store")
+            if time.monotonic() - responses_purged >= self.settings.response_purge_seconds:
+                responses_purged = time.monotonic()
+                try:
+                    await self.responses.purge()
+                except Exception:
+                    logger.exception("could not purge expired stored responses")
 
     def authenticate(self, key: str | None) -> Principal:
         principal = self.registry.authenticate(key)

@@ -10,7 +10,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from fastapi import FastAPI
 
 from app import __version__
-from app.api import health, metrics, openai, organization
+from app.api import health, metrics, openai, organization, responses
 from app.api.admin import router as admin_router
 from app.api.admin.failure_audit import AuthFailureThrottle
 from app.api.errors import install_error_handlers
@@ -89,7 +89,13 @@ def create_app(
     app.add_middleware(RequestIdMiddleware)
     install_error_handlers(app)
     include_routers(
-        app, health.router, openai.router, organization.router, metrics.router, admin_router
+        app,
+        health.router,
+        openai.router,
+        responses.router,
+        organization.router,
+        metrics.router,
+        admin_router,
     )
     install_console(app, settings)
     return app

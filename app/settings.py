@@ -303,6 +303,17 @@ class Settings(BaseSettings):
         description="Usage records kept in memory while the store cannot be written; past "
         "that the oldest are dropped, counted and logged (about 1 KiB each).",
     )
+    response_retention_days: float = Field(
+        30.0,
+        gt=0,
+        description="How long a stored response of the Responses API is kept; an older one "
+        "is not found, and is purged in the background (docs/responses.md).",
+    )
+    response_purge_seconds: float = Field(
+        600.0,
+        gt=0,
+        description="How often each replica purges expired stored responses, in small batches.",
+    )
 
     # Quotas
     quota_url: str = Field(

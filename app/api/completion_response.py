@@ -19,6 +19,7 @@ from app.api.streaming_app import SERVER_SEND
 from app.errors import GatewayError
 from app.serving.lifecycle.runs import ClientDisconnected, Request, Service
 from app.serving.lifecycle.tracking import RequestTracker
+from app.tenancy.grants import Pin
 from app.tenancy.tenants import Principal
 
 T = TypeVar("T")
@@ -37,8 +38,10 @@ class CompletionResponse(Response, Generic[Request]):
         request: Request,
         principal: Principal,
         request_id: str,
+        pinned: Pin | None = None,
     ) -> None:
         super().__init__()
+        self._pinned = pinned
         self._tracker = tracker
         self._service = service
         self._request = request
@@ -56,6 +59,7 @@ class CompletionResponse(Response, Generic[Request]):
                 self._request_id,
                 body_bytes=_body_bytes(scope),
                 prechecked=PRECHECKED in scope.get("state", {}),
+                pinned=self._pinned,
             )
             async with entered_unless_disconnected(receive, tracked) as run:
                 if request.stream:

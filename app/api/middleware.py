@@ -31,6 +31,7 @@ MULTIPART_OVERHEAD_BYTES = 2 << 20
 GENERATION_ENDPOINTS = {
     "/v1/chat/completions": "chat.completions",
     "/v1/completions": "completions",
+    "/v1/responses": "responses",
 }
 
 

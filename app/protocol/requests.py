@@ -73,13 +73,13 @@ _UNSUPPORTED_MESSAGE_FIELDS: Mapping[str, tuple[object, ...]] = {
 }
 
 
-def _refusal(model: str, errors: list[InitErrorDetails]) -> ValidationError:
+def refusal(model: str, errors: list[InitErrorDetails]) -> ValidationError:
     # Raised from a "before" validator, a ValidationError keeps its own locations (nested
     # under the enclosing field's), so the 400 names the offending field.
     return ValidationError.from_exception_data(model, errors)
 
 
-def _unsupported(name: str, value: object, message: str) -> InitErrorDetails:
+def unsupported(name: str, value: object, message: str) -> InitErrorDetails:
     return InitErrorDetails(
         type=PydanticCustomError("unsupported_parameter", message), loc=(name,), input=value
     )
@@ -96,7 +96,7 @@ MAX_CONTENT_PARTS = 4096  # over all the messages
 MAX_TOOLS = 128  # OpenAI's own limit
 
 
-def _at_most(items: Any, limit: int, what: str) -> Any:
+def at_most(items: Any, limit: int, what: str) -> Any:
     """Refuse a list over ``limit`` items before any of them is validated: validating each
     item costs the event loop, and a body of a hundred thousand tiny ones costs seconds."""
     if isinstance(items, list) and len(items) > limit:
@@ -108,7 +108,7 @@ def _at_most(items: Any, limit: int, what: str) -> Any:
     return items
 
 
-def _active(data: Mapping[str, Any], fields: Mapping[str, tuple[object, ...]]) -> list[str]:
+def active_fields(data: Mapping[str, Any], fields: Mapping[str, tuple[object, ...]]) -> list[str]:
     return [
         name
         for name, off in fields.items()
@@ -136,7 +136,7 @@ class ChatMessage(OpenAIModel):
         role = data.get("role")
         if role == "function":
             message = "`function` messages (the legacy shape) are not supported: send `tool`"
-            raise _refusal(cls.__name__, [_unsupported("role", role, message)])
+            raise refusal(cls.__name__, [unsupported("role", role, message)])
         if role == "tool" and not isinstance(data.get("tool_call_id"), str):
             error = InitErrorDetails(
                 type=PydanticCustomError(
@@ -145,19 +145,19 @@ class ChatMessage(OpenAIModel):
                 loc=("tool_call_id",),
                 input=data.get("tool_call_id"),
             )
-            raise _refusal(cls.__name__, [error])
+            raise refusal(cls.__name__, [error])
         if data.get("tool_calls") and role != "assistant":
             message = "only `assistant` messages carry `tool_calls`"
-            raise _refusal(cls.__name__, [_unsupported("tool_calls", data["tool_calls"], message)])
+            raise refusal(cls.__name__, [unsupported("tool_calls", data["tool_calls"], message)])
         message = (
             "`{}` in messages is not supported: this server has no legacy function calls or audio"
         )
         errors = [
-            _unsupported(name, data[name], message.format(name))
-            for name in _active(data, _UNSUPPORTED_MESSAGE_FIELDS)
+            unsupported(name, data[name], message.format(name))
+            for name in active_fields(data, _UNSUPPORTED_MESSAGE_FIELDS)
         ]
         if errors:
-            raise _refusal(cls.__name__, errors)
+            raise refusal(cls.__name__, errors)
         return data
 
     @field_validator("content", mode="before")
@@ -223,7 +223,7 @@ class ResponseFormat(OpenAIModel):
                 loc=("json_schema",),
                 input=None,
             )
-            raise _refusal(cls.__name__, [error])
+            raise refusal(cls.__name__, [error])
         return data
 
 
@@ -323,20 +323,20 @@ class SamplingFields(OpenAIModel):
         if not isinstance(data, Mapping):
             return data
         errors = [
-            _unsupported(name, data[name], f"`{name}` is not supported by this server; omit it")
-            for name in _active(data, cls.refused_fields)
+            unsupported(name, data[name], f"`{name}` is not supported by this server; omit it")
+            for name in active_fields(data, cls.refused_fields)
         ]
         if errors:
-            raise _refusal(cls.__name__, errors)
+            raise refusal(cls.__name__, errors)
         constrained = data.get("response_format")
         if data.get("structured_outputs") is not None and constrained not in (
             None,
             {"type": "text"},
         ):
-            raise _refusal(
+            raise refusal(
                 cls.__name__,
                 [
-                    _unsupported(
+                    unsupported(
                         "structured_outputs",
                         data["structured_outputs"],
                         "`structured_outputs` and `response_format` each constrain the "
@@ -398,7 +398,7 @@ class ChatCompletionRequest(SamplingFields):
     @field_validator("messages", mode="before")
     @classmethod
     def _bounded_messages(cls, messages: Any) -> Any:
-        _at_most(messages, MAX_MESSAGES, "messages")
+        at_most(messages, MAX_MESSAGES, "messages")
         if isinstance(messages, list):
             parts = [
                 part
@@ -406,21 +406,21 @@ class ChatCompletionRequest(SamplingFields):
                 if isinstance(message, Mapping) and isinstance(message.get("content"), list)
                 for part in message["content"]
             ]
-            _at_most(parts, MAX_CONTENT_PARTS, "content parts (over all messages)")
+            at_most(parts, MAX_CONTENT_PARTS, "content parts (over all messages)")
         return messages
 
     @field_validator("tools", mode="before")
     @classmethod
     def _bounded_tools(cls, tools: Any) -> Any:
-        return _at_most(tools, MAX_TOOLS, "tools")
+        return at_most(tools, MAX_TOOLS, "tools")
 
     @model_validator(mode="after")
     def _tool_choice_fits_tools(self) -> ChatCompletionRequest:
         names = [tool.function.name for tool in self.tools or []]
         if len(set(names)) != len(names):
-            raise _refusal(
+            raise refusal(
                 type(self).__name__,
-                [_unsupported("tools", names, "tool names must be unique")],
+                [unsupported("tools", names, "tool names must be unique")],
             )
         choice = self.tool_choice
         if choice == "none" or (choice is None and not names):
@@ -428,10 +428,10 @@ class ChatCompletionRequest(SamplingFields):
         errors: list[InitErrorDetails] = []
         if not names:
             message = "`tool_choice` other than `none` needs `tools`"
-            errors.append(_unsupported("tool_choice", choice, message))
+            errors.append(unsupported("tool_choice", choice, message))
         elif isinstance(choice, NamedToolChoice) and choice.function.name not in names:
             message = f"`tool_choice` names `{choice.function.name}`, which is not in `tools`"
-            errors.append(_unsupported("tool_choice", choice.function.name, message))
+            errors.append(unsupported("tool_choice", choice.function.name, message))
         constrained = self.structured_outputs is not None or (
             self.response_format is not None and self.response_format.type != "text"
         )
@@ -442,9 +442,9 @@ class ChatCompletionRequest(SamplingFields):
                 "a forced tool call constrains the output, like `response_format` and "
                 "`structured_outputs`: send one of them"
             )
-            errors.append(_unsupported("tool_choice", choice, message))
+            errors.append(unsupported("tool_choice", choice, message))
         if errors:
-            raise _refusal(type(self).__name__, errors)
+            raise refusal(type(self).__name__, errors)
         return self
 
     @property

@@ -299,3 +299,29 @@ class ConsoleSessionRow(Base):
     expires_at: Mapped[datetime]
     ended_at: Mapped[datetime | None]
     ended_by: Mapped[str | None] = mapped_column(String(32))
+
+
+class StoredResponseRow(Base):
+    """A response of the Responses API, stored for its tenant (``store: true``): readable and
+    continuable (``previous_response_id``) on every replica. Each row holds its chain's whole
+    context, so continuing a chain reads one row."""
+
+    __tablename__ = "stored_responses"
+    __table_args__ = (Index("ix_stored_responses_created", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # Whose it is: the tenant's uid, never its reusable id.
+    tenant_uid: Mapped[str] = mapped_column(String(32))
+    # The model as the tenant called it, and the adapter version that answered (a chain
+    # continues on it), None for the base model.
+    model: Mapped[str] = mapped_column(String(100))
+    adapter: Mapped[str | None] = mapped_column(String(100))
+    adapter_version: Mapped[int | None]
+    # The Response object as it was returned.
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # This response's input items, and the chain's items before them.
+    input_items: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    context: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    # What the row holds, in bytes of JSON: the tenant's storage, once it is capped.
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final
 
+from app.errors import BadRequestError
 from app.tenancy.adapters import Adapter
 
 MAX_SPLIT_VERSIONS: Final = 8
@@ -104,3 +105,26 @@ def _rendezvous_score(key: str, version: Weighted) -> float:
     digest = int.from_bytes(hashlib.blake2b(seed, digest_size=8).digest(), "big")
     unit = (digest + 0.5) / 2**64  # in (0, 1): the log below is finite and negative
     return version.weight / -math.log(unit)
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A version a request must be served with, whatever the alias's split says: the one that
+    answered the response a Responses chain continues (named by ``param``)."""
+
+    adapter: str
+    version: int
+    param: str
+
+    def among(self, grant: Grant, alias: str) -> Adapter:
+        """The pinned version, where ``grant`` still names it (a version weighted 0 included:
+        it takes no new chains, and ends those it has); else a 400 naming ``param``."""
+        for weighted in grant.versions:
+            adapter = weighted.adapter
+            if adapter.name == self.adapter and adapter.version == self.version:
+                return adapter
+        raise BadRequestError(
+            f"`{alias}` no longer serves version {self.version}, which answered the response "
+            "this request continues: start a new chain",
+            param=self.param,
+        )

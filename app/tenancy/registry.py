@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 from app.errors import AuthenticationError, ModelNotFoundError, PermissionDeniedError
 from app.tenancy.adapters import Adapter
-from app.tenancy.grants import Grant
+from app.tenancy.grants import Grant, Pin
 from app.tenancy.keys import hash_key
 from app.tenancy.tenants import ApiKey, ModelTarget, Principal, Tenant
 
@@ -67,10 +67,18 @@ class TenantRegistry:
         return self._tenants.get(tenant_id)
 
     def resolve(
-        self, tenant: Tenant, model: str, *, sticky_key: str = "", rng: random.Random = _RNG
+        self,
+        tenant: Tenant,
+        model: str,
+        *,
+        sticky_key: str = "",
+        rng: random.Random = _RNG,
+        pinned: Pin | None = None,
     ) -> ModelTarget:
         """The adapter version (or base model) ``model`` names for this tenant: of a split,
-        the version :meth:`Grant.pick` picks for ``sticky_key`` (the end user) or ``rng``.
+        the version :meth:`Grant.pick` picks for ``sticky_key`` (the end user) or ``rng``;
+        the ``pinned`` version where one is (a 400 naming its field where the alias no
+        longer has it).
 
         Unknown names, and adapters granted to other tenants, get the same
         404: a tenant cannot learn what others have.
@@ -80,6 +88,10 @@ class TenantRegistry:
         grant = tenant.grants.get(model)
         if grant is None:
             raise ModelNotFoundError(model)
+        if pinned is not None:
+            return ModelTarget(
+                model=model, adapter=pinned.among(grant, model), split=len(grant.versions) > 1
+            )
         shadow = grant.shadow
         return ModelTarget(
             model=model,

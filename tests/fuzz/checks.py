@@ -16,7 +16,9 @@ def openai_error_problem(status_code: int, body: bytes, content_type: str = "") 
 
     The shape: ``{"error": {"message": str, "type": str, "param": str|null,
     "code": str|null}}`` and nothing else at the top level. In a stream (server-sent
-    events, status 200), an event that carries an error has that shape too.
+    events, status 200), an event that carries an error has that shape too; the Responses
+    API's events (``"type": "response...."``) carry theirs in ``response.failed``'s Response,
+    in the shape OpenAI gives it there.
     """
     if content_type.startswith("text/event-stream"):
         return _stream_error_problem(body)
@@ -29,9 +31,24 @@ def _stream_error_problem(body: bytes) -> str | None:
     for line in body.splitlines():
         data = line.removeprefix(b"data: ")
         if line.startswith(b"data: ") and data != b"[DONE]" and b'"error"' in data:
+            if data.startswith(b'{"type": "response.'):
+                problem = _response_event_problem(data)
+                if problem is not None:
+                    return problem
+                continue
             problem = _error_document_problem("a stream's error event", data)
             if problem is not None:
                 return problem
+    return None
+
+
+def _response_event_problem(data: bytes) -> str | None:
+    event = json.loads(data)
+    if event["type"] != "response.failed":
+        return None
+    error = event["response"].get("error")
+    if not isinstance(error, dict) or not error.get("message") or not error.get("code"):
+        return f"a response.failed event without its error: {data[:200]!r}"
     return None
 
 

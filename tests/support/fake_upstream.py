@@ -28,6 +28,15 @@ from starlette.routing import Route
 
 from tests.support.servers import free_port
 
+# What the front may send upstream, and nothing else.
+CHAT_BODY_KEYS = {
+    "model", "messages", "n", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+    "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos", "seed", "stop",
+    "logit_bias", "response_format", "structured_outputs", "logprobs", "top_logprobs", "tools",
+    "tool_choice", "parallel_tool_calls", "max_completion_tokens", "cache_salt", "stream",
+    "stream_options", "stream_interval",
+}  # fmt: skip
+
 UPSTREAM_PROMPT_TOKENS = 123
 """What the fake counts for any prompt: not what the front counts, so a test can tell which
 count was charged."""

@@ -49,6 +49,7 @@ from app.serving.lifecycle.runs import (
 from app.serving.preparation.generation import Generation
 from app.serving.preparation.structured import wants_constraint
 from app.tenancy.adapters import Adapter
+from app.tenancy.grants import Pin
 from app.tenancy.registry import TenantRegistry
 from app.tenancy.tenants import ApiKey, ModelTarget, Principal, Tenant
 from app.usage import UsageLedger, UsageRecord
@@ -177,14 +178,16 @@ class RequestTracker:
         *,
         body_bytes: int | None = None,
         prechecked: bool = False,
+        pinned: Pin | None = None,
     ) -> AsyncIterator[RunT]:
         """Admit the request and yield its :class:`Run`; settle and record it on exit.
         ``body_bytes``, the size of the request's body where it is known, bounds the work of
-        tokenising it; ``prechecked`` says :meth:`precheck` passed before it was read."""
+        tokenising it; ``prechecked`` says :meth:`precheck` passed before it was read;
+        ``pinned``, the adapter version it must run on (a Responses chain's)."""
         # This host's copy of the request's adapter stays in place until the request ended.
         with ExitStack() as holds:
             generation, reservation = await self._admit(
-                service, request, principal, request_id, holds, body_bytes, prechecked
+                service, request, principal, request_id, holds, body_bytes, prechecked, pinned
             )
             run = service.start(request, generation, reservation)
             began = time.monotonic()
@@ -240,6 +243,7 @@ class RequestTracker:
         holds: ExitStack,
         body_bytes: int | None,
         prechecked: bool,
+        pinned: Pin | None = None,
     ) -> tuple[Generation, Reservation | None]:
         """Resolve, pre-check, tokenise and reserve, or raise; a refusal holds nothing (what
         ``holds`` holds is the caller's to let go)."""
@@ -247,7 +251,7 @@ class RequestTracker:
         model = metrics.UNKNOWN_MODEL  # until resolved: refused names stay out of the labels
         try:
             target = self._registry().resolve(
-                tenant, request.model, sticky_key=sticky_key(request, principal)
+                tenant, request.model, sticky_key=sticky_key(request, principal), pinned=pinned
             )
             model = target.model
             if target.adapter is not None and (reason := self.why_unservable(target.adapter)):

@@ -23,7 +23,12 @@ import pytest
 
 from app.protocol import ChatCompletionRequest
 from app.settings import EMBEDDED_MODEL_DIR
-from tests.support.fake_upstream import UPSTREAM_PROMPT_TOKENS, FakeUpstream, Script
+from tests.support.fake_upstream import (
+    CHAT_BODY_KEYS,
+    UPSTREAM_PROMPT_TOKENS,
+    FakeUpstream,
+    Script,
+)
 from tests.support.front_app import Front, front_settings, running_front
 from tests.support.harness import ADMIN_TOKEN
 from tests.support.scripted_engine import ScriptedEngine
@@ -34,14 +39,6 @@ from tests.support.serving import ServeFactory, sse_events
 ADAPTER_SOURCE = Path(__file__).resolve().parents[3] / "var/adapters/medical_scribe"
 ALIAS = "notes"
 GLOBAL_NAME = "scribe@v1"
-# What the front may send upstream, and nothing else.
-CHAT_BODY_KEYS = {
-    "model", "messages", "n", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
-    "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos", "seed", "stop",
-    "logit_bias", "response_format", "structured_outputs", "logprobs", "top_logprobs", "tools",
-    "tool_choice", "parallel_tool_calls", "max_completion_tokens", "cache_salt", "stream",
-    "stream_options", "stream_interval",
-}  # fmt: skip
 ENGINE_SIDE_FIELDS = {
     "priority": 7,
     "cache_salt": "tenant-b",

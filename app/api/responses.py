@@ -1,0 +1,99 @@
+"""OpenAI's Responses API under ``/v1/responses`` (docs/responses.md): created on the chat
+path, stored per tenant."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse, Response
+
+from app.api.completion_response import CompletionResponse
+from app.api.deps import CurrentPrincipal, GatewayDep, RequestId
+from app.api.openai import ERROR_RESPONSES, GENERATION_RESPONSES
+from app.errors import BadRequestError, NotFoundError
+from app.protocol.responses_api import (
+    DeletedResponse,
+    InputItemList,
+    ResponseObject,
+    ResponsesRequest,
+)
+from app.serving.preparation.responses import translate
+from app.serving.responses.chain import continued
+from app.serving.responses.service import ResponsesService
+from app.store.responses import StoredResponse, page
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+def _not_found(response_id: str) -> NotFoundError:
+    return NotFoundError(f"Response with id '{response_id}' not found.")
+
+
+@router.post("/responses", response_model=ResponseObject, responses=GENERATION_RESPONSES)
+async def create_response(
+    body: ResponsesRequest,
+    gateway: GatewayDep,
+    principal: CurrentPrincipal,
+    request_id: RequestId,
+) -> Response:
+    # Translated to the chat request it runs as; the rest is the chat path's (CompletionResponse).
+    chain = await continued(gateway.responses, principal.tenant.uid, body)
+    translated = translate(body, chain.context, response_id=f"resp_{request_id}")
+    service = ResponsesService(gateway.backend.chat, translated, gateway.responses)
+    return CompletionResponse(
+        gateway.tracker, service, translated.chat, principal, request_id, pinned=chain.pinned
+    )
+
+
+async def _stored(
+    gateway: GatewayDep, principal: CurrentPrincipal, response_id: str
+) -> StoredResponse:
+    stored = await gateway.responses.get(principal.tenant.uid, response_id)
+    if stored is None:
+        raise _not_found(response_id)
+    return stored
+
+
+@router.get("/responses/{response_id}", response_model=ResponseObject, responses=ERROR_RESPONSES)
+async def retrieve_response(
+    response_id: str, gateway: GatewayDep, principal: CurrentPrincipal
+) -> Response:
+    return JSONResponse((await _stored(gateway, principal, response_id)).body)
+
+
+@router.delete(
+    "/responses/{response_id}", response_model=DeletedResponse, responses=ERROR_RESPONSES
+)
+async def delete_response(
+    response_id: str, gateway: GatewayDep, principal: CurrentPrincipal
+) -> DeletedResponse:
+    if not await gateway.responses.delete(principal.tenant.uid, response_id):
+        raise _not_found(response_id)
+    return DeletedResponse(id=response_id)
+
+
+@router.get(
+    "/responses/{response_id}/input_items",
+    response_model=InputItemList,
+    responses=ERROR_RESPONSES,
+)
+async def list_input_items(
+    response_id: str,
+    gateway: GatewayDep,
+    principal: CurrentPrincipal,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "desc",
+) -> InputItemList:
+    stored = await _stored(gateway, principal, response_id)
+    found = page(stored.input_items, after=after, limit=limit, order=order)
+    if found is None:
+        raise BadRequestError(f"No input item with id '{after}' in this response.", param="after")
+    items = found.items
+    return InputItemList(
+        data=items,
+        first_id=items[0]["id"] if items else None,
+        last_id=items[-1]["id"] if items else None,
+        has_more=found.has_more,
+    )

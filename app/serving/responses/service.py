@@ -1,0 +1,113 @@
+"""The Responses endpoint as a chat service's wrapper: the tracker runs the translated chat
+request on the chat service (in-process or upstream), this reads its answer back as a Response
+and stores it. One per request: it carries the request's translation."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from pydantic import BaseModel
+
+from app.errors import ContextLengthExceededError, GatewayError
+from app.protocol import ChatCompletion, ChatCompletionRequest
+from app.protocol.responses_api import ResponseObject
+from app.quota import Reservation
+from app.serving.lifecycle.runs import Run, Service
+from app.serving.preparation.generation import Generation
+from app.serving.preparation.responses import Translated, as_responses_error
+from app.serving.responses.events import response_events
+from app.serving.responses.output import from_chat
+from app.store.responses import ResponseStore, StoredResponse
+from app.tenancy.tenants import ModelTarget, Principal
+
+ENDPOINT = "responses"
+
+
+class ResponsesService:
+    """``POST /v1/responses`` for one translated request, on ``chat``."""
+
+    endpoint = ENDPOINT
+
+    def __init__(
+        self,
+        chat: Service[ChatCompletionRequest, Any],
+        translated: Translated,
+        store: ResponseStore,
+    ) -> None:
+        self._chat = chat
+        self._translated = translated
+        self._store = store
+        self.fails_before_streaming = chat.fails_before_streaming
+
+    def prepare(
+        self,
+        request: ChatCompletionRequest,
+        principal: Principal,
+        target: ModelTarget,
+        request_id: str,
+    ) -> Generation:
+        try:
+            generation = self._chat.prepare(request, principal, target, request_id)
+        except ContextLengthExceededError as exc:
+            # With no max_output_tokens, what does not fit is the input (the chain included).
+            if self._translated.request.max_output_tokens is None:
+                exc.param = "input"
+            raise as_responses_error(exc) from None
+        except GatewayError as exc:
+            raise as_responses_error(exc) from None
+        check = generation.compile_check
+        return dataclasses.replace(
+            generation,
+            endpoint=ENDPOINT,
+            compile_check=None if check is None else _renamed(check),
+        )
+
+    def start(
+        self,
+        request: ChatCompletionRequest,
+        generation: Generation,
+        reservation: Reservation | None,
+    ) -> Any:
+        return self._chat.start(request, generation, reservation)
+
+    async def complete(self, request: ChatCompletionRequest, run: Run) -> BaseModel:
+        completion = await self._chat.complete(request, run)
+        assert isinstance(completion, ChatCompletion)
+        response = from_chat(self._translated, completion)
+        await self._keep(run, response)
+        return response
+
+    def stream(self, request: ChatCompletionRequest, run: Run) -> AsyncIterator[str]:
+        async def finish(response: ResponseObject) -> None:
+            await self._keep(run, response)
+
+        return response_events(self._translated, self._chat.stream(request, run), finish)
+
+    async def _keep(self, run: Run, response: ResponseObject) -> None:
+        """Store ``response`` when its request asked for it (a shadow run's never)."""
+        generation = run.generation
+        if not self._translated.request.store or generation.shadow:
+            return
+        adapter = generation.target.adapter
+        stored = StoredResponse(
+            id=response.id,
+            model=generation.target.model,
+            adapter=adapter.name if adapter is not None else None,
+            adapter_version=adapter.version if adapter is not None else None,
+            body=response.model_dump(mode="json"),
+            input_items=self._translated.input_items,
+            context=self._translated.context,
+        )
+        await self._store.save(generation.principal.tenant.uid, stored)
+
+
+def _renamed(check: Callable[[], None]) -> Callable[[], None]:
+    def renamed() -> None:
+        try:
+            check()
+        except GatewayError as exc:
+            raise as_responses_error(exc) from None
+
+    return renamed

@@ -1,0 +1,147 @@
+"""Stored responses of the Responses API, per tenant, in the shared store: every replica reads
+the same ones. A tenant reads only its own: another tenant's id is not found, exactly as an
+unknown one."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Literal
+
+from sqlalchemy import delete, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.store.tables import StoredResponseRow
+
+Item = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    id: str
+    model: str
+    adapter: str | None
+    adapter_version: int | None
+    body: dict[str, Any]
+    input_items: list[Item]
+    context: list[Item]
+
+    @property
+    def chain(self) -> list[Item]:
+        """The chain's items up to and including this response's output: what a response
+        continuing it follows."""
+        return [*self.context, *self.input_items, *self.body.get("output", [])]
+
+
+@dataclass(frozen=True)
+class ItemPage:
+    items: list[Item]
+    has_more: bool
+
+
+PURGE_BATCH = 500
+"""Rows one purge transaction deletes: each holds the table's write lock only that long."""
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class ResponseStore:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], retention: timedelta) -> None:
+        """Responses are kept for ``retention``: an older one is not found, and
+        :meth:`purge` deletes it."""
+        self._sessions = sessions
+        self.retention = retention
+
+    async def save(self, tenant_uid: str, response: StoredResponse) -> None:
+        """Store ``response`` for the tenant: one insert."""
+        size = sum(
+            len(json.dumps(part))
+            for part in (response.body, response.input_items, response.context)
+        )
+        row = StoredResponseRow(
+            id=response.id,
+            tenant_uid=tenant_uid,
+            model=response.model,
+            adapter=response.adapter,
+            adapter_version=response.adapter_version,
+            body=response.body,
+            input_items=response.input_items,
+            context=response.context,
+            size_bytes=size,
+            created_at=_now(),
+        )
+        async with self._sessions.begin() as session:
+            session.add(row)
+
+    async def get(self, tenant_uid: str, response_id: str) -> StoredResponse | None:
+        """The tenant's response ``response_id``; None where it has none of that id."""
+        query = select(StoredResponseRow).where(
+            StoredResponseRow.id == response_id,
+            StoredResponseRow.tenant_uid == tenant_uid,
+            StoredResponseRow.created_at >= _now() - self.retention,
+        )
+        async with self._sessions() as session:
+            row = (await session.execute(query)).scalar_one_or_none()
+        if row is None:
+            return None
+        return StoredResponse(
+            id=row.id,
+            model=row.model,
+            adapter=row.adapter,
+            adapter_version=row.adapter_version,
+            body=row.body,
+            input_items=row.input_items,
+            context=row.context,
+        )
+
+    async def delete(self, tenant_uid: str, response_id: str) -> bool:
+        """Delete the tenant's response ``response_id``; whether it had one. Responses that
+        continued it keep their own context."""
+        query = delete(StoredResponseRow).where(
+            StoredResponseRow.id == response_id, StoredResponseRow.tenant_uid == tenant_uid
+        )
+        async with self._sessions.begin() as session:
+            result = await session.execute(query)
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    async def purge(self, batch: int = PURGE_BATCH) -> int:
+        """Delete the responses older than the retention, ``batch`` rows a transaction, oldest
+        first; how many were deleted."""
+        cutoff = _now() - self.retention
+        purged = 0
+        while True:
+            oldest = (
+                select(StoredResponseRow.id)
+                .where(StoredResponseRow.created_at < cutoff)
+                .order_by(StoredResponseRow.created_at)
+                .limit(batch)
+            )
+            async with self._sessions.begin() as session:
+                ids = list((await session.scalars(oldest)).all())
+                if ids:
+                    await session.execute(
+                        delete(StoredResponseRow).where(StoredResponseRow.id.in_(ids))
+                    )
+            purged += len(ids)
+            if len(ids) < batch:
+                return purged
+
+
+def page(
+    items: Sequence[Item], *, after: str | None, limit: int, order: Literal["asc", "desc"]
+) -> ItemPage | None:
+    """One page of ``items``, in ``order``, of at most ``limit`` after the item ``after``;
+    None where ``after`` is not one of them."""
+    ordered = list(items) if order == "asc" else list(reversed(items))
+    start = 0
+    if after is not None:
+        ids = [item.get("id") for item in ordered]
+        if after not in ids:
+            return None
+        start = ids.index(after) + 1
+    chosen = ordered[start : start + limit]
+    return ItemPage(items=chosen, has_more=start + limit < len(ordered))
