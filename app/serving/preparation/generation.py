@@ -149,19 +149,21 @@ def warm_tokenizer(tokenizer: Any, constraints: OutputConstraints) -> None:
     constraints.warm()
 
 
-def completion_budget(prompt_tokens: int, requested: int | None, max_model_len: int) -> int:
-    """The max_tokens to run with; the whole remaining context when none is asked."""
-    if requested is None:
-        requested = max_model_len - prompt_tokens
-    if requested < 1 or prompt_tokens + requested > max_model_len:
+def completion_budget(
+    prompt_tokens: int, requested: int | None, max_model_len: int, prompt_field: str = "messages"
+) -> int:
+    """The max_tokens to run with; the whole remaining context when none is asked. What does
+    not fit is named: ``max_tokens`` where it was asked, else the prompt's field."""
+    budget = max_model_len - prompt_tokens if requested is None else requested
+    if budget < 1 or prompt_tokens + budget > max_model_len:
         raise ContextLengthExceededError(
             f"This model's maximum context length is {max_model_len} tokens. However, you "
-            f"requested {prompt_tokens + max(requested, 1)} tokens ({prompt_tokens} in the "
-            f"prompt, {max(requested, 1)} for the completion). Please reduce the length of "
+            f"requested {prompt_tokens + max(budget, 1)} tokens ({prompt_tokens} in the "
+            f"prompt, {max(budget, 1)} for the completion). Please reduce the length of "
             "the prompt or of the completion.",
-            param="messages" if requested is None else "max_tokens",
+            param=prompt_field if requested is None else "max_tokens",
         )
-    return requested
+    return budget
 
 
 def sampling_params(
@@ -184,7 +186,10 @@ def sampling_params(
                 f"{outside[0]} is not.",
                 param="logit_bias",
             )
-    max_tokens = completion_budget(prompt_tokens, request.completion_limit, max_model_len)
+    prompt_field = "messages" if isinstance(request, ChatCompletionRequest) else "prompt"
+    max_tokens = completion_budget(
+        prompt_tokens, request.completion_limit, max_model_len, prompt_field
+    )
     if request.min_tokens > max_tokens:
         raise BadRequestError(
             f"`min_tokens` ({request.min_tokens}) is more than the completion may have "

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from app.errors import ContextLengthExceededError, GatewayError
+from app.errors import GatewayError
 from app.protocol import ChatCompletion, ChatCompletionRequest
 from app.protocol.responses_api import ResponseObject
 from app.quota import Reservation
@@ -50,11 +50,6 @@ class ResponsesService:
     ) -> Generation:
         try:
             generation = self._chat.prepare(request, principal, target, request_id)
-        except ContextLengthExceededError as exc:
-            # With no max_output_tokens, what does not fit is the input (the chain included).
-            if self._translated.request.max_output_tokens is None:
-                exc.param = "input"
-            raise as_responses_error(exc) from None
         except GatewayError as exc:
             raise as_responses_error(exc) from None
         check = generation.compile_check

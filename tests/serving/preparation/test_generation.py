@@ -13,8 +13,12 @@ def test_completion_budget() -> None:
     with pytest.raises(ContextLengthExceededError) as caught:
         completion_budget(10, 91, 100)
     assert "101 tokens" in caught.value.message and caught.value.param == "max_tokens"
-    with pytest.raises(ContextLengthExceededError):
+    with pytest.raises(ContextLengthExceededError) as caught:
         completion_budget(100, None, 100)
+    assert caught.value.param == "messages"  # no max_tokens asked: the prompt does not fit
+    with pytest.raises(ContextLengthExceededError) as caught:
+        completion_budget(100, None, 100, "prompt")
+    assert caught.value.param == "prompt"
 
 
 def test_sampling_params_follow_openai_defaults() -> None:
