@@ -21,11 +21,11 @@ DEMO_ADAPTERS := $(shell $(PYTHON) -c 'from tools.demo.training import DEMO_ADAP
 $(if $(DEMO_ADAPTERS),,$(error could not read the demo adapters' names from tools/demo/training.py with $(PYTHON)))
 
 
-.PHONY: install model adapters demo serve services test test-fast coverage console-screenshots bench bench-quick bench-lora bench-shadow gateway-cost soak lint clean help
+.PHONY: install model adapters demo serve services test test-fast coverage console-screenshots bench bench-quick bench-lora bench-shadow gateway-cost soak lint settings-doc clean help
 
 help:
 	@sed -n 's/^# \{0,1\}//p' Makefile | head -7
-	@echo "targets: install model adapters demo serve services test test-fast coverage console-screenshots bench bench-quick bench-lora bench-shadow gateway-cost soak lint clean"
+	@echo "targets: install model adapters demo serve services test test-fast coverage console-screenshots bench bench-quick bench-lora bench-shadow gateway-cost soak lint settings-doc clean"
 
 install: $(VENV)/.installed
 
@@ -161,6 +161,11 @@ lint: install
 	$(BIN)/ruff format --check app bench tools tests
 	$(BIN)/mypy app bench tools
 	$(BIN)/lint-imports
+
+# docs/settings.md, rendered from app/settings.py (tools/settings_reference.py); `make test`
+# fails while the page differs from what it renders.
+settings-doc: install
+	$(BIN)/python -m tools.settings_reference
 
 clean:
 	rm -rf $(VENV) models var .pytest_cache

@@ -139,7 +139,10 @@ class Settings(BaseSettings):
     )
     max_loras: int = Field(4, ge=1, description="Adapters resident in device slots at once.")
     max_cpu_loras: int = Field(
-        8, ge=1, description="Adapters cached in host memory (>= max_loras)."
+        8,
+        ge=1,
+        description="Adapters cached in host memory (>= max_loras); on a CPU each also keeps "
+        "its weights prepared for our ops, about its own size again.",
     )
     lora_slot_quantum_tokens: int = Field(
         16,
@@ -186,9 +189,9 @@ class Settings(BaseSettings):
         None,
         ge=1,
         description="Tokens per KV cache block (unset: vLLM's default on a GPU, 16; 32 on a "
-        "CPU, where vLLM's is 128). A request preempted for a slot turn resumes from its last "
-        "full block, so smaller blocks compute less again (a parked one computes nothing "
-        "again).",
+        "CPU, where vLLM's is 128 and only multiples of 32 are taken). A request preempted "
+        "for a slot turn resumes from its last full block, so smaller blocks compute less "
+        "again (a parked one computes nothing again).",
     )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Share of GPU memory the engine may use (GPU only)."
