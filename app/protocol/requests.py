@@ -116,6 +116,19 @@ def active_fields(data: Mapping[str, Any], fields: Mapping[str, tuple[object, ..
     ]
 
 
+def refuse_fields(
+    model: str, data: Mapping[str, Any], fields: Mapping[str, tuple[object, ...]]
+) -> None:
+    """The 400 naming each of ``fields`` that ``data`` sets to anything but null or an "off"
+    value: fields this server does not honour, never silently ignored."""
+    errors = [
+        unsupported(name, data[name], f"`{name}` is not supported by this server; omit it")
+        for name in active_fields(data, fields)
+    ]
+    if errors:
+        raise refusal(model, errors)
+
+
 class TextPart(OpenAIModel):
     type: Literal["text"]
     text: str
@@ -322,12 +335,7 @@ class SamplingFields(OpenAIModel):
     def _refuse_unsupported(cls, data: Any) -> Any:
         if not isinstance(data, Mapping):
             return data
-        errors = [
-            unsupported(name, data[name], f"`{name}` is not supported by this server; omit it")
-            for name in active_fields(data, cls.refused_fields)
-        ]
-        if errors:
-            raise refusal(cls.__name__, errors)
+        refuse_fields(cls.__name__, data, cls.refused_fields)
         constrained = data.get("response_format")
         if data.get("structured_outputs") is not None and constrained not in (
             None,

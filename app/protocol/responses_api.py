@@ -20,10 +20,9 @@ from app.protocol.requests import (
     MAX_TOOLS,
     MAX_USER_LENGTH,
     JsonSchemaSpec,
-    active_fields,
     at_most,
     refusal,
-    unsupported,
+    refuse_fields,
 )
 from app.protocol.tools import FunctionName
 
@@ -196,12 +195,7 @@ class ResponsesRequest(OpenAIModel):
     def _refuse_unsupported(cls, data: Any) -> Any:
         if not isinstance(data, Mapping):
             return data
-        errors = [
-            unsupported(name, data[name], f"`{name}` is not supported by this server; omit it")
-            for name in active_fields(data, REFUSED_FIELDS)
-        ]
-        if errors:
-            raise refusal(cls.__name__, errors)
+        refuse_fields(cls.__name__, data, REFUSED_FIELDS)
         # Null means "the default", as in OpenAI's API.
         return {key: value for key, value in data.items() if value is not None}
 
