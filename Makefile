@@ -21,11 +21,11 @@ DEMO_ADAPTERS := $(shell $(PYTHON) -c 'from tools.demo.training import DEMO_ADAP
 $(if $(DEMO_ADAPTERS),,$(error could not read the demo adapters' names from tools/demo/training.py with $(PYTHON)))
 
 
-.PHONY: install model adapters demo serve services test test-fast coverage console-screenshots bench bench-quick bench-lora bench-shadow gateway-cost soak lint settings-doc clean help
+.PHONY: install model adapters demo serve services test test-fast coverage console-screenshots bench bench-quick bench-grid bench-grid-quick bench-lora bench-shadow gateway-cost soak lint settings-doc clean help
 
 help:
 	@sed -n 's/^# \{0,1\}//p' Makefile | head -7
-	@echo "targets: install model adapters demo serve services test test-fast coverage console-screenshots bench bench-quick bench-lora bench-shadow gateway-cost soak lint settings-doc clean"
+	@echo "targets: install model adapters demo serve services test test-fast coverage console-screenshots bench bench-quick bench-grid bench-grid-quick bench-lora bench-shadow gateway-cost soak lint settings-doc clean"
 
 install: $(VENV)/.installed
 
@@ -125,6 +125,16 @@ bench: install model
 
 bench-quick: install model
 	$(BIN)/python -m bench --quick $(BENCH_ARGS)
+
+# Scenario (e): the slot turns judged on a grid of popularity, adapters per slot, adapter
+# targets and load, with goodput against objectives fixed by vLLM's server in each round
+# (bench/results/grid-<time>/; docs/scheduling.md). Its own target, as one round takes up to
+# 90 minutes on a 2-core CPU; bench-grid-quick: one round of two points (and their references).
+bench-grid: install model
+	$(BIN)/python -m bench.grid_run $(BENCH_ARGS)
+
+bench-grid-quick: install model
+	$(BIN)/python -m bench.grid_run --quick $(BENCH_ARGS)
 
 # Mixed-adapter batches against base-only, vLLM's punica ops against ours
 # (bench/results/lora-<time>/ and docs/performance.md).

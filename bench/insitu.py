@@ -143,8 +143,8 @@ class Recorder:
     @contextlib.contextmanager
     def around_every_point(self) -> Iterator[None]:
         """Each point the scenarios measure, recorded (``bench.scenarios`` samples every
-        point through ``_sample``)."""
-        sample = bench.scenarios._sample
+        point through ``sample_of``)."""
+        sample = bench.scenarios.sample_of
 
         async def recorded(system: System, point: str, round_: int, measure: Measure) -> Sample:
             async with self.recording(system, point, round_):
@@ -152,11 +152,11 @@ class Recorder:
             self.runs.append(measured)
             return measured
 
-        bench.scenarios._sample = recorded
+        bench.scenarios.sample_of = recorded
         try:
             yield
         finally:
-            bench.scenarios._sample = sample
+            bench.scenarios.sample_of = sample
 
 
 def summary(profiles: Sequence[Profile], runs: Sequence[Sample] = ()) -> str:

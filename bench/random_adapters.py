@@ -103,6 +103,8 @@ def make_random_adapter(
 # set-up): realistic swaps, at a quarter of the disk and compute an
 # all-projections adapter would need, so 128 of them stay cheap to keep.
 BENCH_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+# Every linear projection of a Llama-style block: what a full fine-tune's adapter targets.
+ALL_PROJECTIONS = (*BENCH_TARGET_MODULES, "gate_proj", "up_proj", "down_proj")
 BENCH_RANKS = (8, 16)
 # Small enough that the adapted model stays fluent-ish (so outputs run to
 # max_tokens rather than collapsing into an early end-of-sequence token).
@@ -116,14 +118,20 @@ class BenchAdapter:
     path: Path
 
 
-def bench_adapter_name(index: int) -> str:
-    return f"bench-{index:03d}"
+def bench_adapter_name(index: int, prefix: str = "bench") -> str:
+    return f"{prefix}-{index:03d}"
 
 
 def ensure_bench_adapters(
-    model_dir: Path, root: Path, count: int, ranks: Sequence[int] = BENCH_RANKS
+    model_dir: Path,
+    root: Path,
+    count: int,
+    ranks: Sequence[int] = BENCH_RANKS,
+    target_modules: Sequence[str] = BENCH_TARGET_MODULES,
+    prefix: str = "bench",
 ) -> list[BenchAdapter]:
-    """``count`` deterministic adapters under ``root`` (ranks taking turns from ``ranks``).
+    """``count`` deterministic adapters under ``root`` (ranks taking turns from ``ranks``), on
+    ``target_modules``, named ``prefix-000`` onwards.
 
     Adapter ``i`` always has the same weights (its seed is ``i``): one already
     on disk from the same recipe is reused, so reruns skip the writing and
@@ -131,14 +139,14 @@ def ensure_bench_adapters(
     """
     adapters: list[BenchAdapter] = []
     for index in range(count):
-        name = bench_adapter_name(index)
+        name = bench_adapter_name(index, prefix)
         rank = ranks[index % len(ranks)]
         out = root / name
         recipe = {
             "rank": rank,
             "seed": index,
             "b_scale": BENCH_B_SCALE,
-            "target_modules": list(BENCH_TARGET_MODULES),
+            "target_modules": list(target_modules),
         }
         # The recipe sits beside the adapter, not in it: the adapter directory
         # holds exactly what a tenant would upload.
@@ -149,7 +157,7 @@ def ensure_bench_adapters(
                 model_dir,
                 out,
                 rank=rank,
-                target_modules=BENCH_TARGET_MODULES,
+                target_modules=target_modules,
                 seed=index,
                 b_scale=BENCH_B_SCALE,
             )

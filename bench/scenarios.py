@@ -34,6 +34,7 @@ from bench.stats import (
     LOADS,
     PREEMPTIONS,
     REQUESTS_PS,
+    TURNS,
     Sample,
 )
 from bench.swap_counters import parse_swap_counters
@@ -53,7 +54,7 @@ Progress = Callable[[RequestRecord], None]
 Prompts = Callable[[str], str]  # a prompt for a request's label (bench.prompts.SizedPrompts)
 
 
-async def _sample(system: System, point: str, round_: int, measure: Measure) -> Sample:
+async def sample_of(system: System, point: str, round_: int, measure: Measure) -> Sample:
     """Run ``measure``; with the system's adapter loads and activations over it, where it
     counts them."""
     before = await system.metrics_text()
@@ -68,6 +69,7 @@ async def _sample(system: System, point: str, round_: int, measure: Measure) -> 
             LOAD_SECONDS: delta.swap_seconds["load"],
             ACTIVATION_SECONDS: delta.swap_seconds["activate"],
             PREEMPTIONS: delta.preemptions,
+            TURNS: delta.turns,
         }
     return Sample(system.name, point, round_, tuple(records), wall, counters)
 
@@ -92,7 +94,7 @@ async def saturation(
                 timeout_seconds=config.timeout_seconds, on_finished=progress,
             )  # fmt: skip
 
-        samples.append(await _sample(system, saturation_point(concurrency), round_, measure))
+        samples.append(await sample_of(system, saturation_point(concurrency), round_, measure))
     return samples
 
 
@@ -118,7 +120,7 @@ async def curve(
                 drain_seconds=max(MIN_DRAIN_SECONDS, spec.duration), on_finished=progress,
             )  # fmt: skip
 
-        samples.append(await _sample(system, curve_point(fraction), round_, measure))
+        samples.append(await sample_of(system, curve_point(fraction), round_, measure))
     return samples
 
 
@@ -146,7 +148,7 @@ async def noisy_neighbour(
             concurrency=1, timeout_seconds=config.timeout_seconds, on_finished=progress,
         )  # fmt: skip
 
-    samples = [await _sample(system, SOLO, round_, alone)]
+    samples = [await sample_of(system, SOLO, round_, alone)]
     flowing = asyncio.Event()
     flooder = ClosedLoop(
         system.base_url, system.name, "b: tenant A's flood", flood,
@@ -168,7 +170,7 @@ async def noisy_neighbour(
         finally:
             await flooder.stop()
 
-    sample = await _sample(system, FLOOD, round_, under_flood)
+    sample = await sample_of(system, FLOOD, round_, under_flood)
     tallies = {
         FLOOD_COMPLETED: float(sum(1 for r in flooder.records if r.ok)),
         FLOOD_REFUSED: float(sum(1 for r in flooder.records if r.status == 429)),
@@ -210,7 +212,7 @@ async def registered_adapters(
                     timeout_seconds=config.timeout_seconds, on_finished=progress,
                 )  # fmt: skip
 
-            samples.append(await _sample(system, point, round_, measure))
+            samples.append(await sample_of(system, point, round_, measure))
     return samples
 
 
@@ -245,7 +247,7 @@ async def cliff(
             timeout_seconds=config.timeout_seconds, on_finished=progress,
         )  # fmt: skip
 
-    samples = [await _sample(system, point, round_, saturate)]
+    samples = [await sample_of(system, point, round_, saturate)]
     if rate is None:
         saturated = REQUESTS_PS.of(samples[0])
         if not saturated:
@@ -266,5 +268,5 @@ async def cliff(
                 drain_seconds=max(MIN_DRAIN_SECONDS, spec.duration), on_finished=progress,
             )  # fmt: skip
 
-        samples.append(await _sample(system, point, round_, measure))
+        samples.append(await sample_of(system, point, round_, measure))
     return samples, rate

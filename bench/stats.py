@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -82,8 +83,17 @@ class Figure:
     reduce: Callable[[Array, Sample], Array]
     scale: float = 1.0  # shown as value * scale (seconds -> ms)
     digits: int = 1
+    # Where a request's value depends on its sample (its objectives): used instead of
+    # ``per_request``.
+    per_request_in: Callable[[RequestRecord, Sample], float | None] | None = None
 
     def values(self, sample: Sample) -> Array:
+        if self.per_request_in is not None:
+            of = self.per_request_in
+            return np.array(
+                [np.nan if (v := of(r, sample)) is None else float(v) for r in sample.records],
+                dtype=np.float64,
+            )
         return np.array(
             [np.nan if (v := self.per_request(r)) is None else float(v) for r in sample.records],
             dtype=np.float64,
@@ -189,6 +199,7 @@ ACTIVATIONS = "adapter_activations"
 LOAD_SECONDS = "adapter_load_seconds"
 ACTIVATION_SECONDS = "adapter_activation_seconds"
 PREEMPTIONS = "preempted_requests"
+TURNS = "slot_turns"
 
 OUTPUT_TPS = Figure(
     "output_tps", "output tok/s", True,
@@ -243,6 +254,40 @@ STEP_MS = Figure(
 TOKENS_PER_STEP = Figure(
     "tokens_per_step", "tokens per engine step, as the client sees it", True,
     lambda r: 1.0 if r.ok else None, _of_steps(lambda steps, tokens, _: tokens / steps),
+)  # fmt: skip
+
+# A sample's latency objectives (scenario e), in seconds: counters, as they are the sample's.
+SLO_TTFT = "slo_ttft_seconds"
+SLO_TPOT = "slo_tpot_seconds"
+
+
+def met_objectives(record: RequestRecord, sample: Sample) -> float | None:
+    """1 where ``record`` completed within both of ``sample``'s objectives, else 0; None where
+    the sample has none."""
+    ttft, tpot = sample.counters.get(SLO_TTFT), sample.counters.get(SLO_TPOT)
+    if ttft is None or tpot is None:
+        return None
+    if not record.ok or record.ttft is None or record.ttft > ttft:
+        return 0.0
+    per_token = _tpot(record)
+    return 0.0 if per_token is not None and per_token > tpot else 1.0
+
+
+def _share(values: Array, sample: Sample) -> Array:
+    with warnings.catch_warnings():  # a sample with no objectives: NaN, not a warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        shares: Array = np.nanmean(values, axis=1)
+    return shares
+
+
+# DistServe's goodput: requests per second that met both objectives.
+GOODPUT = Figure(
+    "goodput", "goodput (req/s within both objectives)", True,
+    lambda r: None, _rate, digits=3, per_request_in=met_objectives,
+)  # fmt: skip
+ATTAINMENT = Figure(
+    "attainment", "requests within both objectives (share)", True,
+    lambda r: None, _share, digits=3, per_request_in=met_objectives,
 )  # fmt: skip
 
 THROUGHPUT_FIGURES = (

@@ -15,11 +15,19 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.metrics import ADAPTER_SWAP_SECONDS, ADAPTER_USES, SWAP_STAGES, TIERS, family_name
+from app.metrics import (
+    ADAPTER_SWAP_SECONDS,
+    ADAPTER_USES,
+    SLOT_TURNS,
+    SWAP_STAGES,
+    TIERS,
+    family_name,
+)
 
 USES = family_name(ADAPTER_USES)
 SWAP = family_name(ADAPTER_SWAP_SECONDS)
 PREEMPTIONS_METRIC = "vllm:num_preemptions_total"
+TURNS = family_name(SLOT_TURNS)
 STAGES: tuple[str, ...] = SWAP_STAGES
 
 
@@ -31,6 +39,7 @@ class SwapCounters:
     # stage -> {upper bound: cumulative count}
     swap_buckets: dict[str, dict[float, float]] = field(default_factory=lambda: defaultdict(dict))
     preemptions: float = 0.0
+    turns: float = 0.0  # slot turns taken, by any rule
 
     def combined(self, other: SwapCounters, sign: float) -> SwapCounters:
         """``self + sign * other``, key by key (a scrape difference, or a sum of rounds)."""
@@ -51,6 +60,7 @@ class SwapCounters:
                 },
             ),
             preemptions=self.preemptions + sign * other.preemptions,
+            turns=self.turns + sign * other.turns,
         )
 
     def __sub__(self, before: SwapCounters) -> SwapCounters:
@@ -88,6 +98,7 @@ class SwapCounters:
             "swap_p50_seconds": {s: self.swap_quantile(s, 0.5) for s in STAGES},
             "swap_p99_seconds": {s: self.swap_quantile(s, 0.99) for s in STAGES},
             "preemptions": self.preemptions,
+            "turns": self.turns,
         }
 
 
@@ -108,4 +119,6 @@ def parse_swap_counters(text: str) -> SwapCounters:
                 buckets[bound] = buckets.get(bound, 0.0) + sample.value
             elif sample.name == PREEMPTIONS_METRIC:
                 counters.preemptions += sample.value
+            elif sample.name == f"{TURNS}_total":
+                counters.turns += sample.value
     return counters

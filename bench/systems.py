@@ -283,6 +283,21 @@ class GatewaySystem:
         # has every grant (it is rebuilt after each admin change, but be sure).
         await asyncio.sleep(self.engine.settings.registry_poll_seconds * 2)
 
+    async def set_objectives(self, ttft_ms: int, tpot_ms: int) -> None:
+        """Give every tenant these latency objectives (``slo_ttft_ms``, ``slo_tpot_ms``), over
+        the admin API, and wait until the gateway serves with them."""
+        async with httpx.AsyncClient(
+            base_url=f"{self.base_url}/admin/v1", headers=ADMIN_HEADERS, timeout=60.0
+        ) as admin:
+            for index in self.keys:
+                response = await admin.patch(
+                    f"/tenants/{tenant_id(index)}",
+                    json={"slo_ttft_ms": ttft_ms, "slo_tpot_ms": tpot_ms},
+                )
+                if response.status_code >= 300:
+                    raise RuntimeError(f"objectives of {tenant_id(index)}: {response.text}")
+        await asyncio.sleep(self.engine.settings.registry_poll_seconds * 2)
+
     def call_for(self, planned: PlannedRequest, adapters: Sequence[BenchAdapter]) -> Call:
         model = (
             adapters[planned.adapter].name

@@ -80,7 +80,7 @@ def pairs(
     ]
 
 
-def _judge(
+def judge(
     name: str, figure: Figure, matched: list[tuple[Sample, Sample]], limit: float,
     at_least: bool, seed: int, draws: int, detail: str = "",
 ) -> TargetResult:  # fmt: skip
@@ -102,7 +102,7 @@ def evaluate(
     results = []
     noisy = "Noisy neighbour: B's p99 TTFT under A's flood / B's solo p99"
     results.append(
-        _judge(
+        judge(
             f"{noisy}, scheduler (<= {NOISY_LIMIT:g}x)", TTFT_P99,
             pairs(samples, (GATEWAY, FLOOD), (GATEWAY, SOLO)), NOISY_LIMIT, False, seed, draws,
         )
@@ -120,7 +120,7 @@ def evaluate(
     for concurrency in concurrencies:
         point = saturation_point(concurrency)
         results.append(
-            _judge(
+            judge(
                 f"Many adapters, concurrency {concurrency}: output tok/s gateway / vLLM's "
                 f"server with the same ops (>= {THROUGHPUT_LIMIT:g}x)",
                 OUTPUT_TPS, pairs(samples, (GATEWAY, point), (REFERENCE, point)),
@@ -129,7 +129,7 @@ def evaluate(
         )  # fmt: skip
         against_fcfs = pairs(samples, (GATEWAY, point), (GATEWAY_FCFS, point))
         results.append(
-            _judge(
+            judge(
                 f"Many adapters, concurrency {concurrency}: adapter activations per 100 "
                 f"requests, scheduler / FCFS (<= {ACTIVATIONS_LIMIT:g}x)",
                 ACTIVATIONS_PER_100, against_fcfs, ACTIVATIONS_LIMIT, False, seed, draws,
@@ -148,7 +148,7 @@ def evaluate(
     many = many_adapters_point(registered)
     matched = pairs(samples, (GATEWAY, many), (GATEWAY, ONE_ADAPTER))
     errors = sum(s.errors for pair in matched for s in pair)
-    result = _judge(
+    result = judge(
         f"{registered or 1000:,} adapters: output tok/s / 1 adapter's (>= {REGISTERED_LIMIT:g}x), "
         "0 errors", OUTPUT_TPS, matched, REGISTERED_LIMIT, True, seed, draws,
         f"errors: {errors}" if matched else "",
@@ -162,7 +162,7 @@ def evaluate(
         for multiple, limit in CLIFF_LIMITS.items():
             over = (GATEWAY, cliff_point(popularity, multiple * slots, slots))
             results.append(
-                _judge(
+                judge(
                     f"Cliff, {popularity}: TTFT p99 over {multiple}x slots / over adapters = "
                     f"slots, gateway (<= {limit:g}x)",
                     TTFT_P99, pairs(samples, over, at_slots), limit, False, seed, draws,

@@ -1,0 +1,172 @@
+"""Scenario (e)'s targets and report: on every point of the grid, the gateway against vLLM's
+server with the same ops, round by round.
+
+- goodput at least vLLM's server's;
+- where vLLM's server meets both objectives for :data:`ATTAINED` of its requests, output tok/s
+  at least :data:`THROUGHPUT_LIMIT` and TPOT p50 at most :data:`TPOT_LIMIT` of its own: no slot
+  change that no objective needed;
+- the cold-start cliff's limits (:data:`bench.targets.CLIFF_LIMITS`), on the gateway: TTFT p99
+  over 2x and 8x the slots against over as many adapters as slots, same targets and load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from bench.config import GATEWAY, VLLM
+from bench.grid import GridPoint
+from bench.stats import (
+    ATTAINMENT,
+    GOODPUT,
+    OUTPUT_TPS,
+    SLO_TPOT,
+    SLO_TTFT,
+    TPOT_P50,
+    TPOT_P99,
+    TTFT_P50,
+    TTFT_P99,
+    TURNS,
+    Figure,
+    Sample,
+    median_of_rounds,
+    ratio_estimate,
+)
+from bench.targets import CLIFF_LIMITS, TargetResult, judge, pairs
+
+GOODPUT_LIMIT = 1.0
+THROUGHPUT_LIMIT = 0.98
+TPOT_LIMIT = 1.05
+ATTAINED = 0.99
+
+
+def _of(samples: Sequence[Sample], system: str, name: str) -> list[Sample]:
+    return [s for s in samples if s.system == system and s.point == name]
+
+
+def evaluate_grid(
+    samples: Sequence[Sample], points: Sequence[GridPoint], slots: int, seed: int, draws: int
+) -> list[TargetResult]:
+    results = []
+    for point in points:
+        name = point.name(slots)
+        matched = pairs(samples, (GATEWAY, name), (VLLM, name))
+        results.append(
+            judge(
+                f"{name}: goodput, gateway / vLLM (>= {GOODPUT_LIMIT:g}x)", GOODPUT, matched,
+                GOODPUT_LIMIT, True, seed, draws,
+            )
+        )  # fmt: skip
+        attained = median_of_rounds(ATTAINMENT, _of(samples, VLLM, name))
+        if attained is not None and attained >= ATTAINED:
+            detail = f"vLLM met both objectives for {attained:.1%}"
+            results.append(
+                judge(
+                    f"{name}: output tok/s, gateway / vLLM (>= {THROUGHPUT_LIMIT:g}x)",
+                    OUTPUT_TPS, matched, THROUGHPUT_LIMIT, True, seed, draws, detail,
+                )
+            )  # fmt: skip
+            results.append(
+                judge(
+                    f"{name}: TPOT p50, gateway / vLLM (<= {TPOT_LIMIT:g}x)",
+                    TPOT_P50, matched, TPOT_LIMIT, False, seed, draws, detail,
+                )
+            )  # fmt: skip
+        limit = CLIFF_LIMITS.get(point.multiple)
+        if limit is not None:
+            at_slots = point.reference.name(slots)
+            results.append(
+                judge(
+                    f"{name}: TTFT p99 / at 1x, gateway (<= {limit:g}x)", TTFT_P99,
+                    pairs(samples, (GATEWAY, name), (GATEWAY, at_slots)), limit, False, seed,
+                    draws,
+                )
+            )  # fmt: skip
+    return results
+
+
+COLUMNS: tuple[tuple[str, Figure], ...] = (
+    ("output tok/s", OUTPUT_TPS),
+    ("TPOT p50 (ms)", TPOT_P50),
+    ("TPOT p99 (ms)", TPOT_P99),
+    ("TTFT p50 (ms)", TTFT_P50),
+    ("TTFT p99 (ms)", TTFT_P99),
+    ("goodput (req/s)", GOODPUT),
+    ("within objectives", ATTAINMENT),
+)
+
+
+def _figure(figure: Figure, samples: Sequence[Sample]) -> str:
+    value = median_of_rounds(figure, samples)
+    return "-" if value is None else f"{value * figure.scale:.{figure.digits}f}"
+
+
+def _turns(samples: Sequence[Sample]) -> str:
+    counts = [s.counters[TURNS] for s in samples if TURNS in s.counters]
+    return "-" if not counts else f"{sorted(counts)[len(counts) // 2]:.0f}"
+
+
+def _objectives(samples: Sequence[Sample]) -> str:
+    known = [s for s in samples if SLO_TTFT in s.counters]
+    if not known:
+        return "-"
+    ttft = sorted(s.counters[SLO_TTFT] for s in known)[len(known) // 2]
+    tpot = sorted(s.counters[SLO_TPOT] for s in known)[len(known) // 2]
+    return f"TTFT {ttft * 1000:.0f} ms, TPOT {tpot * 1000:.1f} ms"
+
+
+def render_grid(
+    samples: Sequence[Sample],
+    points: Sequence[GridPoint],
+    slots: int,
+    targets: Sequence[TargetResult],
+    context: dict[str, Any],
+    seed: int,
+    draws: int,
+) -> str:
+    met = sum(t.verdict == "met" for t in targets)
+    missed = [t for t in targets if t.verdict == "missed"]
+    lines = [
+        "# Scenario (e): slot turns by objectives, on a grid",
+        "",
+        f"{met} of {len(targets)} targets met, {len(missed)} missed "
+        f"({sum(t.verdict == 'not measured' for t in targets)} not measured).",
+        "",
+        f"- command: `{context['command']}`",
+        f"- machine: {context['machine']}; engine: {context['engine']}",
+        f"- rounds: {context['rounds']}, vLLM's server first in each (it fixes the round's "
+        f"objectives: 5x its TTFT p50 and 1.5x its TPOT p50 at 1x, per adapter target and "
+        f"load); wall time {context['wall_seconds']} s",
+        "- figures: median over rounds; ratios: gateway / vLLM, median of the per-round ratios "
+        "with a 95% bootstrap interval (rounds, then requests)",
+        "",
+    ]
+    groups = list(dict.fromkeys(p.group for p in points))
+    for group in groups:
+        members = [p for p in points if p.group == group]
+        reference = members[0].reference.name(slots)
+        lines += [
+            f"## {group[0]} adapters, {group[1].name}",
+            "",
+            f"Objectives: {_objectives(_of(samples, VLLM, reference))} (median over rounds).",
+            "",
+            "| point | system | " + " | ".join(c for c, _ in COLUMNS) + " | slot turns |",
+            "|---|---|" + "---:|" * (len(COLUMNS) + 1),
+        ]
+        for point in members:
+            name = point.name(slots)
+            label = name.split(", ", 1)[1].rsplit(", ", 1)[0]
+            for system in (VLLM, GATEWAY):
+                mine = _of(samples, system, name)
+                cells = [*(_figure(f, mine) for _, f in COLUMNS), _turns(mine)]
+                lines.append(f"| {label} | {system} | " + " | ".join(cells) + " |")
+            matched = pairs(samples, (GATEWAY, name), (VLLM, name))
+            ratios = [
+                ratio_estimate(f, matched, seed=seed, draws=draws).text(2) if matched else "-"
+                for _, f in COLUMNS
+            ]
+            lines.append(f"| {label} | ratio | " + " | ".join(ratios) + " | |")
+        lines.append("")
+    lines += ["## Targets", "", "| target | verdict | ratio [95%] | detail |", "|---|---|---|---|"]
+    lines += [t.row() for t in targets]
+    return "\n".join(lines) + "\n"

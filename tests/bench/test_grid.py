@@ -1,0 +1,162 @@
+"""Scenario (e), the grid: its points and their order, the requests of a point, the objectives
+and goodput, and the targets' verdicts on samples."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from bench.client import RequestRecord
+from bench.config import GATEWAY, VLLM
+from bench.grid import GridConfig, GridPoint, Load, Objectives
+from bench.grid_report import evaluate_grid, render_grid
+from bench.grid_run import Round, build_parser, config_from
+from bench.stats import ATTAINMENT, GOODPUT, SLO_TPOT, SLO_TTFT, Sample
+
+C16, C64, OPEN = Load(concurrency=16), Load(concurrency=64), Load(share=0.7)
+SLOTS = 4
+
+
+def test_the_full_grid_runs_each_groups_reference_first_and_closed_loops_before_the_open_one():
+    points = GridConfig().points()
+    # 2 targets x 3 loads x (1x + 2 popularities x 3 multiples)
+    assert len(points) == 2 * 3 * 7
+    assert len(set(points)) == len(points)
+    for index, point in enumerate(points):
+        assert point.reference in points[: index + 1]
+        if not point.load.closed:  # its rate: the 1x closed loop at the highest concurrency
+            assert GridPoint(point.targets, "uniform", 1, C64) in points[:index]
+    assert GridPoint("all", "zipf", 8, OPEN) in points
+
+
+def test_the_quick_grid_is_its_two_points_with_their_references():
+    names = [p.name(SLOTS) for p in GridConfig.quick().points()]
+    assert names == [
+        "e: mixed, 1x (4 adapters on 4 slots), concurrency 16",
+        "e: mixed, uniform 3x (12 adapters on 4 slots), concurrency 16",
+        "e: attention, 1x (4 adapters on 4 slots), concurrency 16",
+        "e: attention, zipf 8x (32 adapters on 4 slots), concurrency 16",
+    ]
+
+
+def test_a_points_requests_name_adapters_of_its_pools_each_sent_by_its_own_tenant():
+    config = GridConfig.quick()
+    pool = config.pool_size()
+    assert pool == 8 * SLOTS
+    mixed = config.requests(GridPoint("mixed", "uniform", 3, C16))
+    assert len(mixed) == config.waves * 16
+    assert {r.adapter for r in mixed} <= {*range(0, 12, 2), *(pool + i for i in range(1, 12, 2))}
+    assert any(r.adapter >= pool for r in mixed) and any(r.adapter < pool for r in mixed)
+    assert all(r.tenant == r.adapter for r in mixed)
+    everything = config.requests(GridPoint("all", "uniform", 2, C16))
+    assert all(pool <= r.adapter < pool + 8 for r in everything)
+
+
+def test_an_open_loop_point_needs_the_rate_its_round_measured():
+    config = GridConfig()
+    point = GridPoint("attention", "zipf", 2, OPEN)
+    with pytest.raises(ValueError, match="rate"):
+        config.requests(point)
+    at = [r.at for r in config.requests(point, rate=10.0)]
+    assert at == sorted(at) and 0 < at[-1] < config.open_requests / 10.0
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        lambda: GridPoint("attention", "zipf", 1, C16),  # 1x is one point: uniform
+        lambda: GridPoint("lora", "uniform", 2, C16),
+        lambda: Load(concurrency=16, share=0.5),
+        lambda: Load(),
+    ],
+)
+def test_points_the_grid_cannot_run_are_refused(point):
+    with pytest.raises(ValueError):
+        point()
+
+
+def record(ttft: float, tpot: float, *, ok: bool = True) -> RequestRecord:
+    return RequestRecord(
+        "s", "p", 0, 0, "m", 0.0, 0.0, ttft=ttft, itl=[tpot] * 9, e2e=ttft + 9 * tpot,
+        output_tokens=10, status=200 if ok else 500, error=None if ok else "HTTP 500",
+    )  # fmt: skip
+
+
+def test_goodput_counts_the_requests_within_both_objectives_per_second():
+    records = (record(0.1, 0.01), record(0.6, 0.01), record(0.1, 0.03), record(0.1, 0.01, ok=False))
+    sample = Sample("s", "p", 0, records, 2.0, {SLO_TTFT: 0.5, SLO_TPOT: 0.02})
+    assert GOODPUT.of(sample) == pytest.approx(0.5)  # one of four, over 2 s
+    assert ATTAINMENT.of(sample) == pytest.approx(0.25)
+    assert ATTAINMENT.of(dataclasses.replace(sample, counters={})) is None
+
+
+def test_the_objectives_are_the_benchmarks_multiples_of_vllms_one_adapter_per_slot():
+    objectives = Objectives.from_reference(ttft_p50=0.2, tpot_p50=0.04)
+    assert objectives == Objectives(pytest.approx(1.0), pytest.approx(0.06))
+    assert objectives.milliseconds() == (1000, 60)
+
+
+def test_a_round_takes_the_objectives_and_the_saturation_from_the_reference_only():
+    config = GridConfig()
+    this_round = Round(config, SLOTS)
+    reference = GridPoint("all", "uniform", 1, C64)
+    records = tuple(record(0.2, 0.04) for _ in range(10))
+    this_round.learn(GridPoint("all", "zipf", 8, C64), Sample(VLLM, "x", 0, records, 1.0))
+    assert this_round.objectives == {}
+    this_round.learn(reference, Sample(VLLM, "x", 0, records, 2.0))
+    assert this_round.objectives[reference.group] == Objectives.from_reference(0.2, 0.04)
+    assert this_round.rate(GridPoint("all", "uniform", 2, OPEN)) == pytest.approx(0.7 * 5.0)
+    assert this_round.rate(GridPoint("all", "uniform", 2, C16)) is None
+
+
+def grid_samples(gateway_ttft: float, gateway_tpot: float, vllm_ttft: float = 0.1):
+    """Three rounds of the quick grid: vLLM at the given TTFT and 10 ms per token, the gateway
+    as given (its TTFT doubled past 1x), both with objectives 0.5 s and 15 ms."""
+    samples = []
+    for point in GridConfig.quick().points():
+        name = point.name(SLOTS)
+        for r in range(3):
+            for system, ttft, tpot in (
+                (VLLM, vllm_ttft, 0.010),
+                (GATEWAY, gateway_ttft * min(point.multiple, 2), gateway_tpot),
+            ):
+                records = tuple(record(ttft * (1 + i / 20), tpot) for i in range(20))
+                samples.append(
+                    Sample(system, name, r, records, 10.0, {SLO_TTFT: 0.5, SLO_TPOT: 0.015})
+                )
+    return samples
+
+
+def test_the_gateway_within_objectives_where_vllm_meets_them_meets_every_target():
+    points = GridConfig.quick().points()
+    targets = evaluate_grid(grid_samples(0.02, 0.010), points, SLOTS, 0, 200)
+    assert targets and all(t.verdict == "met" for t in targets), [t.row() for t in targets]
+    # goodput on all 4 points, tok/s and TPOT on all 4 (vLLM within objectives), cliff at 8x
+    assert len(targets) == 4 + 8 + 1
+
+
+def test_a_gateway_that_slows_streams_vllm_serves_in_time_misses_tpot_and_goodput():
+    points = GridConfig.quick().points()
+    targets = evaluate_grid(grid_samples(0.02, 0.020), points, SLOTS, 0, 200)
+    missed = {t.name.rsplit(": ", 1)[1].split(",")[0] for t in targets if t.verdict == "missed"}
+    assert missed == {"goodput", "TPOT p50"}
+
+
+def test_where_vllm_misses_its_objectives_only_goodput_and_the_cliff_are_judged():
+    points = GridConfig.quick().points()
+    targets = evaluate_grid(grid_samples(0.02, 0.010, vllm_ttft=0.6), points, SLOTS, 0, 200)
+    assert {t.name.rsplit(": ", 1)[1].split(" ")[0] for t in targets} == {"goodput,", "TTFT"}
+    text = render_grid(
+        grid_samples(0.02, 0.010), points, SLOTS, targets,
+        {"command": "c", "machine": "m", "engine": "e", "rounds": 3, "wall_seconds": 1}, 0, 200,
+    )  # fmt: skip
+    assert "## mixed adapters, concurrency 16" in text
+    assert "| uniform 3x (12 adapters on 4 slots) | gateway |" in text
+
+
+def test_the_command_line_builds_the_quick_or_the_full_grid():
+    quick = config_from(build_parser().parse_args(["--quick", "--rounds", "2"]))
+    assert quick.rounds == 2 and quick.only
+    full = config_from(build_parser().parse_args(["--gateway-settings", "SEED=1"]))
+    assert full.gateway_settings == (("SEED", "1"),) and not full.only
