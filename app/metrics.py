@@ -103,6 +103,13 @@ SLOT_TURNS = Counter(
     "miss its latency objective) or quantum.",
     ["rule"],
 )
+TURN_LEAD_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50)
+SLOT_TURN_LEAD_STEPS = Histogram(
+    "lora_gateway_slot_turn_lead_steps",
+    "Engine steps from a slot turn taken for a waiting request to that request's next token "
+    "(its first, for a new one): the lead a turn by objective is taken with must cover it.",
+    buckets=TURN_LEAD_BUCKETS,
+)
 
 # -- requests: recorded in the gateway process ---------------------------------
 # Labels hold only registered tenants and the models they were granted (an
@@ -310,6 +317,7 @@ METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
     ADAPTER_EVICTIONS,
     ADAPTERS_RESIDENT,
     SLOT_TURNS,
+    SLOT_TURN_LEAD_STEPS,
     REQUESTS,
     PROMPT_TOKENS,
     COMPLETION_TOKENS,

@@ -26,12 +26,14 @@ from bench.stats import (
     TPOT_P99,
     TTFT_P50,
     TTFT_P99,
+    TURN_LEAD,
     TURNS,
     Figure,
     Sample,
     median_of_rounds,
     ratio_estimate,
 )
+from bench.swap_counters import histogram_quantile
 from bench.targets import CLIFF_LIMITS, TargetResult, judge, pairs
 
 GOODPUT_LIMIT = 1.0
@@ -115,6 +117,25 @@ def _objectives(samples: Sequence[Sample]) -> str:
     return f"TTFT {ttft * 1000:.0f} ms, TPOT {tpot * 1000:.1f} ms"
 
 
+def turn_lead(samples: Sequence[Sample]) -> str:
+    """The steps the gateway's turns took to deliver their request's next token, over every
+    point: what the turns' lead (``TURN_LEAD_STEPS``) must cover."""
+    buckets: dict[float, float] = {}
+    for sample in samples:
+        for key, count in sample.counters.items():
+            if key.startswith(TURN_LEAD):
+                bound = float(key.removeprefix(TURN_LEAD))
+                buckets[bound] = buckets.get(bound, 0.0) + count
+    turns = max(buckets.values(), default=0.0)
+    if not turns:
+        return "no slot turn delivered a token"
+    p50, p99 = (histogram_quantile(buckets, q) for q in (0.5, 0.99))
+    return (
+        f"{turns:.0f} turns delivered their request's next token {p50:.1f} steps after they "
+        f"were taken at p50, {p99:.1f} at p99 (Prometheus' interpolation within buckets)"
+    )
+
+
 def render_grid(
     samples: Sequence[Sample],
     points: Sequence[GridPoint],
@@ -139,6 +160,7 @@ def render_grid(
         f"load); wall time {context['wall_seconds']} s",
         "- figures: median over rounds; ratios: gateway / vLLM, median of the per-round ratios "
         "with a 95% bootstrap interval (rounds, then requests)",
+        f"- the gateway's slot turns: {turn_lead([s for s in samples if s.system == GATEWAY])}",
         "",
     ]
     groups = list(dict.fromkeys(p.group for p in points))

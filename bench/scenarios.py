@@ -34,6 +34,7 @@ from bench.stats import (
     LOADS,
     PREEMPTIONS,
     REQUESTS_PS,
+    TURN_LEAD,
     TURNS,
     Sample,
 )
@@ -70,6 +71,7 @@ async def sample_of(system: System, point: str, round_: int, measure: Measure) -
             ACTIVATION_SECONDS: delta.swap_seconds["activate"],
             PREEMPTIONS: delta.preemptions,
             TURNS: delta.turns,
+            **{f"{TURN_LEAD}{bound}": n for bound, n in delta.turn_lead_buckets.items()},
         }
     return Sample(system.name, point, round_, tuple(records), wall, counters)
 

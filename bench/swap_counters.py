@@ -10,6 +10,7 @@ a scrape before and after it.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.metrics import (
     ADAPTER_SWAP_SECONDS,
     ADAPTER_USES,
+    SLOT_TURN_LEAD_STEPS,
     SLOT_TURNS,
     SWAP_STAGES,
     TIERS,
@@ -28,6 +30,7 @@ USES = family_name(ADAPTER_USES)
 SWAP = family_name(ADAPTER_SWAP_SECONDS)
 PREEMPTIONS_METRIC = "vllm:num_preemptions_total"
 TURNS = family_name(SLOT_TURNS)
+TURN_LEAD = family_name(SLOT_TURN_LEAD_STEPS)
 STAGES: tuple[str, ...] = SWAP_STAGES
 
 
@@ -40,6 +43,8 @@ class SwapCounters:
     swap_buckets: dict[str, dict[float, float]] = field(default_factory=lambda: defaultdict(dict))
     preemptions: float = 0.0
     turns: float = 0.0  # slot turns taken, by any rule
+    # {upper bound: cumulative count} of the steps each turn took to deliver its token
+    turn_lead_buckets: dict[float, float] = field(default_factory=dict)
 
     def combined(self, other: SwapCounters, sign: float) -> SwapCounters:
         """``self + sign * other``, key by key (a scrape difference, or a sum of rounds)."""
@@ -61,6 +66,7 @@ class SwapCounters:
             ),
             preemptions=self.preemptions + sign * other.preemptions,
             turns=self.turns + sign * other.turns,
+            turn_lead_buckets=merge(self.turn_lead_buckets, other.turn_lead_buckets),
         )
 
     def __sub__(self, before: SwapCounters) -> SwapCounters:
@@ -70,21 +76,7 @@ class SwapCounters:
         return self.combined(other, 1.0)
 
     def swap_quantile(self, stage: str, q: float) -> float | None:
-        """Prometheus' ``histogram_quantile``: linear within the bucket holding rank q."""
-        buckets = sorted(self.swap_buckets.get(stage, {}).items())
-        total = buckets[-1][1] if buckets else 0.0
-        if total <= 0:
-            return None
-        rank = q * total
-        lower_bound, lower_count = 0.0, 0.0
-        for bound, count in buckets:
-            if count >= rank:
-                if bound == float("inf"):
-                    return lower_bound
-                share = (rank - lower_count) / (count - lower_count) if count > lower_count else 0
-                return lower_bound + (bound - lower_bound) * share
-            lower_bound, lower_count = bound, count
-        return lower_bound
+        return histogram_quantile(self.swap_buckets.get(stage, {}), q)
 
     def to_json(self) -> dict[str, Any]:
         uses = sum(self.uses.values())
@@ -121,4 +113,27 @@ def parse_swap_counters(text: str) -> SwapCounters:
                 counters.preemptions += sample.value
             elif sample.name == f"{TURNS}_total":
                 counters.turns += sample.value
+            elif sample.name == f"{TURN_LEAD}_bucket":
+                bound = float(labels["le"])
+                buckets = counters.turn_lead_buckets
+                buckets[bound] = buckets.get(bound, 0.0) + sample.value
     return counters
+
+
+def histogram_quantile(cumulative: Mapping[float, float], q: float) -> float | None:
+    """Prometheus' ``histogram_quantile`` over ``{upper bound: cumulative count}``: linear
+    within the bucket holding rank q."""
+    buckets = sorted(cumulative.items())
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return None
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower_bound
+            share = (rank - lower_count) / (count - lower_count) if count > lower_count else 0
+            return lower_bound + (bound - lower_bound) * share
+        lower_bound, lower_count = bound, count
+    return lower_bound

@@ -46,7 +46,7 @@ from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import Request, RequestStatus
 
 from app.inside_vllm.objectives import Objectives
-from app.metrics import SLOT_TURNS
+from app.metrics import SLOT_TURN_LEAD_STEPS, SLOT_TURNS
 
 QUANTUM_KEY = "lora_gateway_slot_quantum_tokens"
 KEEP_ENDING_KEY = "lora_gateway_slot_keep_ending"
@@ -390,6 +390,10 @@ class SlotSharingScheduler(Scheduler):
         self._first_token_at: dict[str, float] = {}
         self._step_began: float | None = None
         self.step_seconds = 0.0
+        # The steps a turn takes to deliver: each request a turn was taken for, until its next
+        # token, with the steps done and its output count when it was taken.
+        self._steps = 0
+        self._turn_taken: dict[str, tuple[int, int]] = {}
 
     def add_request(self, request: Request) -> None:
         # Read wherever the scheduler runs: a tenant's own objectives need no class's.
@@ -411,6 +415,13 @@ class SlotSharingScheduler(Scheduler):
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
         outputs = super().update_from_output(*args, **kwargs)
+        self._steps += 1
+        for request_id, (taken_at, tokens) in list(self._turn_taken.items()):
+            request = self.requests.get(request_id)
+            if request is None or request.num_output_tokens > tokens:
+                del self._turn_taken[request_id]
+                if request is not None:
+                    SLOT_TURN_LEAD_STEPS.observe(self._steps - taken_at)
         if self._objectives:
             now = time.time()
             for request_id in self._objectives.keys() - self._first_token_at.keys():
@@ -468,6 +479,7 @@ class SlotSharingScheduler(Scheduler):
         for request, victims in takes:
             if victims:  # a turn, not a free slot
                 self._turn_start[request.request_id] = request.num_output_tokens
+                self._turn_taken[request.request_id] = self._steps, request.num_output_tokens
                 SLOT_TURNS.labels(self._rule_of(request)).inc()
             for victim in victims:
                 self.running.remove(victim)  # type: ignore[arg-type]

@@ -10,9 +10,9 @@ import pytest
 from bench.client import RequestRecord
 from bench.config import GATEWAY, VLLM
 from bench.grid import GridConfig, GridPoint, Load, Objectives
-from bench.grid_report import evaluate_grid, render_grid
+from bench.grid_report import evaluate_grid, render_grid, turn_lead
 from bench.grid_run import Round, build_parser, config_from
-from bench.stats import ATTAINMENT, GOODPUT, SLO_TPOT, SLO_TTFT, Sample
+from bench.stats import ATTAINMENT, GOODPUT, SLO_TPOT, SLO_TTFT, TURN_LEAD, Sample
 
 C16, C64, OPEN = Load(concurrency=16), Load(concurrency=64), Load(share=0.7)
 SLOTS = 4
@@ -160,3 +160,16 @@ def test_the_command_line_builds_the_quick_or_the_full_grid():
     assert quick.rounds == 2 and quick.only
     full = config_from(build_parser().parse_args(["--gateway-settings", "SEED=1"]))
     assert full.gateway_settings == (("SEED", "1"),) and not full.only
+
+
+def test_the_turns_lead_is_read_from_the_gateways_histogram_over_every_point():
+    def with_leads(*cumulative: tuple[float, float]) -> Sample:
+        counters = {f"{TURN_LEAD}{bound}": count for bound, count in cumulative}
+        return Sample(GATEWAY, "p", 0, (), 1.0, counters)
+
+    assert turn_lead([with_leads()]) == "no slot turn delivered a token"
+    # 10 turns: 8 within 1 step, 2 more within 2, 0 past 3 (cumulative buckets, two points)
+    text = turn_lead(
+        [with_leads((1.0, 5), (2.0, 5), (3.0, 5)), with_leads((1.0, 3), (2.0, 5), (3.0, 5))]
+    )
+    assert text.startswith("10 turns") and "0.6 steps" in text and "2.0 at p99" in text

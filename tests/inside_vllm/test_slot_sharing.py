@@ -33,7 +33,7 @@ from app.inside_vllm.slot_sharing import (
     engine_options,
     plan,
 )
-from app.metrics import SLOT_TURNS
+from app.metrics import SLOT_TURN_LEAD_STEPS, SLOT_TURNS
 from app.settings import EMBEDDED_MODEL_DIR
 
 
@@ -508,8 +508,13 @@ def test_the_slot_is_shared_in_turns_and_every_answer_is_whole(
     sched.parked_kv_usage = parked_kv_usage
     r0, r1 = request(0, 1), request(1, 2)
     turns = SLOT_TURNS.labels("quantum")._value.get()
+    leads = lead_steps()
     run = drive(sched, {0: r0, 1: r1})
-    assert SLOT_TURNS.labels("quantum")._value.get() - turns >= 2  # turns, both ways
+    taken = SLOT_TURNS.labels("quantum")._value.get() - turns
+    assert taken >= 2  # turns, both ways
+    # Each turn delivered its request's next token at the step it was taken in.
+    count, total = (after - before for after, before in zip(lead_steps(), leads, strict=True))
+    assert count == taken and total == taken
     # r1 has its first token the step after it came, once r0 had its first one: it takes
     # r0's slot. r0 resumes when r1 has had its turn of two tokens.
     assert run.steps[1] == ({"r1"}, {"r0"} if asynchronous else set())  # parked: not freed
@@ -522,6 +527,14 @@ def test_the_slot_is_shared_in_turns_and_every_answer_is_whole(
     assert not sched.has_requests()
     assert sched._turn_start == {} and sched._waiting_since == {}  # forgotten once done
     assert sched._parked == [] and sched.kv_cache_manager.usage == 0.0
+
+
+def lead_steps() -> tuple[float, float]:
+    """The turn-lead histogram's count and sum so far."""
+    samples = {s.name: s.value for s in SLOT_TURN_LEAD_STEPS.collect()[0].samples}
+    return samples["lora_gateway_slot_turn_lead_steps_count"], samples[
+        "lora_gateway_slot_turn_lead_steps_sum"
+    ]
 
 
 @pytest.mark.parametrize(("quantum", "asynchronous"), [(0, False), (2, False), (0, True)])
