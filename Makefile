@@ -172,10 +172,10 @@ lint: install
 	$(BIN)/mypy app bench tools
 	$(BIN)/lint-imports
 
-# docs/settings.md, rendered from app/settings.py (tools/settings_reference.py); `make test`
+# docs/settings.md, rendered from app/settings.py (app/settings_reference.py); `make test`
 # fails while the page differs from what it renders.
 settings-doc: install
-	$(BIN)/python -m tools.settings_reference
+	$(BIN)/lora-gateway settings --reference > docs/settings.md.new && mv docs/settings.md.new docs/settings.md
 
 clean:
 	rm -rf $(VENV) models var .pytest_cache

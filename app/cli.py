@@ -18,20 +18,13 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app import settings_reference
 from app.settings import Settings
 
 if TYPE_CHECKING:
     from app.admin.service import AdminService
 
 CLI_ACTOR = "cli"
-
-
-def _settings_help() -> str:
-    lines = ["settings (environment variables, also read from ./.env):"]
-    for name, field in Settings.model_fields.items():
-        default = field.default
-        lines.append(f"  LORA_GATEWAY_{name.upper():<26} {field.description} [default: {default}]")
-    return "\n".join(lines)
 
 
 def serve(settings: Settings) -> None:
@@ -114,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lora-gateway",
         description="Multi-tenant, OpenAI-compatible LoRA gateway over one vLLM engine.",
-        epilog=_settings_help(),
+        epilog=settings_reference.help_text(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -139,7 +132,15 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("tenant", help="tenant id")
     create.add_argument("--name", default="", help="a label for the key")
     commands.add_parser("admin-token", help="generate the admin token file if no token is set")
-    commands.add_parser("settings", help="print the effective settings as JSON")
+    settings_cmd = commands.add_parser(
+        "settings", help="print the effective settings as JSON (--reference: every setting)"
+    )
+    settings_cmd.add_argument(
+        "--reference",
+        action="store_true",
+        help="print every setting's variable, type, default and description as Markdown "
+        "(docs/settings.md) instead",
+    )
     return parser
 
 
@@ -149,6 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from app.tenancy.manifests import ManifestError
 
     args = build_parser().parse_args(argv)
+    if args.command == "settings" and args.reference:
+        # The class's defaults, never the environment's: no Settings() to read (or fail on).
+        sys.stdout.write(settings_reference.render())
+        return 0
     try:
         run(args, Settings())
     except GatewayError as exc:

@@ -103,56 +103,78 @@ def evaluate(
     noisy = "Noisy neighbour: B's p99 TTFT under A's flood / B's solo p99"
     results.append(
         judge(
-            f"{noisy}, scheduler (<= {NOISY_LIMIT:g}x)", TTFT_P99,
-            pairs(samples, (GATEWAY, FLOOD), (GATEWAY, SOLO)), NOISY_LIMIT, False, seed, draws,
+            f"{noisy}, scheduler (<= {NOISY_LIMIT:g}x)",
+            TTFT_P99,
+            pairs(samples, (GATEWAY, FLOOD), (GATEWAY, SOLO)),
+            NOISY_LIMIT,
+            False,
+            seed,
+            draws,
         )
-    )  # fmt: skip
+    )
     for system in (GATEWAY_FCFS, REFERENCE):
         matched = pairs(samples, (system, FLOOD), (system, SOLO))
         if matched:
             results.append(
                 TargetResult(
-                    f"{noisy}, FCFS ({system})", "reported",
+                    f"{noisy}, FCFS ({system})",
+                    "reported",
                     ratio_estimate(TTFT_P99, matched, seed=seed, draws=draws),
                     "no limit: what FCFS gives",
                 )
-            )  # fmt: skip
+            )
     for concurrency in concurrencies:
         point = saturation_point(concurrency)
         results.append(
             judge(
                 f"Many adapters, concurrency {concurrency}: output tok/s gateway / vLLM's "
                 f"server with the same ops (>= {THROUGHPUT_LIMIT:g}x)",
-                OUTPUT_TPS, pairs(samples, (GATEWAY, point), (REFERENCE, point)),
-                THROUGHPUT_LIMIT, True, seed, draws,
+                OUTPUT_TPS,
+                pairs(samples, (GATEWAY, point), (REFERENCE, point)),
+                THROUGHPUT_LIMIT,
+                True,
+                seed,
+                draws,
             )
-        )  # fmt: skip
+        )
         against_fcfs = pairs(samples, (GATEWAY, point), (GATEWAY_FCFS, point))
         results.append(
             judge(
                 f"Many adapters, concurrency {concurrency}: adapter activations per 100 "
                 f"requests, scheduler / FCFS (<= {ACTIVATIONS_LIMIT:g}x)",
-                ACTIVATIONS_PER_100, against_fcfs, ACTIVATIONS_LIMIT, False, seed, draws,
+                ACTIVATIONS_PER_100,
+                against_fcfs,
+                ACTIVATIONS_LIMIT,
+                False,
+                seed,
+                draws,
                 "needs the gateway with and without its scheduler",
             )
-        )  # fmt: skip
+        )
         if against_fcfs:
             results.append(
                 TargetResult(
                     f"Many adapters, concurrency {concurrency}: adapter loads per 100 "
-                    "requests, scheduler / FCFS", "reported",
+                    "requests, scheduler / FCFS",
+                    "reported",
                     ratio_estimate(LOADS_PER_100, against_fcfs, seed=seed, draws=draws),
                     "no limit: loads follow the host tier's size and the popularity",
                 )
-            )  # fmt: skip
+            )
     many = many_adapters_point(registered)
     matched = pairs(samples, (GATEWAY, many), (GATEWAY, ONE_ADAPTER))
     errors = sum(s.errors for pair in matched for s in pair)
     result = judge(
         f"{registered or 1000:,} adapters: output tok/s / 1 adapter's (>= {REGISTERED_LIMIT:g}x), "
-        "0 errors", OUTPUT_TPS, matched, REGISTERED_LIMIT, True, seed, draws,
+        "0 errors",
+        OUTPUT_TPS,
+        matched,
+        REGISTERED_LIMIT,
+        True,
+        seed,
+        draws,
         f"errors: {errors}" if matched else "",
-    )  # fmt: skip
+    )
     if result.verdict == "met" and errors:
         result = TargetResult(result.name, "missed", result.estimate, result.detail, result.limit)
     results.append(result)
@@ -165,13 +187,268 @@ def evaluate(
                 judge(
                     f"Cliff, {popularity}: TTFT p99 over {multiple}x slots / over adapters = "
                     f"slots, gateway (<= {limit:g}x)",
-                    TTFT_P99, pairs(samples, over, at_slots), limit, False, seed, draws,
+                    TTFT_P99,
+                    pairs(samples, over, at_slots),
+                    limit,
+                    False,
+                    seed,
+                    draws,
                 )
-            )  # fmt: skip
+            )
     results.append(
         TargetResult(
-            GATEWAY_COST, "not measured",
+            GATEWAY_COST,
+            "not measured",
             detail="not this benchmark: measured without the engine (docs/performance.md)",
         )
-    )  # fmt: skip
+    )
     return results
+
+
+@dataclass(frozen=True)
+class DeclaredTarget:
+    """One target of one benchmark, as its issue states it. Each has exactly one row in
+    docs/performance.md's targets table, first cell its ``id`` (tests/test_performance_page.py)."""
+
+    id: str
+    measured_by: str  # the command (or test) that measures it
+    target: str
+    issue: int | None = None  # where the target was set, where one issue did
+
+
+# Every target of every benchmark. An id is stable: a target that changes keeps its id, one
+# that is dropped loses its row in docs/performance.md with it.
+DECLARED_TARGETS: tuple[DeclaredTarget, ...] = (
+    # make bench (bench/config.py's scenarios; evaluate() above judges a run's samples)
+    DeclaredTarget(
+        "bench.noisy",
+        "make bench",
+        f"(b) {GATEWAY}: B's TTFT p99 under A's flood / alone <= {NOISY_LIMIT:g}x",
+    ),
+    DeclaredTarget(
+        "bench.a.tps.c16",
+        "make bench",
+        f"(a) output tok/s, gateway / vLLM's server, concurrency 16 >= {THROUGHPUT_LIMIT:g}x",
+    ),
+    DeclaredTarget(
+        "bench.a.tps.c64", "make bench", f"(a) the same at concurrency 64 >= {THROUGHPUT_LIMIT:g}x"
+    ),
+    DeclaredTarget(
+        "bench.a.activations.c16",
+        "make bench",
+        f"(a) adapter activations per 100 requests, gateway / gateway-fcfs, concurrency "
+        f"16 <= {ACTIVATIONS_LIMIT:g}x",
+    ),
+    DeclaredTarget(
+        "bench.a.activations.c64",
+        "make bench",
+        f"(a) the same at concurrency 64 <= {ACTIVATIONS_LIMIT:g}x",
+    ),
+    DeclaredTarget(
+        "bench.c.registered",
+        "make bench",
+        f"(c) 1,000 adapters: output tok/s / 1 adapter's >= {REGISTERED_LIMIT:g}x, 0 errors",
+    ),
+    DeclaredTarget(
+        "bench.d.zipf.2x",
+        "make bench",
+        f"(d) Zipf: TTFT p99 over 2x the slots / over adapters = slots <= {CLIFF_LIMITS[2]:g}x",
+    ),
+    DeclaredTarget(
+        "bench.d.zipf.8x",
+        "make bench",
+        f"(d) Zipf: the same over 8x the slots <= {CLIFF_LIMITS[8]:g}x",
+    ),
+    DeclaredTarget(
+        "bench.d.uniform.2x",
+        "make bench",
+        f"(d) uniform: TTFT p99 over 2x the slots <= {CLIFF_LIMITS[2]:g}x",
+    ),
+    DeclaredTarget(
+        "bench.d.uniform.8x",
+        "make bench",
+        f"(d) uniform: the same over 8x the slots <= {CLIFF_LIMITS[8]:g}x",
+    ),
+    DeclaredTarget(
+        "bench.round",
+        "python -m bench --rounds 1",
+        "one default round <= 45 minutes on the 2-core machine",
+    ),
+    # make bench, scenario (e): the grid of turns by objectives (issue #49)
+    DeclaredTarget(
+        "bench.e.goodput",
+        "make bench",
+        "(e) every grid point: goodput (requests meeting both objectives per s) >= vLLM's server's",
+        49,
+    ),
+    DeclaredTarget(
+        "bench.e.tps",
+        "make bench",
+        "(e) where vLLM's server meets both objectives for >= 99% of requests: output "
+        "tok/s >= 0.98x its",
+        49,
+    ),
+    DeclaredTarget(
+        "bench.e.tpot", "make bench", "(e) the same points: TPOT p50 <= 1.05x vLLM's server's", 49
+    ),
+    DeclaredTarget(
+        "bench.e.cliff",
+        "make bench",
+        "(e) the grid's 2x and 8x points: TTFT p99 <= 2x and <= 4x its value at one "
+        "adapter per slot",
+        49,
+    ),
+    DeclaredTarget(
+        "bench.e.round",
+        "make bench",
+        "(e) the full grid: one round <= 90 minutes at default sizes on the 2-core machine",
+        49,
+    ),
+    DeclaredTarget("bench.e.quick", "make bench-quick", "(e) --quick: one round < 15 minutes", 49),
+    # make bench-lora
+    DeclaredTarget(
+        "lora.decode.3",
+        "make bench-lora",
+        "decode-heavy, mixed batch over 3 adapters: tok/s >= 0.85x base-only",
+    ),
+    DeclaredTarget(
+        "lora.decode.16", "make bench-lora", "decode-heavy, over 16 adapters: >= 0.75x base-only"
+    ),
+    DeclaredTarget(
+        "lora.prefill.3", "make bench-lora", "prefill-heavy, over 3 adapters: >= 0.85x base-only"
+    ),
+    DeclaredTarget(
+        "lora.prefill.16", "make bench-lora", "prefill-heavy, over 16 adapters: >= 0.75x base-only"
+    ),
+    # make gateway-cost: the hot path (issue #50), at 256 streams, stream_interval 1
+    DeclaredTarget(
+        "cost.in-process.token",
+        "make gateway-cost",
+        "in-process, the gateway's own CPU per streamed token <= 10 us",
+        50,
+    ),
+    DeclaredTarget(
+        "cost.in-process.request",
+        "make gateway-cost",
+        "in-process, the gateway's own CPU per request <= 400 us",
+        50,
+    ),
+    DeclaredTarget(
+        "cost.front.token", "make gateway-cost", "front role, CPU per streamed token <= 15 us", 50
+    ),
+    DeclaredTarget(
+        "cost.front.request", "make gateway-cost", "front role, CPU per request <= 600 us", 50
+    ),
+    DeclaredTarget(
+        "cost.reference",
+        "make gateway-cost",
+        "all-in, within 1.5x of a minimal reference SSE server in the same run",
+        50,
+    ),
+    DeclaredTarget(
+        "cost.api-server",
+        "make bench",
+        "real engine, (a) at saturation: API-server process CPU per output token, gateway "
+        "/ vLLM's server <= 1.0x",
+        50,
+    ),
+    DeclaredTarget(
+        "cost.litellm.cpu",
+        "make gateway-cost",
+        "the front's CPU per request <= 0.5x LiteLLM proxy's over the same paced upstream",
+        50,
+    ),
+    DeclaredTarget(
+        "cost.litellm.p99",
+        "make gateway-cost",
+        "the front's p99 added latency < LiteLLM proxy's, at 25%, 50% and 90% of capacity",
+        50,
+    ),
+    # the Responses API (issue #51)
+    DeclaredTarget(
+        "responses.cost",
+        "make gateway-cost",
+        "/v1/responses against /v1/chat/completions: CPU per request and per streamed "
+        "token <= 1.15x, both roles, 16 and 256 streams",
+        51,
+    ),
+    DeclaredTarget(
+        "responses.store",
+        "make gateway-cost",
+        "store: true over store: false, 64 concurrent requests: <= 5 ms added at p99, "
+        "SQLite and PostgreSQL",
+        51,
+    ),
+    # batches (issue #52)
+    DeclaredTarget(
+        "batches.ttft",
+        "make bench",
+        "a 2,000-line batch beside (a) at 50%: the interactive tenant's TTFT p99 <= 1.25x "
+        "without the batch",
+        52,
+    ),
+    DeclaredTarget(
+        "batches.tpot",
+        "make bench",
+        "the same: the interactive tenant's TPOT p50 <= 1.15x without the batch",
+        52,
+    ),
+    DeclaredTarget(
+        "batches.share",
+        "make bench",
+        "the same: the batch's output tok/s >= 0.5x the capacity the interactive load leaves",
+        52,
+    ),
+    DeclaredTarget(
+        "batches.alone",
+        "make bench",
+        "a batch alone: output tok/s >= 0.9x the same requests online at saturation",
+        52,
+    ),
+    # tracing (issue #53)
+    DeclaredTarget(
+        "tracing.cost",
+        "make gateway-cost",
+        "tracing on, full sampling, against off: <= 60 us of CPU per request",
+        53,
+    ),
+    DeclaredTarget(
+        "tracing.tokens",
+        "the in-memory exporter's test",
+        "no span, event or attribute per streamed token: the same span count for 1 and 64 tokens",
+        53,
+    ),
+    DeclaredTarget(
+        "tracing.off",
+        "make gateway-cost",
+        "tracing off, access log at its default: the hot path's targets hold in the same run",
+        53,
+    ),
+    # the rest
+    DeclaredTarget(
+        "abuse.victim",
+        "make abuse",
+        "every row: the victim's p99 under attack <= max(2x alone, alone + 0.5 s), no "
+        "victim request failing",
+        23,
+    ),
+    DeclaredTarget(
+        "shadow.ttft",
+        "make bench-shadow",
+        "a tenant's TTFT p99, alias shadowed at 100% / no shadow <= 1.1x",
+    ),
+    DeclaredTarget(
+        "rollback.check",
+        "python -m tools.rollback_check_bench",
+        "a rollback rule's check over 10^6 rows <= 50 ms",
+    ),
+    DeclaredTarget(
+        "rollback.lag",
+        "python -m tools.rollback_check_bench",
+        "/healthz p99 during checks within 10 ms of idle",
+    ),
+    DeclaredTarget("tests.all", "make test", "make test <= 12 minutes on the 2-core machine"),
+    DeclaredTarget(
+        "tests.fast", "make test-fast", "make test-fast <= 2 minutes on the 2-core machine"
+    ),
+)

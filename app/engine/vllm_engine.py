@@ -80,7 +80,7 @@ def engine_dtype(requested: Dtype) -> Dtype:
     """The dtype vLLM is asked for. ``auto`` takes the checkpoint's, bfloat16 for most models,
     which vLLM's CPU build runs even on an x86 CPU with no bfloat16 matmul (neither AVX-512
     BF16 nor AMX) by emulating it, several times slower than float32: there ``auto`` means
-    float32 (docs/performance.md, "Scenario (c) in situ")."""
+    float32 (docs/performance-log.md, "Scenario (c) in situ")."""
     if requested != "auto" or not current_platform.is_cpu() or platform.machine() not in X86:
         return requested
     if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
@@ -93,7 +93,7 @@ def engine_block_size(requested: int | None) -> int | None:
     """The KV cache block size vLLM is asked for. Unset means vLLM's own on a GPU (16 tokens)
     and :data:`CPU_KV_BLOCK_SIZE` on a CPU, where vLLM's is 128: shorter requests than that
     each sit in a mostly empty block, and a request preempted for a slot turn is computed
-    again from its last full block (docs/performance.md, "Slot turns at saturation")."""
+    again from its last full block (docs/performance-log.md, "Slot turns at saturation")."""
     if requested is not None or not current_platform.is_cpu():
         return requested
     return CPU_KV_BLOCK_SIZE

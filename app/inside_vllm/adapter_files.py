@@ -7,7 +7,7 @@ per layer and module, hundreds in all. :func:`safe_open` reads the file's header
 each tensor asked for with one ``pread`` into a buffer of its own: the same independent
 tensors, read from the file rather than memory-mapped. A file it cannot read that way (a dtype
 it does not map, a header that does not add up) goes to safetensors' own reader, which
-says what is wrong with it. docs/performance.md has what a load cost before and after.
+says what is wrong with it. docs/performance-log.md has what a load cost before and after.
 """
 
 from __future__ import annotations

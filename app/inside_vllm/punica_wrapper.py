@@ -9,7 +9,7 @@ in slot order and added back with one ``index_add_``; each layer's calls bound o
 (:mod:`app.inside_vllm.lora_weights`). Rows without an adapter are never touched, which keeps
 the tenant isolation of :mod:`app.inside_vllm.punica_cpu`; calls that do not match the plan
 fall back to those ops. Plain PyTorch on purpose (no toolchain to install); the design, the
-alternatives tried and what they measured are in docs/performance.md.
+alternatives tried and what they measured are in docs/performance-log.md.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Activating an adapter in a slot, vLLM's model manager zeroes that slot in every 
 the adapter has no weights for (``reset_lora``). For adapters of the attention projections,
 that is every MLP layer, the logits' ``B`` (a row per vocabulary entry) and the embedding's
 ``A``, zeroed at every activation although no adapter ever wrote them: on the CPU engine, a
-good part of an activation's time (docs/performance.md).
+good part of an activation's time (docs/performance-log.md).
 
 :func:`skip_zeroing_zero_slots` makes a layer's ``reset_lora`` remember the slots it zeroed,
 with the identity and version counter of each of the layer's stacks (torch moves a tensor's

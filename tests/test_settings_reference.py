@@ -1,18 +1,23 @@
 from __future__ import annotations
 
 import difflib
+import json
 from pathlib import Path
 
 import pytest
 from pydantic import Field, SecretStr
 
+from app import cli
 from app.settings import Settings
-from tools import settings_reference
-from tools.settings_reference import PAGE, REGENERATE, SECTIONS, render
+from app.settings_reference import REGENERATE, SECTIONS, help_text, render
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
 
 
-def test_docs_settings_md_is_what_the_generator_renders() -> None:
-    expected = render()
+def test_docs_settings_md_is_what_the_cli_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["settings", "--reference"]) == 0
+    expected = capsys.readouterr().out
+    assert expected == render()
     current = PAGE.read_text() if PAGE.is_file() else ""
     if current != expected:
         diff = difflib.unified_diff(
@@ -80,8 +85,35 @@ def test_markup_in_a_description_stays_text() -> None:
     assert "sha256/&lt;digest>/" in row
 
 
-def test_the_command_writes_the_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    output = tmp_path / "settings.md"
-    settings_reference.main(["--output", str(output)])
-    assert output.read_text() == render()
-    assert str(output) in capsys.readouterr().out
+def test_plain_settings_prints_the_values_in_effect_as_json(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LORA_GATEWAY_PORT", "9999")
+    assert cli.main(["settings"]) == 0
+    assert json.loads(capsys.readouterr().out)["port"] == 9999
+
+
+def test_the_reference_needs_no_valid_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LORA_GATEWAY_PORT", "not a port")
+    assert cli.main(["settings", "--reference"]) == 0
+    assert capsys.readouterr().out == render()
+
+
+def test_the_help_epilog_lists_every_setting_by_section_from_the_same_source() -> None:
+    epilog = cli.build_parser().epilog or ""
+    assert epilog == help_text()
+    headings = [line[:-1] for line in epilog.splitlines() if line and not line.startswith(" ")]
+    assert headings[2:] == [title for title, _ in SECTIONS]
+    for name in Settings.model_fields:
+        assert epilog.count(f"  LORA_GATEWAY_{name.upper()}  (") == 1, name
+    assert "  LORA_GATEWAY_ROLE  (all | front | engine; default all)" in epilog
+    assert "  LORA_GATEWAY_MAX_ADAPTER_BYTES  (integer, ≥ 1; default 1073741824 (1 GiB))" in epilog
+    assert "`" not in epilog
+    descriptions = [line for line in epilog.splitlines() if line.startswith("      ")]
+    assert descriptions and max(len(line) for line in descriptions) <= 100
+
+
+def test_a_secret_default_is_never_in_the_help() -> None:
+    assert "lgw-admin-do-not-print" not in help_text(_WithSecretDefault)

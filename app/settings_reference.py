@@ -1,20 +1,21 @@
-"""The settings reference, ``docs/settings.md``, rendered from ``app.settings.Settings``.
+"""The settings reference, rendered from ``app.settings.Settings``: as Markdown for
+``lora-gateway settings --reference`` (whose output is ``docs/settings.md``: ``make
+settings-doc``), and as plain text for the epilog of ``lora-gateway --help``.
 
-``python -m tools.settings_reference`` (``make settings-doc``) writes the page; the test
-``tests/tools/test_settings_reference.py`` fails while the page differs from what
-:func:`render` gives, so a setting added or changed without regenerating it fails ``make test``.
+``tests/test_settings_reference.py`` fails while ``docs/settings.md`` differs from what the
+command prints, so a setting added or changed without regenerating the page fails ``make test``.
 
-The page shows each field's variable, type, default and description, grouped by
-:data:`SECTIONS`. Defaults are the class's, never the environment's or ``.env``'s, so the page
-is the same on every machine; a secret's default is never shown.
+Both show each field's variable, type, default and description, grouped by :data:`SECTIONS`.
+Defaults are the class's, never the environment's or ``.env``'s, so the output is the same on
+every machine; a secret's default is never shown.
 """
 
 from __future__ import annotations
 
-import argparse
 import enum
+import textwrap
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path, PurePath
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -25,8 +26,7 @@ from pydantic_settings import BaseSettings
 
 from app.settings import Settings
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
-REGENERATE = "make settings-doc  (python -m tools.settings_reference)"
+REGENERATE = "make settings-doc  (lora-gateway settings --reference > docs/settings.md)"
 
 # Each section's title and the field it starts at; a section runs, in the class's order, up to
 # the next one's first field, so a field added anywhere lands in the section around it.
@@ -51,7 +51,7 @@ _TYPE_NAMES: dict[Any, str] = {
 }
 _BYTE_UNITS = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
 _INTRO = """\
-<!-- Generated from app/settings.py by `python -m tools.settings_reference`
+<!-- Generated from app/settings.py by `lora-gateway settings --reference`
      (make settings-doc); edit the fields' descriptions there, not this page. -->
 
 # Settings
@@ -59,8 +59,9 @@ _INTRO = """\
 Every setting is an environment variable, `LORA_GATEWAY_` and the field's name in capitals,
 also read from a `.env` file in the working directory (the environment wins). Booleans are
 `true` or `false`. A name in a description such as `max_loras` is another setting on this page
-(`LORA_GATEWAY_MAX_LORAS`). `lora-gateway --help` lists the same variables;
-`lora-gateway settings` prints the values in effect, as JSON.
+(`LORA_GATEWAY_MAX_LORAS`). `lora-gateway settings --reference` prints this page and
+`lora-gateway --help` the same variables as text; `lora-gateway settings` prints the values in
+effect, as JSON.
 """
 
 
@@ -189,18 +190,27 @@ def render(settings_class: type[BaseSettings] = Settings) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m tools.settings_reference",
-        description="Write the settings reference rendered from app.settings.Settings.",
-    )
-    parser.add_argument(
-        "--output", type=Path, default=PAGE, help="where to write it (default: docs/settings.md)"
-    )
-    args = parser.parse_args(argv)
-    args.output.write_text(render())
-    print(f"wrote {args.output}")
+def _plain_text(markdown: str) -> str:
+    """A description without Markdown's escapes and code spans' backticks."""
+    return " ".join(markdown.split()).replace("`", "")
 
 
-if __name__ == "__main__":
-    main()
+def help_text(settings_class: type[BaseSettings] = Settings, width: int = 100) -> str:
+    """The same reference as :func:`render`, as plain text for ``--help``: per section, each
+    variable with its type and default, its description wrapped below it."""
+    prefix = str(settings_class.model_config.get("env_prefix", ""))
+    fields = settings_class.model_fields
+    lines = ["settings (environment variables, also read from ./.env; as Markdown:"]
+    lines.append("lora-gateway settings --reference):")
+    for title, names in _sections(settings_class):
+        lines += ["", f"{title}:"]
+        for name in names:
+            field = fields[name]
+            kind = _plain_text(_type(field)).replace("\\|", "|")
+            default = _plain_text(_default(name, field))
+            lines.append(f"  {prefix}{name.upper()}  ({kind}; default {default})")
+            lines += textwrap.wrap(
+                _plain_text(field.description or ""), width,
+                initial_indent="      ", subsequent_indent="      ",
+            )  # fmt: skip
+    return "\n".join(lines)
