@@ -277,34 +277,39 @@ DECLARED_TARGETS: tuple[DeclaredTarget, ...] = (
     # make bench, scenario (e): the grid of turns by objectives (issue #49)
     DeclaredTarget(
         "bench.e.goodput",
-        "make bench",
+        "make bench-grid",
         "(e) every grid point: goodput (requests meeting both objectives per s) >= vLLM's server's",
         49,
     ),
     DeclaredTarget(
         "bench.e.tps",
-        "make bench",
+        "make bench-grid",
         "(e) where vLLM's server meets both objectives for >= 99% of requests: output "
         "tok/s >= 0.98x its",
         49,
     ),
     DeclaredTarget(
-        "bench.e.tpot", "make bench", "(e) the same points: TPOT p50 <= 1.05x vLLM's server's", 49
+        "bench.e.tpot",
+        "make bench-grid",
+        "(e) the same points: TPOT p50 <= 1.05x vLLM's server's",
+        49,
     ),
     DeclaredTarget(
         "bench.e.cliff",
-        "make bench",
+        "make bench-grid",
         "(e) the grid's 2x and 8x points: TTFT p99 <= 2x and <= 4x its value at one "
         "adapter per slot",
         49,
     ),
     DeclaredTarget(
         "bench.e.round",
-        "make bench",
+        "make bench-grid",
         "(e) the full grid: one round <= 90 minutes at default sizes on the 2-core machine",
         49,
     ),
-    DeclaredTarget("bench.e.quick", "make bench-quick", "(e) --quick: one round < 15 minutes", 49),
+    DeclaredTarget(
+        "bench.e.quick", "make bench-grid-quick", "(e) --quick: one round < 15 minutes", 49
+    ),
     # make bench-lora
     DeclaredTarget(
         "lora.decode.3",
