@@ -1,10 +1,11 @@
-"""Where a scenario's time goes, in situ: ``python -m bench.insitu c`` or ``... a``.
+"""Where a scenario's time goes, in situ: ``python -m bench.insitu c``, ``... a`` or ``... e``.
 
 A sampling profiler (py-spy, ``pip install py-spy``: not a dependency) records every process
 of the system under test while each point of a scenario runs: the server (the gateway, or
 vLLM's API server), vLLM's engine core and its model worker. Scenario c is the closed loop
 over 1 adapter and over 1,000 registered ones, on the gateway; scenario a is the saturation
-closed loop on the gateway and on vLLM's server with our ops, taking turns. Each profile is
+closed loop on the gateway and on vLLM's server with our ops, taking turns; scenario e is the
+grid's quick points (``bench.grid``), vLLM's server first in each round. Each profile is
 written as py-spy's raw folded stacks, and ``summary.md`` accounts each process's samples by
 what they were doing (the ``ACCOUNTS`` below), per point and system, so that two points or
 two systems are compared share by share. The profiler samples at 50 Hz without stopping the
@@ -30,6 +31,8 @@ from pathlib import Path
 import bench.scenarios
 from app.settings import Settings
 from bench.config import GATEWAY, VLLM, BenchConfig
+from bench.grid import GridConfig
+from bench.grid_run import run_grid
 from bench.random_adapters import ensure_bench_adapters
 from bench.runner import build_system, registered_phase, scenario_engine, warm_up
 from bench.scenarios import Measure, saturation
@@ -221,11 +224,17 @@ async def profile_a(config: BenchConfig, settings: Settings, out_dir: Path, spy:
                     await asyncio.to_thread(system.stop)
 
 
+async def profile_e(rounds: int, settings: Settings, out_dir: Path, spy: Recorder) -> None:
+    config = replace(GridConfig.quick(), rounds=rounds, out=out_dir)
+    with spy.around_every_point():
+        await run_grid(config, settings, "python -m bench.insitu e")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.insitu", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("scenario", choices=("a", "c"))
+    parser.add_argument("scenario", choices=("a", "c", "e"))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=64, help="a: closed-loop concurrency")
     parser.add_argument("--registered", type=int, default=1000, help="c: adapters registered")
@@ -242,8 +251,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         registered=args.registered, cliff_multiples=(),
     )  # fmt: skip
     spy = Recorder(args.py_spy, out_dir)
-    run = profile_c if args.scenario == "c" else profile_a
-    asyncio.run(run(config, Settings(), out_dir, spy))
+    if args.scenario == "e":
+        asyncio.run(profile_e(args.rounds, Settings(), out_dir, spy))
+    else:
+        run = profile_c if args.scenario == "c" else profile_a
+        asyncio.run(run(config, Settings(), out_dir, spy))
     text = summary(spy.profiles, spy.runs)
     (out_dir / "summary.md").write_text(text + "\n")
     print(text)
