@@ -415,7 +415,10 @@ class SlotSharingScheduler(Scheduler):
         outputs = super().update_from_output(*args, **kwargs)
         if self._objectives:
             now = time.time()
-            for request_id in self._objectives.keys() - self._first_token_at.keys():
+            for request_id, objectives in self._objectives.items():
+                # Only a TPOT objective counts from the first token.
+                if objectives.tpot is None or request_id in self._first_token_at:
+                    continue
                 request = self.requests.get(request_id)
                 if request is not None and request.num_output_tokens > 0:
                     self._first_token_at[request_id] = now
