@@ -74,6 +74,8 @@ async def create_tenant(request: Request, session: Mutation, gateway: GatewayDep
                 "allow_base_model": checkbox(form, "allow_base_model"),
                 "weight": optional_int(form, "weight"),
                 "priority": text(form, "priority"),
+                "slo_ttft_ms": optional_int(form, "slo_ttft_ms"),
+                "slo_tpot_ms": optional_int(form, "slo_tpot_ms"),
             },
         )
         await gateway.admin.create_tenant(session.actor, body)
@@ -163,6 +165,7 @@ async def tenant_page(
         session,
         status=status,
         tenant=row,
+        class_objectives=_class_objectives(gateway, row.priority),
         keys=keys,
         key_quotas=key_quotas,
         quota=await admin.get_quota(tenant_id),
@@ -174,6 +177,14 @@ async def tenant_page(
         error=error,
         created_key=created_key,
     )
+
+
+def _class_objectives(gateway: Gateway, priority: str) -> dict[str, float | None]:
+    """The objectives, in ms, of the priority class a tenant with none of its own has."""
+    settings = gateway.settings
+    if priority == "batch":
+        return {"ttft": settings.slo_ttft_ms_batch, "tpot": settings.slo_tpot_ms_batch}
+    return {"ttft": settings.slo_ttft_ms_interactive, "tpot": settings.slo_tpot_ms_interactive}
 
 
 @router.get("/{tenant_id}/usage.csv")
@@ -239,6 +250,9 @@ async def update_tenant(
                 "allow_base_model": checkbox(form, "allow_base_model"),
                 "weight": optional_int(form, "weight"),
                 "priority": text(form, "priority"),
+                # Emptied, an objective goes back to its class's, as 0 does.
+                "slo_ttft_ms": optional_int(form, "slo_ttft_ms") or 0,
+                "slo_tpot_ms": optional_int(form, "slo_tpot_ms") or 0,
             },
         )
         await gateway.admin.update_tenant(session.actor, tenant_id, body)

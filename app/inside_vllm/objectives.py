@@ -35,17 +35,18 @@ class Objectives(NamedTuple):
 
     @classmethod
     def of(cls, extra_args: Mapping[str, Any] | None) -> Objectives | None:
-        """A request's objectives from its ``extra_args``; None where it carries none (a
-        request that did not come through the gateway, or one of a class with none). A value
-        that is not a positive number counts as no objective."""
+        """A request's class and objectives from its ``extra_args``, its class alone where it
+        carries no objective (``any`` is false: the turns by objectives still need its class,
+        so that a batch request never pauses an interactive stream); None where it carries no
+        class (a request that did not come through the gateway). A value that is not a
+        positive number counts as no objective."""
         if not extra_args or CLASS_KEY not in extra_args:
             return None
-        objectives = cls(
+        return cls(
             interactive=extra_args[CLASS_KEY] == INTERACTIVE,
             ttft=_seconds(extra_args.get(TTFT_KEY)),
             tpot=_seconds(extra_args.get(TPOT_KEY)),
         )
-        return objectives if objectives.any else None
 
 
 def _seconds(milliseconds: object) -> float | None:

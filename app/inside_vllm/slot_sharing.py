@@ -242,7 +242,8 @@ def plan(
     have the most slack, each of which has generated a token since it last started (a
     request with no objective: its quantum). No turn pauses a stream paused before and
     behind its TPOT objective, nor, for a batch request, an interactive one; these rules
-    apply to the quantum's turns too."""
+    apply to the quantum's turns too, and a request they alone keep from a turn does not keep
+    the requests behind it from one."""
     judge = Judge(objectives or {}, first_token_at or {}, waiting_since, now, step_seconds)
     resident: dict[int, list[Candidate]] = {}
     for request in running:
@@ -296,25 +297,25 @@ def plan(
         else:
             request = blocked[adapter][1]
             new = request.num_output_tokens == 0
-            holder = next(
-                (
-                    h
-                    for h in holders
-                    if (
-                        h is FREE_SLOT
-                        or (
-                            quantum > 0
-                            and h.turn >= (1 if new and not h.by_turn else quantum)
-                            and not (keep_ending and h.ends_within(quantum))
-                            and judge.may_pause(h, request)
-                        )
+            turned = [
+                h
+                for h in holders
+                if (
+                    h is FREE_SLOT
+                    or (
+                        quantum > 0
+                        and h.turn >= (1 if new and not h.by_turn else quantum)
+                        and not (keep_ending and h.ends_within(quantum))
                     )
-                    and len(h.requests) <= largest
-                ),
-                None,
-            )
-            if holder is None:
+                )
+                and len(h.requests) <= largest
+            ]
+            if not turned:
                 break  # the next slot is this request's
+            pausable = (h for h in turned if h is FREE_SLOT or judge.may_pause(h, request))
+            holder = next(pausable, None)
+            if holder is None:
+                continue  # its turns pause no stream it may: another request may take them
         holders.remove(holder)
         takes.append((request, holder.requests))
     return takes
@@ -396,7 +397,8 @@ class SlotSharingScheduler(Scheduler):
         self._turn_taken: dict[str, tuple[int, int]] = {}
 
     def add_request(self, request: Request) -> None:
-        # Read wherever the scheduler runs: a tenant's own objectives need no class's.
+        # Read wherever the scheduler runs: a tenant's own objectives need no class's. A
+        # request's class alone is kept too: a batch request never pauses an interactive one.
         if request.sampling_params is not None:
             objectives = Objectives.of(request.sampling_params.extra_args)
             if objectives is not None:
@@ -408,7 +410,7 @@ class SlotSharingScheduler(Scheduler):
             self._step_began = time.monotonic()
         if self._turn_start or self._objectives:
             self._forget_finished()
-        shares = self.quantum > 0 or self._objectives
+        shares = self.quantum > 0 or any(o.any for o in self._objectives.values())
         if self.lora_config is not None and shares and self._anyone_waits():
             self._share_slots(self.lora_config.max_loras)
         return super().schedule(*args, **kwargs)
@@ -424,7 +426,10 @@ class SlotSharingScheduler(Scheduler):
                     SLOT_TURN_LEAD_STEPS.observe(self._steps - taken_at)
         if self._objectives:
             now = time.time()
-            for request_id in self._objectives.keys() - self._first_token_at.keys():
+            for request_id, objectives in self._objectives.items():
+                # Only a TPOT objective counts from the first token.
+                if objectives.tpot is None or request_id in self._first_token_at:
+                    continue
                 request = self.requests.get(request_id)
                 if request is not None and request.num_output_tokens > 0:
                     self._first_token_at[request_id] = now

@@ -14,6 +14,7 @@ from sqlalchemy import insert
 
 from app.api.admin.deps import actor_name
 from app.store.tables import AdapterVersionRow, TenantRow
+from app.tenancy.manifests import MAX_OBJECTIVE_MS
 from tests.support.archives import tiny_adapter_archive
 from tests.support.console import Console, console
 from tests.support.fake_upstream import fake_upstream
@@ -151,6 +152,58 @@ async def test_a_refused_form_names_the_field_next_to_it_and_is_audited(
         audit = (await served.admin("GET", "/audit?limit=50"))["data"]
         rejected = {r["action"] for r in audit if r["outcome"] == "rejected"}
         assert {"tenant.create", "quota.put", "grant.put"} <= rejected
+
+
+def input_value(page: str, field: str) -> str:
+    found = re.search(rf'<input id="{field}" name="{field}"[^>]* value="([^"]*)"', page)
+    assert found is not None, field
+    return found.group(1)
+
+
+async def test_a_tenants_own_objectives_are_set_shown_and_validated_as_over_rest(
+    serve: ServeFactory,
+) -> None:
+    async with (
+        serve(ScriptedEngine(), slo_ttft_ms_interactive=700) as served,
+        console(served.base_url) as ui,
+    ):
+        new = {"id": "acme", "name": "ACME", "slo_ttft_ms": "800", "slo_tpot_ms": "0"}
+        assert (await ui.post("/tenants", new)).status_code == 303
+        tenant = await served.admin("GET", "/tenants/acme")
+        assert (tenant["slo_ttft_ms"], tenant["slo_tpot_ms"]) == (800, 0)
+        listed = (await ui.get("/tenants")).text
+        assert "<td>TTFT 800 ms, TPOT of its class</td>" in listed
+        assert "<td>of its class</td>" in listed  # the other tenant's: none of its own
+        shown = (await ui.get("/tenants/acme")).text
+        assert (input_value(shown, "slo_ttft_ms"), input_value(shown, "slo_tpot_ms")) == (
+            "800",
+            "0",
+        )
+        # What 0 means for this tenant: its class's objectives, from the settings.
+        assert "its interactive class's (time to first token 700 ms" in shown
+        assert "no per output token objective" in shown
+
+        settings = {"name": "ACME", "priority": "interactive", "enabled": "on"}
+        changed = {**settings, "slo_ttft_ms": "", "slo_tpot_ms": "40"}
+        assert (await ui.post("/tenants/acme/settings", changed)).status_code == 303
+        tenant = await served.admin("GET", "/tenants/acme")
+        assert (tenant["slo_ttft_ms"], tenant["slo_tpot_ms"]) == (0, 40)  # emptied: the class's
+
+        for field, value, reason in [
+            ("slo_ttft_ms", "-5", "greater than or equal to 0"),
+            ("slo_tpot_ms", "fast", "must be a whole number"),
+            ("slo_ttft_ms", "1.5", "must be a whole number"),
+            ("slo_tpot_ms", str(MAX_OBJECTIVE_MS + 1), "less than or equal to"),
+        ]:
+            refused = await ui.post("/tenants/acme/settings", {**settings, field: value})
+            assert refused.status_code == 400, (field, value)
+            assert 'id="settings-error"' in refused.text and f"`{field}`" in refused.text
+            assert reason in refused.text, refused.text
+            refused = await ui.post("/tenants", {"id": "other", "name": "x", field: value})
+            assert refused.status_code == 400 and f"`{field}`" in refused.text
+        tenant = await served.admin("GET", "/tenants/acme")
+        assert (tenant["slo_ttft_ms"], tenant["slo_tpot_ms"]) == (0, 40)  # nothing changed
+        assert "other" not in {t["id"] for t in await served.admin("GET", "/tenants")}
 
 
 async def test_an_upload_refusal_shows_the_validators_reason_with_or_without_script(

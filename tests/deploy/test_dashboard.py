@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import Histogram
 
@@ -37,5 +38,39 @@ def test_every_panel_queries_an_exported_metric() -> None:
             assert named, (panel["title"], target["expr"])
             assert named <= exported, (panel["title"], named - exported)
     titles = " ".join(p["title"].lower() for p in dashboard["panels"])
-    for topic in ("hit rate", "swap latency", "tokens per tenant", "first token", "quota"):
+    for topic in (
+        "hit rate",
+        "swap latency",
+        "tokens per tenant",
+        "first token",
+        "quota",
+        "latency objectives",
+        "slot turns",
+    ):
         assert topic in titles
+
+
+def queries(dashboard: dict[str, Any], metric: str) -> list[str]:
+    return [
+        target["expr"]
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        if metric in target["expr"]
+    ]
+
+
+def test_objectives_are_shown_by_class_and_outcome_as_shares_and_rates_and_turns_by_rule() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    outcomes = queries(dashboard, "lora_gateway_slo_outcomes_total")
+    # A share: met (or each miss) over all, per class; and the rates, met being goodput.
+    assert any("by (class, outcome)" in q and "/" not in q for q in outcomes), outcomes
+    assert any('outcome="met"' in q and "/ sum by (class)" in q for q in outcomes), outcomes
+    assert any('outcome!="met"' in q and "group_left sum by (class)" in q for q in outcomes)
+    turns = queries(dashboard, "lora_gateway_slot_turns_total")
+    assert turns == ["sum by (rule) (rate(lora_gateway_slot_turns_total[5m]))"]
+    units = {
+        panel["title"]: panel["fieldConfig"]["defaults"].get("unit")
+        for panel in dashboard["panels"]
+        if any("slo_outcomes" in t["expr"] or "slot_turns" in t["expr"] for t in panel["targets"])
+    }
+    assert sorted(units.values()) == ["ops", "percentunit", "reqps"], units

@@ -248,6 +248,20 @@ def test_no_turn_while_every_waiting_request_is_within_its_objective() -> None:
     assert takes(slots, waiting, max_loras=1) == [("w", ["a1"])]  # by the quantum
     lead = TURN_LEAD_STEPS * STEP
     assert by_objectives(slots, waiting, now=101.0 - lead - STEP) == []
+    # Nor with every slot held, new requests and paused streams waiting, each short of the
+    # turn's lead of its deadline, each holder past its quantum.
+    now = 100.0
+    slots = [running("a1", 1, 40), running("b1", 2, 40)]
+    waiting = [
+        Fake("new", 3, arrival_time=now - 2.0 + lead + STEP),  # first token due in lead + 1
+        paused("p", 4, 20),  # its 21st token due at 90.0 + 20 x 0.5 = 100 + lead + 1 step
+    ]
+    first = {"p": 90.0 + lead + STEP}
+    assert sorted(w for w, _ in takes(slots, waiting, max_loras=2, now=now)) == ["new", "p"]
+    assert by_objectives(slots, waiting, now, max_loras=2, first_token_at=first) == []
+    # A step later, both are within the lead: each takes a slot.
+    later = by_objectives(slots, waiting, now + STEP, max_loras=2, first_token_at=first)
+    assert sorted(w for w, _ in later) == ["new", "p"]
 
 
 def test_a_turn_is_taken_before_a_waiting_request_would_miss_its_first_token() -> None:
@@ -307,6 +321,27 @@ def test_a_stream_is_never_paused_again_while_it_is_behind_its_objective() -> No
         assert taken == ([("w", ["a1"])] if turn else [])
 
 
+def test_a_paused_stream_behind_is_spared_for_one_with_less_slack_never_paused() -> None:
+    """The turn's pause goes to the stream never paused, though it is further behind: the
+    one paused before is not paused again until it is back within its objective."""
+    slots = [running("a1", 1, 10), running("b1", 2, 10)]
+    waiting = [Fake("w", 3, arrival_time=99.0)]
+    now = 101.0 - TURN_LEAD_STEPS * STEP  # 100.25
+    first = {"a1": 95.0, "b1": 94.0}  # 11th tokens due at 100 and 99: both behind, a1 less
+    assert by_objectives(slots, waiting, now, max_loras=2, first_token_at=first) == [("w", ["a1"])]
+    protected = {"a1": 90.0}  # a1 was paused before
+    taken = by_objectives(
+        slots, waiting, now, max_loras=2, first_token_at=first, waiting_since=protected
+    )
+    assert taken == [("w", ["b1"])]
+    # Both paused before and behind: no turn; the request waits for a slot to free.
+    both = {"a1": 90.0, "b1": 90.0}
+    assert (
+        by_objectives(slots, waiting, now, max_loras=2, first_token_at=first, waiting_since=both)
+        == []
+    )
+
+
 def test_a_turn_waits_for_each_stream_to_generate_a_token_since_it_last_started() -> None:
     holder, waiting = running("a1", 1, 10), [Fake("w", 2, arrival_time=99.0)]
     now = 101.0 - TURN_LEAD_STEPS * STEP
@@ -329,6 +364,47 @@ def test_a_batch_request_never_pauses_an_interactive_stream() -> None:
     # Nor by the quantum, for a batch request with no objective of its own.
     objectives = {"w": Objectives(interactive=False), "a1": INTERACTIVE}
     assert by_objectives(slots, waiting, now, objectives=objectives) == []
+
+
+def test_a_batch_request_pauses_batch_streams_only_whatever_their_slack() -> None:
+    """An adapter running one interactive stream among batch ones is not paused for a batch
+    request, though its streams have the most slack; for an interactive request it is."""
+    slots = [
+        running("mixed-batch", 1, 20),
+        running("mixed-interactive", 1, 20),
+        running("b1", 2, 20),
+        running("b2", 2, 20),
+    ]
+    now = 101.0 - TURN_LEAD_STEPS * STEP
+    first = {"mixed-batch": 95.0, "mixed-interactive": 95.0, "b1": 90.0, "b2": 90.0}
+    classes = {"mixed-batch": BATCH, "b1": BATCH, "b2": BATCH}  # mixed-interactive: interactive
+    for waiting_class, paused_ in [
+        (BATCH, ["b1", "b2"]),
+        (INTERACTIVE, ["mixed-batch", "mixed-interactive"]),
+    ]:
+        waiting = [Fake("w", 3, arrival_time=99.0), Fake("w2", 3, arrival_time=99.0)]
+        objectives = classes | {"w": waiting_class, "w2": waiting_class}
+        taken = by_objectives(
+            slots, waiting, now, max_loras=2, objectives=objectives, first_token_at=first
+        )
+        assert taken == [("w", paused_)]
+
+
+def test_a_batch_request_kept_from_a_turn_keeps_no_interactive_request_from_one() -> None:
+    """By the quantum: the batch adapter has waited longest, but the only holder past its
+    turn runs an interactive stream, so the interactive request behind it takes that slot
+    instead of both waiting for a slot to free."""
+    slots = [running("a1", 1, 40)]
+    waiting = [Fake("batch", 2, arrival_time=10.0), Fake("interactive", 3, arrival_time=99.0)]
+    only_classes = {
+        "a1": Objectives(interactive=True),
+        "batch": Objectives(interactive=False),
+        "interactive": Objectives(interactive=True),
+    }
+    assert takes(slots, waiting, max_loras=1) == [("batch", ["a1"])]  # classes unknown
+    assert takes(slots, waiting, max_loras=1, objectives=only_classes) == [("interactive", ["a1"])]
+    # Where no holder has had its quantum, the next slot is still the batch request's.
+    assert takes(slots, waiting, max_loras=1, objectives=only_classes, turn_start={"a1": 38}) == []
 
 
 def test_requests_without_objectives_fall_back_to_the_quantum() -> None:
@@ -561,6 +637,29 @@ def test_the_scheduler_takes_turns_by_the_objectives_its_requests_carry(
     assert run.tokens == {"r0": ANSWER, "r1": ANSWER}
     assert sched.step_seconds > 0  # the measured pace
     assert sched._objectives == {} and sched._first_token_at == {}  # forgotten once done
+
+
+@pytest.mark.parametrize(
+    ("holder_interactive", "waiting_interactive", "turn"),
+    [(True, False, False), (True, True, True), (False, True, True), (False, False, True)],
+)
+def test_the_scheduler_reads_each_requests_class_even_with_no_objective(
+    holder_interactive: bool, waiting_interactive: bool, turn: bool
+) -> None:
+    """The classes alone, as the gateway sends them where no objective is set: the quantum's
+    turns, but never a batch request's that pauses an interactive stream."""
+    sched = scheduler(2)
+    r0 = request(0, 1, Objectives(interactive=holder_interactive))
+    r1 = request(1, 2, Objectives(interactive=waiting_interactive))
+    turns = SLOT_TURNS.labels("quantum")._value.get()
+    run = drive(sched, {0: r0, 1: r1})
+    if turn:
+        assert run.first_step("r1") == 1 and run.last_step("r0") > 1
+    else:
+        assert run.first_step("r1") > run.last_step("r0")
+    assert (SLOT_TURNS.labels("quantum")._value.get() > turns) == turn
+    assert run.tokens == {"r0": ANSWER, "r1": ANSWER}
+    assert sched._objectives == {}  # forgotten once done
 
 
 def test_requests_without_objectives_keep_vllms_order_under_objectives_alone() -> None:

@@ -1,6 +1,7 @@
 """Latency objectives through the real app over a scripted engine: each request carries its
 class's objectives, or its tenant's own, in its SamplingParams to the engine, where the slot
-turns read them; none where none is set; and each request is counted by its outcome."""
+turns read them; its class alone where none is set; and each request is counted by its
+outcome."""
 
 from __future__ import annotations
 
@@ -46,16 +47,22 @@ async def test_requests_carry_their_class_objectives_or_their_tenants_own(
     assert Objectives.of(own) == Objectives(interactive=False, tpot=0.4)
 
 
-async def test_without_objectives_requests_carry_nothing_unless_their_tenant_has_its_own(
+async def test_without_objectives_requests_carry_their_class_alone_or_their_tenants_own(
     serve: ServeFactory,
 ) -> None:
+    """The class alone: the engine's turns are the quantum's, as before objectives, but a
+    batch request's never pause an interactive stream, which the engine knows by its class."""
     engine = ScriptedEngine()
     async with serve(engine) as served:
         await post(served, max_tokens=2)
+        await served.admin("PATCH", f"/tenants/{TENANT}", {"priority": "batch"})
+        await post(served, max_tokens=2)
         await served.admin("PATCH", f"/tenants/{TENANT}", {"slo_ttft_ms": 800})
         await post(served, max_tokens=2)
-    none, own = (r.params.extra_args for r in engine.started())
-    assert none is None  # the engine's turns are the quantum's, as before objectives
+    interactive, batch, own = (r.params.extra_args for r in engine.started())
+    assert interactive == {CLASS_KEY: "interactive"}
+    assert batch == {CLASS_KEY: "batch"}
+    assert Objectives.of(batch) == Objectives(interactive=False)  # no objective: `any` false
     assert own is not None and set(own) == {CLASS_KEY, TTFT_KEY} and 0 < own[TTFT_KEY] < 800
 
 

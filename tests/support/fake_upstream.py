@@ -34,7 +34,7 @@ CHAT_BODY_KEYS = {
     "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos", "seed", "stop",
     "logit_bias", "response_format", "structured_outputs", "logprobs", "top_logprobs", "tools",
     "tool_choice", "parallel_tool_calls", "max_completion_tokens", "cache_salt", "stream",
-    "stream_options", "stream_interval",
+    "stream_options", "stream_interval", "vllm_xargs",
 }  # fmt: skip
 
 UPSTREAM_PROMPT_TOKENS = 123

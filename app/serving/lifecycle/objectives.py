@@ -3,8 +3,9 @@
 
 A request's class is its tenant's priority (a shadow's is batch: its answer is discarded);
 its objectives are its tenant's own where it has them, else its class's from the settings.
-Where neither the settings nor the tenant set any, the request carries nothing and the turns
-are the quantum's, as before objectives."""
+Where neither the settings nor the tenant set any, the request carries its class alone and
+its turns are the quantum's, as before objectives, except that a batch request's never pause
+an interactive stream."""
 
 from __future__ import annotations
 
@@ -43,18 +44,14 @@ class ClassObjectives:
             },
         )
 
-    @property
-    def any(self) -> bool:
-        return any(v is not None for v in (*self.ttft_ms.values(), *self.tpot_ms.values()))
-
-    def of(self, tenant: Tenant, *, shadow: bool = False) -> Objectives | None:
-        """The class and objectives a request of ``tenant`` carries; None where no class has
-        objectives and the tenant none of its own (it then carries nothing)."""
-        if not (self.any or tenant.slo_ttft_ms or tenant.slo_tpot_ms):
-            return None
+    def of(self, tenant: Tenant, *, shadow: bool = False) -> Objectives:
+        """The class and objectives a request of ``tenant`` carries: its class always, so that
+        the engine's turns never let a batch request pause an interactive stream, whatever
+        objectives others carry; each objective its tenant's own, else its class's, else
+        none."""
         priority: Priority = "batch" if shadow else tenant.priority
-        ttft = tenant.slo_ttft_ms or self.ttft_ms[priority]
-        tpot = tenant.slo_tpot_ms or self.tpot_ms[priority]
+        ttft = tenant.slo_ttft_ms or self.ttft_ms.get(priority)
+        tpot = tenant.slo_tpot_ms or self.tpot_ms.get(priority)
         return Objectives(
             interactive=priority == "interactive",
             ttft=None if ttft is None else ttft / 1000,

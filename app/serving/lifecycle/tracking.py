@@ -504,11 +504,8 @@ class RequestTracker:
         quiet = request.model_copy(update={"stream": False, "stream_options": None})
         # A shadow's answer is discarded: it carries the batch class's objectives, whose
         # turns never pause an interactive stream.
-        objectives = self._objectives.of(generation.principal.tenant, shadow=True)
-        params = generation.params
-        if objectives is not None:
-            params = params.clone()
-            carry(params, objectives)
+        params = generation.params.clone()
+        carry(params, self._objectives.of(generation.principal.tenant, shadow=True))
         shadowed = replace(
             generation,
             request_id=f"{generation.request_id}-shadow",

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.inside_vllm.objectives import CLASS_KEY
 from app.protocol import ChatCompletionRequest
 from app.settings import EMBEDDED_MODEL_DIR
 from tests.support.fake_upstream import (
@@ -138,6 +139,7 @@ async def test_the_upstream_gets_an_allow_listed_body_with_the_global_name_and_t
     assert sent.body["max_completion_tokens"] == 6
     assert sent.body["temperature"] == 0.5
     assert "stream_options" not in sent.body
+    assert sent.body["vllm_xargs"] == {CLASS_KEY: "interactive"}  # the front's, not the client's
     # Headers: the front's own, none of the client's.
     assert sent.headers["x-llm-d-inference-fairness-id"] == "tenant-a"
     assert sent.headers["x-llm-d-inference-objective"] == "interactive"
