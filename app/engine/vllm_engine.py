@@ -66,13 +66,13 @@ def engine_args(settings: Settings) -> AsyncEngineArgs:
 
 
 def slot_sharing_options(settings: Settings) -> dict[str, Any]:
-    """The engine arguments of the slot turns ``settings`` ask for (none: vLLM's scheduler):
-    by the quantum, and by the objectives requests carry, which the scheduler reads wherever
-    it runs (a class's objectives run it even with no quantum)."""
+    """The engine arguments of the slot turns ``settings`` ask for: by the quantum, and by the
+    objectives requests carry. The scheduler that reads them always runs, even with no
+    quantum and no class's objectives: an admin may give a tenant its own at any time."""
     return slot_sharing.engine_options(
         settings.lora_slot_quantum_tokens,
         keep_ending=settings.lora_slot_keep_ending,
-        objectives=settings.has_objectives,
+        objectives=True,
     )
 
 

@@ -95,16 +95,15 @@ def test_vllm_reads_the_engine_arguments_the_in_process_engine_takes(compact: bo
     assert args.enable_auto_tool_choice is False  # type: ignore[attr-defined]
 
 
-def test_objectives_run_the_slot_turns_even_without_a_quantum() -> None:
-    """Where a class has objectives, both engines run the slot-sharing scheduler, which
-    reads each request's objectives; with neither, vLLM's own."""
-    config = settings(lora_slot_quantum_tokens=0, slo_ttft_ms_interactive=500)
+@pytest.mark.parametrize("class_objective", [500, None])
+def test_objectives_run_the_slot_turns_even_without_a_quantum(class_objective: int | None) -> None:
+    """Both engines always run the slot-sharing scheduler, which reads each request's
+    objectives, with a quantum of 0 and with no class's objectives too: a tenant's own may be
+    set at any time."""
+    config = settings(lora_slot_quantum_tokens=0, slo_ttft_ms_interactive=class_objective)
     _, from_cli = parsed(vllm_server_argv(config))
     assert from_cli.scheduler_cls == engine_args(config).scheduler_cls == SCHEDULER_CLS
     assert from_cli.additional_config == {QUANTUM_KEY: 0, OBJECTIVES_KEY: True}
-    plain = settings(lora_slot_quantum_tokens=0)
-    assert "--scheduler-cls" not in vllm_server_argv(plain)
-    assert engine_args(plain).scheduler_cls != SCHEDULER_CLS
 
 
 def test_a_tool_call_parser_enables_auto_tool_choice() -> None:
