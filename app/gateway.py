@@ -21,12 +21,15 @@ from app.errors import EngineUnavailableError
 from app.quota import backend_from_url
 from app.quota.local_limit import LocalRateLimit
 from app.serving.backend import Backend, BackendFactory
+from app.serving.batches.files import Files
 from app.serving.lifecycle.inflight import InFlight
 from app.serving.lifecycle.objectives import ClassObjectives
 from app.serving.lifecycle.tracking import RequestTracker
 from app.serving.preparation.structured import OutputConstraints
 from app.serving.preparation.tools import tool_parser_class
 from app.settings import Settings
+from app.store.file_contents import open_file_contents, spool_directory
+from app.store.files import FileStore
 from app.store.responses import ResponseStore
 from app.store.snapshot import load_registry, revision
 from app.tenancy.adapters import Adapter
@@ -69,6 +72,17 @@ class Gateway:
         self.in_flight = InFlight()
         self.ledger = UsageLedger(sessions, backlog_max=settings.usage_backlog_max)
         self.responses = ResponseStore(sessions, timedelta(days=settings.response_retention_days))
+        self.files = Files(
+            FileStore(
+                sessions,
+                timedelta(days=settings.file_retention_days),
+                settings.default_storage_bytes,
+            ),
+            open_file_contents(settings),
+            spool_directory(settings),
+            max_bytes=settings.max_file_bytes,
+            max_lines=settings.max_file_lines,
+        )
         self.quota = backend_from_url(
             settings.quota_url,
             fail_open=settings.quota_fail_open,
@@ -134,8 +148,8 @@ class Gateway:
     async def watch_store(self, stop: asyncio.Event) -> None:
         """Follow changes made by other replicas and to the admin token file; record key use
         off the hot path; apply the splits' rollback rules every ``rollback_check_seconds``;
-        purge expired stored responses every ``response_purge_seconds``; until ``stop`` is
-        set."""
+        purge expired stored responses and files every ``response_purge_seconds``; until
+        ``stop`` is set."""
         rules_checked = responses_purged = time.monotonic()
         while True:
             with suppress(TimeoutError):
@@ -163,6 +177,10 @@ class Gateway:
                     await self.responses.purge()
                 except Exception:
                     logger.exception("could not purge expired stored responses")
+                try:
+                    await self.files.purge()
+                except Exception:
+                    logger.exception("could not purge expired files")
 
     def authenticate(self, key: str | None) -> Principal:
         principal = self.registry.authenticate(key)

@@ -315,7 +315,31 @@ class Settings(BaseSettings):
     response_purge_seconds: float = Field(
         600.0,
         gt=0,
-        description="How often each replica purges expired stored responses, in small batches.",
+        description="How often each replica purges expired stored responses and files, in "
+        "small batches.",
+    )
+
+    # Files and batches (docs/batches.md)
+    max_file_bytes: int = Field(
+        200 << 20,
+        ge=1,
+        description="Largest file a tenant may upload to /v1/files, in bytes (not bound by "
+        "max_request_bytes); a larger one is refused with 413 before it is stored.",
+    )
+    max_file_lines: int = Field(
+        50_000, ge=1, description="Most lines (requests) an uploaded batch file may hold."
+    )
+    file_retention_days: float = Field(
+        30.0,
+        gt=0,
+        description="How long an uploaded or produced file is kept; an older one is not "
+        "found, and is deleted from storage and store in the background.",
+    )
+    default_storage_bytes: int = Field(
+        10 << 30,
+        ge=0,
+        description="A tenant's storage cap (files and stored responses together, in bytes) "
+        "when its quota sets no storage_bytes.",
     )
 
     # Quotas

@@ -164,6 +164,9 @@ class QuotaRow(QuotaColumns, Base):
     tenant_id: Mapped[str] = mapped_column(
         ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
     )
+    # What its files and stored responses may hold together, in bytes (None: the default
+    # setting). A tenant's alone: a key has no storage of its own.
+    storage_bytes: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class KeyQuotaRow(QuotaColumns, Base):
@@ -307,7 +310,10 @@ class StoredResponseRow(Base):
     context, so continuing a chain reads one row."""
 
     __tablename__ = "stored_responses"
-    __table_args__ = (Index("ix_stored_responses_created", "created_at"),)
+    __table_args__ = (
+        Index("ix_stored_responses_created", "created_at"),
+        Index("ix_stored_responses_tenant", "tenant_uid"),
+    )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     # Whose it is: the tenant's uid, never its reusable id.
@@ -325,3 +331,24 @@ class StoredResponseRow(Base):
     # What the row holds, in bytes of JSON: the tenant's storage, once it is capped.
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime]
+
+
+class FileRow(Base):
+    """A file of the Files API, its tenant's: what it is; its bytes are in the file contents
+    storage (:mod:`app.store.file_contents`), under its id."""
+
+    __tablename__ = "files"
+    __table_args__ = (
+        Index("ix_files_tenant_created", "tenant_uid", "created_at"),
+        Index("ix_files_expires", "expires_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # Whose it is: the tenant's uid, never its reusable id.
+    tenant_uid: Mapped[str] = mapped_column(String(32))
+    # batch (uploaded), batch_output (a batch's results or errors).
+    purpose: Mapped[str] = mapped_column(String(32))
+    filename: Mapped[str] = mapped_column(String(255))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]

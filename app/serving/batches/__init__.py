@@ -1,0 +1,1 @@
+"""OpenAI's Files and Batch APIs (docs/batches.md): tenants' files (:mod:`.files`)."""
