@@ -10,7 +10,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from fastapi import FastAPI
 
 from app import __version__
-from app.api import files, health, metrics, openai, organization, responses
+from app.api import batches, files, health, metrics, openai, organization, responses
 from app.api.admin import router as admin_router
 from app.api.admin.failure_audit import AuthFailureThrottle
 from app.api.errors import install_error_handlers
@@ -95,6 +95,7 @@ def create_app(
         openai.router,
         responses.router,
         files.router,
+        batches.router,
         organization.router,
         metrics.router,
         admin_router,

@@ -335,6 +335,27 @@ class Settings(BaseSettings):
         description="How long an uploaded or produced file is kept; an older one is not "
         "found, and is deleted from storage and store in the background.",
     )
+    batch_window_seconds: float = Field(
+        86_400.0,
+        gt=0,
+        description="How long a batch (completion_window 24h) has to finish before it is "
+        "expired, its unrun lines in its error file. Shorter only for tests.",
+    )
+    batch_concurrency: int = Field(
+        16,
+        ge=1,
+        description="Lines of one batch a replica has in flight at once; they then wait for "
+        "the engine like any request, at the batch priority class.",
+    )
+    batch_lease_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="How long a replica's hold on a batch lasts unrenewed: another replica "
+        "takes the batch over this long after its holder died.",
+    )
+    batch_poll_seconds: float = Field(
+        1.0, gt=0, description="How often each replica looks for batches to run, cancel or expire."
+    )
     default_storage_bytes: int = Field(
         10 << 30,
         ge=0,

@@ -247,6 +247,8 @@ class UsageRow(Base):
     shadow: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # Whose doing an ``error`` was: ``version`` (what a rollback rule counts) or ``request``.
     fault: Mapped[str | None] = mapped_column(String(16))
+    # The batch whose line it was (docs/batches.md); None for an online request.
+    batch_id: Mapped[str | None] = mapped_column(String(64))
     started_at: Mapped[datetime]
     finished_at: Mapped[datetime]
 
@@ -352,3 +354,77 @@ class FileRow(Base):
     bytes: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime]
     expires_at: Mapped[datetime]
+
+
+class LeaseRow(Base):
+    """A named piece of work one holder (a replica's process) does at a time: held until
+    ``expires_at``, renewed while the work goes on, and taken over by another holder once it
+    has expired (its holder died). :mod:`app.store.leases`."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(64))
+    expires_at: Mapped[datetime]
+
+
+class BatchRow(Base):
+    """A batch of the Batch API, its tenant's (docs/batches.md). Its lines are
+    :class:`BatchLineRow`; its progress is theirs, counted here as they finish."""
+
+    __tablename__ = "batches"
+    __table_args__ = (
+        Index("ix_batches_tenant_created", "tenant_uid", "created_at"),
+        Index("ix_batches_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # Whose it is: the tenant's uid (its id names it in the registry, the uid checks that it
+    # is still the same tenant).
+    tenant_uid: Mapped[str] = mapped_column(String(32))
+    tenant_id: Mapped[str] = mapped_column(String(63))
+    # Whose key created it: its lines' usage records name it.
+    key_id: Mapped[str] = mapped_column(String(40))
+    endpoint: Mapped[str] = mapped_column(String(32))
+    input_file_id: Mapped[str] = mapped_column(String(64))
+    completion_window: Mapped[str] = mapped_column(String(16))
+    metadata_: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON(none_as_null=True))
+    status: Mapped[str] = mapped_column(String(16))
+    # Why it failed validation: OpenAI's errors object ({"object": "list", "data": [...]}).
+    errors: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    # Each model its lines name -> the adapter version they all run on ({"adapter", "version"};
+    # None for the base model), resolved once validated.
+    pins: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    completed: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    output_file_id: Mapped[str | None] = mapped_column(String(64))
+    error_file_id: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    in_progress_at: Mapped[datetime | None]
+    finalizing_at: Mapped[datetime | None]
+    completed_at: Mapped[datetime | None]
+    failed_at: Mapped[datetime | None]
+    expired_at: Mapped[datetime | None]
+    cancelling_at: Mapped[datetime | None]
+    cancelled_at: Mapped[datetime | None]
+
+
+class BatchLineRow(Base):
+    """One request of a batch: pending until it has run, then its output line, written in
+    the transaction that writes its usage record (each line billed once)."""
+
+    __tablename__ = "batch_lines"
+
+    batch_id: Mapped[str] = mapped_column(
+        ForeignKey("batches.id", ondelete="CASCADE"), primary_key=True
+    )
+    # Its line in the input file, from 1.
+    line: Mapped[int] = mapped_column(Integer, primary_key=True)
+    custom_id: Mapped[str] = mapped_column(Text)
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # pending, ok (the output file), error, expired, cancelled (the error file).
+    status: Mapped[str] = mapped_column(String(16))
+    # The line as the output or error file has it.
+    output: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
