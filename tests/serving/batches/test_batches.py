@@ -6,6 +6,7 @@ another tenant's batch is a 404; cancel and expiry settle what ran."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import openai
@@ -55,6 +56,25 @@ async def test_a_batch_runs_every_line_once_and_bills_it_once(serve: ServeFactor
         assert {r.completion_tokens for r in records} == {3}
         listed = await api.batches.list()
         assert [b.id for b in listed.data] == [batch.id]
+
+        # The usage API tells batch lines from online requests.
+        await api.chat.completions.create(
+            model=served.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        await served.settled()
+
+        async def usage(**params: Any) -> list[dict[str, Any]]:
+            query = {"start_time": int(time.time()) - 600, **params}
+            async with served.client() as http:
+                page = (await http.get("/v1/organization/usage/completions", params=query)).json()
+            return [result for bucket in page["data"] for result in bucket["results"]]
+
+        [batch_only] = await usage(batch="true")
+        assert (batch_only["num_model_requests"], batch_only["output_tokens"]) == (12, 36)
+        [online_only] = await usage(batch="false")
+        assert (online_only["num_model_requests"], online_only["output_tokens"]) == (1, 2)
+        grouped = {r["batch"]: r["num_model_requests"] for r in await usage(group_by="batch")}
+        assert grouped == {True: 12, False: 1}
 
 
 async def test_engine_failures_go_to_the_error_file(serve: ServeFactory) -> None:
