@@ -92,6 +92,13 @@ class Settings(BaseSettings):
         "the engine core compiles each between its steps, so the tenant's further ones wait "
         "in its queue (docs/scheduling.md).",
     )
+    scheduler_batch_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Fair scheduler: the share of the window batch lines (docs/batches.md) "
+        "may hold at most; they go in only while no interactive request waits.",
+    )
     scheduler_max_queue_depth: int = Field(
         256,
         ge=1,

@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from app.errors import GatewayError
 from app.quota import Limits
+from app.scheduling import AdmissionRefused
 from app.serving.batches.files import Files
 from app.serving.batches.lines import Services, as_pin, check_lines, parsed_body
 from app.serving.lifecycle.tracking import BatchLine, RequestTracker
@@ -280,13 +281,20 @@ class BatchRunner:
         try:
             request = parsed_body(batch.endpoint, line.body)
             pinned = as_pin((batch.pins or {}).get(request.model))  # type: ignore[attr-defined]
-            service, prepared = self.services.for_line(
-                batch.endpoint, request, f"resp_{batch.id}_{line.line}"
-            )
-            async with self.tracker.track(
-                service, prepared, principal, request_id, pinned=pinned, batch=sink
-            ) as run:
-                result = await service.complete(prepared, run)
+            while True:
+                service, prepared = self.services.for_line(
+                    batch.endpoint, request, f"resp_{batch.id}_{line.line}"
+                )
+                try:
+                    async with self.tracker.track(
+                        service, prepared, principal, request_id, pinned=pinned, batch=sink
+                    ) as run:
+                        result = await service.complete(prepared, run)
+                    break
+                except AdmissionRefused as refused:
+                    # The engine's queue is full or busy with others' requests: a line waits
+                    # for its turn, however long (nothing ran, nothing is billed).
+                    await asyncio.sleep(refused.retry_after)
             status = "ok"
             response = {"status_code": 200, "request_id": request_id}
             output = _line_output(

@@ -209,7 +209,14 @@ class RequestTracker:
             if adapter is not None:
                 self.last_used[adapter.lora_id] = started_at
             lease = asyncio.create_task(self._keep_lease(reservation)) if reservation else None
-            slot = self._admission.admit(ticket_of(generation))
+            ticket = ticket_of(generation)
+            if batch is not None:
+                # A batch's lines queue apart from their tenant's own requests, at the batch
+                # class, and yield to interactive requests (docs/batches.md).
+                ticket = replace(
+                    ticket, tenant=f"{ticket.tenant}:batch", interactive=False, batch_line=True
+                )
+            slot = self._admission.admit(ticket)
             refused: AdmissionRefused | None = None
             outcome: Outcome = "error"
             with self.in_flight.hold(adapter):
