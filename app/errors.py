@@ -7,6 +7,7 @@ GatewayError                      500 server_error
 ├── PermissionDeniedError         403 (tenant disabled)
 ├── ModelNotFoundError            404 model_not_found
 ├── StorageLimitError             429 storage_limit_exceeded (files and stored responses)
+├── BatchTokensLimitError         429 batch_tokens_enqueued_exceeded (a new batch)
 ├── BadRequestError               400 invalid_request_error
 │   ├── ContextLengthExceededError    context_length_exceeded
 │   └── RequestTooLargeError      413 request_too_large (the body, refused unread)
@@ -83,6 +84,21 @@ class StorageLimitError(GatewayError):
             "stored responses together): delete files or stored responses first.",
             param="storage_bytes",
             headers={"x-should-retry": "false"},
+        )
+
+
+class BatchTokensLimitError(GatewayError):
+    """The tenant's batches' unrun lines are at its ``batch_tokens_enqueued`` quota."""
+
+    status_code = 429
+    error_type = "insufficient_quota"
+    code = "batch_tokens_enqueued_exceeded"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"Your batches' unrun lines are at your limit, `batch_tokens_enqueued` ({limit} "
+            "worst-case tokens): create this batch once some have run.",
+            param="batch_tokens_enqueued",
         )
 
 

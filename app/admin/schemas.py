@@ -297,6 +297,11 @@ class TenantQuotaPut(QuotaPut):
         description="What the tenant's files and stored responses may hold together, in "
         "bytes (unset: the default_storage_bytes setting).",
     )
+    batch_tokens_enqueued: Positive | None = Field(
+        None,
+        description="The worst-case tokens the tenant's batches' unrun lines may add up to: a "
+        "batch is refused (429) once they do, and fails validation if it would pass it.",
+    )
 
 
 class QuotaOut(TenantQuotaPut):

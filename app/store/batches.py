@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy import and_, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.store.tables import BatchLineRow, BatchRow
+from app.store.tables import BatchLineRow, BatchRow, QuotaRow
 
 ACTIVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
 LineStatus = Literal["pending", "ok", "error", "expired", "cancelled"]
@@ -44,6 +44,7 @@ class PendingLine:
     line: int
     custom_id: str
     body: dict[str, Any]
+    cost: int = 0
 
 
 class BatchStore:
@@ -128,6 +129,7 @@ class BatchStore:
                         "line": line.line,
                         "custom_id": line.custom_id,
                         "body": line.body,
+                        "cost": line.cost,
                         "status": "pending",
                         "output": None,
                     }
@@ -138,7 +140,7 @@ class BatchStore:
 
     async def pending(self, batch_id: str) -> list[PendingLine]:
         query = (
-            select(BatchLineRow.line, BatchLineRow.custom_id, BatchLineRow.body)
+            select(BatchLineRow.line, BatchLineRow.custom_id, BatchLineRow.body, BatchLineRow.cost)
             .where(BatchLineRow.batch_id == batch_id, BatchLineRow.status == "pending")
             .order_by(BatchLineRow.line)
         )
@@ -198,3 +200,19 @@ class BatchStore:
         )
         async with self._sessions() as session:
             return [row for row in (await session.scalars(query)).all() if row is not None]
+
+    async def tokens_enqueued(self, tenant_uid: str) -> int:
+        """The worst-case tokens of the tenant's lines still to run."""
+        query = (
+            select(func.coalesce(func.sum(BatchLineRow.cost), 0))
+            .join(BatchRow, BatchRow.id == BatchLineRow.batch_id)
+            .where(BatchRow.tenant_uid == tenant_uid, BatchLineRow.status == "pending")
+        )
+        async with self._sessions() as session:
+            return int((await session.execute(query)).scalar_one())
+
+    async def enqueued_limit(self, tenant_id: str) -> int | None:
+        """The tenant's ``batch_tokens_enqueued`` quota; None where it has none."""
+        query = select(QuotaRow.batch_tokens_enqueued).where(QuotaRow.tenant_id == tenant_id)
+        async with self._sessions() as session:
+            return (await session.execute(query)).scalar_one_or_none()

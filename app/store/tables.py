@@ -167,6 +167,8 @@ class QuotaRow(QuotaColumns, Base):
     # What its files and stored responses may hold together, in bytes (None: the default
     # setting). A tenant's alone: a key has no storage of its own.
     storage_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # The worst-case tokens its batches' unrun lines may add up to (None: unlimited).
+    batch_tokens_enqueued: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class KeyQuotaRow(QuotaColumns, Base):
@@ -424,6 +426,8 @@ class BatchLineRow(Base):
     line: Mapped[int] = mapped_column(Integer, primary_key=True)
     custom_id: Mapped[str] = mapped_column(Text)
     body: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # Its worst-case tokens (prompt and n x max_tokens), as admission reserves them.
+    cost: Mapped[int] = mapped_column(BigInteger)
     # pending, ok (the output file), error, expired, cancelled (the error file).
     status: Mapped[str] = mapped_column(String(16))
     # The line as the output or error file has it.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,8 @@ class Checked:
     pins: dict[str, Any]
     errors: list[BatchError]
     error_count: int = 0
+    cost: int = 0
+    """The lines' worst-case tokens, together."""
 
 
 def _numbered(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -131,7 +133,9 @@ async def check_lines(
             # The preparation the online path runs before admitting a request (tokenising,
             # the context's length, the sampling parameters' and constraints' checks):
             # refused here, not mid-batch.
-            await prepare(service, request, principal, target, f"{batch_id}-{number}")
+            generation = await prepare(service, request, principal, target, f"{batch_id}-{number}")
+            line = replace(line, cost=generation.worst_case_tokens)
+            checked.cost += line.cost
         except GatewayError as exc:
             checked.error_count += 1
             if len(checked.errors) < MAX_REPORTED_ERRORS:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from app.errors import GatewayError
+from app.protocol.batches import BatchError
 from app.quota import Limits
 from app.scheduling import AdmissionRefused
 from app.serving.batches.files import Files
@@ -213,6 +214,21 @@ class BatchRunner:
                 services=self.services,
                 prepare=self.tracker.prepare,
             )
+        limit = await shield(self.store.enqueued_limit(batch.tenant_id))
+        if limit is not None and not checked.error_count:
+            enqueued = await shield(self.store.tokens_enqueued(batch.tenant_uid))
+            if enqueued + checked.cost > limit:
+                message = (
+                    f"This batch's lines may use {checked.cost} tokens at worst; with your "
+                    f"other batches' unrun lines ({enqueued}) that passes your limit, "
+                    f"`batch_tokens_enqueued` ({limit})."
+                )
+                checked.error_count = 1
+                checked.errors.append(
+                    BatchError(
+                        code="token_limit_exceeded", message=message, param="batch_tokens_enqueued"
+                    )
+                )
         if checked.error_count:
             errors = {"object": "list", "data": [e.model_dump() for e in checked.errors]}
             await shield(

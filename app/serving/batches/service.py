@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from app.errors import BadRequestError, NotFoundError
+from app.errors import BadRequestError, BatchTokensLimitError, NotFoundError
 from app.protocol.batches import TERMINAL_STATUSES, BatchCreate
 from app.serving.batches.files import Files
 from app.store.batches import BatchPage, BatchStore, new_batch_id, now
@@ -36,6 +36,9 @@ class Batches:
                 "The input file must have been uploaded with purpose batch.",
                 param="input_file_id",
             )
+        limit = await self.store.enqueued_limit(tenant.id)
+        if limit is not None and await self.store.tokens_enqueued(tenant.uid) >= limit:
+            raise BatchTokensLimitError(limit)
         created = now()
         row = BatchRow(
             id=new_batch_id(),

@@ -16,7 +16,7 @@ from openai.types import Batch
 from tests.support.batches import FAST_BATCHES, chat_line, finished, read_jsonl, submitted
 from tests.support.responses import client
 from tests.support.scripted_engine import ScriptedEngine
-from tests.support.serving import Served, ServeFactory, eventually
+from tests.support.serving import TENANT, Served, ServeFactory, eventually
 
 OTHER = "tenant-b"
 
@@ -236,3 +236,32 @@ async def test_a_batch_past_its_window_expires_with_its_unrun_lines(serve: Serve
         # A finished batch cannot be cancelled.
         with pytest.raises(openai.BadRequestError):
             await api.batches.cancel(batch.id)
+
+
+async def test_enqueued_batch_tokens_are_capped_by_the_tenants_quota(
+    serve: ServeFactory,
+) -> None:
+    engine = ScriptedEngine(step_seconds=0.05)
+    async with serve(engine, batch_concurrency=1, **FAST_BATCHES) as served:
+        api = client(served)
+        quota = f"/tenants/{TENANT}/quota"
+        await served.admin("PUT", quota, {"batch_tokens_enqueued": 1000})
+        # Lines that could use more than the limit at worst fail the batch at validation.
+        lines = [chat_line(f"big-{i}", served.model, max_tokens=1000) for i in range(2)]
+        batch = await finished(api, (await submitted(api, lines)).id)
+        assert batch.status == "failed" and batch.errors is not None
+        [error] = batch.errors.data or []
+        assert (error.code, error.param) == ("token_limit_exceeded", "batch_tokens_enqueued")
+        assert served.engine.requests == {}
+
+        # Within it, a batch runs; while its unrun lines are at the limit, no batch is created.
+        await served.admin("PUT", quota, {"batch_tokens_enqueued": 10**6})
+        lines = [chat_line(f"long-{i}", served.model, max_tokens=100_000) for i in range(2)]
+        running = await submitted(api, lines)
+        await finished(api, running.id, frozenset({"in_progress"}))
+        await served.admin("PUT", quota, {"batch_tokens_enqueued": 100})
+        with pytest.raises(openai.RateLimitError) as refused:
+            await submitted(api, [chat_line("more", served.model)])
+        assert "batch_tokens_enqueued" in refused.value.message
+        await api.batches.cancel(running.id)
+        assert (await finished(api, running.id)).status == "cancelled"

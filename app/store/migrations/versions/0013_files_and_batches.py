@@ -35,6 +35,7 @@ def upgrade() -> None:
     op.create_index("ix_stored_responses_tenant", "stored_responses", ["tenant_uid"])
     with op.batch_alter_table("quotas") as table:
         table.add_column(sa.Column("storage_bytes", sa.BigInteger(), nullable=True))
+        table.add_column(sa.Column("batch_tokens_enqueued", sa.BigInteger(), nullable=True))
     with op.batch_alter_table("usage") as table:
         table.add_column(sa.Column("batch_id", sa.String(length=64), nullable=True))
     op.create_table(
@@ -86,6 +87,7 @@ def upgrade() -> None:
         sa.Column("line", sa.Integer(), nullable=False),
         sa.Column("custom_id", sa.Text(), nullable=False),
         sa.Column("body", sa.JSON(), nullable=False),
+        sa.Column("cost", sa.BigInteger(), nullable=False),
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("output", sa.JSON(), nullable=True),
         sa.ForeignKeyConstraint(["batch_id"], ["batches.id"], ondelete="CASCADE"),
@@ -102,6 +104,7 @@ def downgrade() -> None:
     with op.batch_alter_table("usage") as table:
         table.drop_column("batch_id")
     with op.batch_alter_table("quotas") as table:
+        table.drop_column("batch_tokens_enqueued")
         table.drop_column("storage_bytes")
     op.drop_index("ix_stored_responses_tenant", "stored_responses")
     op.drop_index("ix_files_expires", "files")
