@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from sqlalchemy import and_, func, insert, or_, select, update
+from sqlalchemy import and_, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.store.tables import BatchLineRow, BatchRow, QuotaRow
@@ -23,6 +23,7 @@ from app.store.tables import BatchLineRow, BatchRow, QuotaRow
 ACTIVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
 LineStatus = Literal["pending", "ok", "error", "expired", "cancelled"]
 INSERT_CHUNK = 500
+"""Lines one write records, or one read takes."""
 
 
 def now() -> datetime:
@@ -109,40 +110,53 @@ class BatchStore:
         async with self._sessions.begin() as session:
             return bool((await session.execute(query)).rowcount)  # type: ignore[attr-defined]
 
-    async def start(
-        self, batch_id: str, lines: Sequence[PendingLine], pins: dict[str, Any]
-    ) -> bool:
-        """Record the validated lines, pending, and move the batch to ``in_progress``, in one
-        transaction; whether it was still validating."""
+    async def clear_lines(self, batch_id: str) -> None:
+        """Forget the batch's lines (a validation that starts again, or failed)."""
+        async with self._sessions.begin() as session:
+            await session.execute(delete(BatchLineRow).where(BatchLineRow.batch_id == batch_id))
+
+    async def add_lines(self, batch_id: str, lines: Sequence[PendingLine]) -> None:
+        """Record validated lines, pending (the batch runs none before :meth:`start`)."""
+        rows = [
+            {
+                "batch_id": batch_id,
+                "line": line.line,
+                "custom_id": line.custom_id,
+                "body": line.body,
+                "cost": line.cost,
+                "status": "pending",
+                "output": None,
+            }
+            for line in lines
+        ]
+        if rows:
+            async with self._sessions.begin() as session:
+                await session.execute(insert(BatchLineRow), rows)
+
+    async def start(self, batch_id: str, total: int, pins: dict[str, Any]) -> bool:
+        """Move the batch, its ``total`` lines recorded, to ``in_progress``; whether it was
+        still validating."""
         started = (
             update(BatchRow)
             .where(BatchRow.id == batch_id, BatchRow.status == "validating")
-            .values(status="in_progress", in_progress_at=now(), pins=pins, total=len(lines))
+            .values(status="in_progress", in_progress_at=now(), pins=pins, total=total)
         )
         async with self._sessions.begin() as session:
-            if not (await session.execute(started)).rowcount:  # type: ignore[attr-defined]
-                return False
-            for first in range(0, len(lines), INSERT_CHUNK):
-                rows = [
-                    {
-                        "batch_id": batch_id,
-                        "line": line.line,
-                        "custom_id": line.custom_id,
-                        "body": line.body,
-                        "cost": line.cost,
-                        "status": "pending",
-                        "output": None,
-                    }
-                    for line in lines[first : first + INSERT_CHUNK]
-                ]
-                await session.execute(insert(BatchLineRow), rows)
-        return True
+            return bool((await session.execute(started)).rowcount)  # type: ignore[attr-defined]
 
-    async def pending(self, batch_id: str) -> list[PendingLine]:
+    async def pending(
+        self, batch_id: str, *, after: int = 0, limit: int | None = None
+    ) -> list[PendingLine]:
+        """The batch's pending lines after line ``after``, in order, at most ``limit``."""
         query = (
             select(BatchLineRow.line, BatchLineRow.custom_id, BatchLineRow.body, BatchLineRow.cost)
-            .where(BatchLineRow.batch_id == batch_id, BatchLineRow.status == "pending")
+            .where(
+                BatchLineRow.batch_id == batch_id,
+                BatchLineRow.status == "pending",
+                BatchLineRow.line > after,
+            )
             .order_by(BatchLineRow.line)
+            .limit(limit)
         )
         async with self._sessions() as session:
             return [PendingLine(*row) for row in (await session.execute(query)).all()]
@@ -186,10 +200,12 @@ class BatchStore:
         output: Callable[[PendingLine], dict[str, Any]],
     ) -> int:
         """Mark every pending line ``status`` with ``output(line)``; how many."""
-        pending = await self.pending(batch_id)
-        for line in pending:
-            await self.finish_line(batch_id, line.line, status, output(line))
-        return len(pending)
+        settled = after = 0
+        while page := await self.pending(batch_id, after=after, limit=INSERT_CHUNK):
+            for line in page:
+                settled += await self.finish_line(batch_id, line.line, status, output(line))
+            after = page[-1].line
+        return settled
 
     async def outputs(self, batch_id: str, statuses: Sequence[str]) -> list[dict[str, Any]]:
         """The finished lines of ``statuses``, in input order, as their files have them."""
@@ -206,7 +222,11 @@ class BatchStore:
         query = (
             select(func.coalesce(func.sum(BatchLineRow.cost), 0))
             .join(BatchRow, BatchRow.id == BatchLineRow.batch_id)
-            .where(BatchRow.tenant_uid == tenant_uid, BatchLineRow.status == "pending")
+            .where(
+                BatchRow.tenant_uid == tenant_uid,
+                BatchRow.status.in_(("in_progress", "cancelling")),
+                BatchLineRow.status == "pending",
+            )
         )
         async with self._sessions() as session:
             return int((await session.execute(query)).scalar_one())

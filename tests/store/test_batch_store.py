@@ -65,8 +65,10 @@ async def test_a_line_finishes_once_with_its_usage_record(
     store = BatchStore(sessions)
     batch = await store.create(batch_row())
     lines = [PendingLine(n, f"c{n}", {"n": n}) for n in (1, 2, 3)]
-    assert await store.start(batch.id, lines, {"m": None})
-    assert not await store.start(batch.id, lines, {}), "started once"
+    await store.add_lines(batch.id, lines)
+    assert await store.start(batch.id, len(lines), {"m": None})
+    assert not await store.start(batch.id, len(lines), {}), "started once"
+    assert [line.line for line in await store.pending(batch.id, after=1, limit=1)] == [2]
     assert [line.line for line in await store.pending(batch.id)] == [1, 2, 3]
 
     async def billed(session: AsyncSession, request_id: str) -> None:

@@ -32,6 +32,8 @@ from app.tenancy.registry import TenantRegistry
 from app.tenancy.tenants import ModelTarget, Principal
 
 MAX_REPORTED_ERRORS = 1000
+KEEP_EVERY = 500
+"""Valid lines handed on together, while the rest of the file is checked."""
 """The errors a failed batch lists at most: a file of bad lines names its first ones."""
 LINE_FIELDS = ("body", "custom_id", "method", "url")
 """What a line's errors' ``param`` starts with: a field of the line, or of its body."""
@@ -93,9 +95,9 @@ def as_pin(pinned: dict[str, Any] | None) -> Pin | None:
 
 @dataclass
 class Checked:
-    lines: list[PendingLine]
     pins: dict[str, Any]
     errors: list[BatchError]
+    valid: int = 0
     error_count: int = 0
     cost: int = 0
     """The lines' worst-case tokens, together."""
@@ -119,10 +121,13 @@ async def check_lines(
     registry: TenantRegistry,
     services: Services,
     prepare: Prepare,
+    keep: Callable[[list[PendingLine]], Awaitable[None]],
 ) -> Checked:
-    """Read and check every line of the file at ``path``."""
-    checked = Checked(lines=[], pins={}, errors=[])
+    """Read and check every line of the file at ``path``, handing the valid ones to ``keep``
+    a few hundred at a time while none is invalid: the file is never whole in memory."""
+    checked = Checked(pins={}, errors=[])
     seen: set[str] = set()
+    kept: list[PendingLine] = []
     for number, raw in _numbered(path):
         if not raw.strip():
             continue
@@ -153,8 +158,15 @@ async def check_lines(
                     )
                 )
             continue
-        checked.lines.append(line)
-    if not checked.lines and not checked.error_count:
+        checked.valid += 1
+        if not checked.error_count:
+            kept.append(line)
+            if len(kept) >= KEEP_EVERY:
+                await keep(kept)
+                kept = []
+    if kept and not checked.error_count:
+        await keep(kept)
+    if not checked.valid and not checked.error_count:
         checked.error_count = 1
         checked.errors.append(
             BatchError(code="empty_file", message="The input file has no requests.")

@@ -59,6 +59,10 @@ ENDING_ERRORS: dict[Ending, tuple[str, str]] = {
 }
 
 
+PENDING_PAGE = 256
+"""Pending lines read from the store at once: a batch's lines are never all in memory."""
+
+
 def lease_name(batch_id: str) -> str:
     return f"batch:{batch_id}"
 
@@ -204,6 +208,11 @@ class BatchRunner:
 
     async def _validate(self, batch: BatchRow, principal: Principal) -> bool:
         """Check every line; fail the batch, or start it. Whether it started."""
+        await shield(self.store.clear_lines(batch.id))  # an earlier try's, cut off
+
+        async def keep(lines: list[PendingLine]) -> None:
+            await shield(self.store.add_lines(batch.id, lines))
+
         with self.files.contents.local_copy(batch.input_file_id, self.files.spool) as path:
             checked = await check_lines(
                 path,
@@ -213,6 +222,7 @@ class BatchRunner:
                 registry=self.registry(),
                 services=self.services,
                 prepare=self.tracker.prepare,
+                keep=keep,
             )
         limit = await shield(self.store.enqueued_limit(batch.tenant_id))
         if limit is not None and not checked.error_count:
@@ -230,23 +240,39 @@ class BatchRunner:
                     )
                 )
         if checked.error_count:
+            await shield(self.store.clear_lines(batch.id))
             errors = {"object": "list", "data": [e.model_dump() for e in checked.errors]}
             await shield(
                 self.store.move(batch.id, "failed", only_from=("validating",), errors=errors)
             )
             return False
-        return await shield(self.store.start(batch.id, checked.lines, checked.pins))
+        return await shield(self.store.start(batch.id, checked.valid, checked.pins))
 
     async def _run_lines(self, batch: BatchRow, principal: Principal) -> Ending | None:
         """Run the pending lines, ``concurrency`` at once, until none is left (None), or the
         batch is cancelled or its window passes (which, once the lines in flight are
         aborted and settled)."""
-        queue = list(reversed(await shield(self.store.pending(batch.id))))
         ending: list[Ending] = []
+        buffered: list[PendingLine] = []
+        taken = 0  # the last line handed to a worker
+        reading = asyncio.Lock()
+
+        async def next_line() -> PendingLine | None:
+            """The next pending line, read from the store a page at a time."""
+            nonlocal taken
+            async with reading:
+                if not buffered:
+                    page = self.store.pending(batch.id, after=taken, limit=PENDING_PAGE)
+                    buffered.extend(reversed(await shield(page)))
+                if not buffered:
+                    return None
+                line = buffered.pop()
+                taken = line.line
+                return line
 
         async def worker() -> None:
-            while queue and not ending:
-                await self._run_line(batch, principal, queue.pop(), ending)
+            while not ending and (line := await next_line()) is not None:
+                await self._run_line(batch, principal, line, ending)
 
         workers = [asyncio.create_task(worker()) for _ in range(self.concurrency)]
         watcher = asyncio.create_task(self._watch(batch, ending))
