@@ -119,7 +119,7 @@ class BatchRunner:
             while not stop.is_set():
                 try:
                     await self.ready()
-                    await self._take_new()
+                    await self.take_new()
                 except GatewayError:
                     pass  # the engine is starting: the batches wait for it
                 except Exception:
@@ -132,7 +132,8 @@ class BatchRunner:
                 task.cancel()
             await asyncio.gather(*driven, return_exceptions=True)
 
-    async def _take_new(self) -> None:
+    async def take_new(self) -> None:
+        """Drive every unfinished batch this replica can lease and does not drive yet."""
         for batch_id in await shield(self.store.active_ids()):
             if batch_id in self._driven:
                 continue
@@ -213,6 +214,18 @@ class BatchRunner:
         async def keep(lines: list[PendingLine]) -> None:
             await shield(self.store.add_lines(batch.id, lines))
 
+        source = await shield(self.files.store.get(batch.tenant_uid, batch.input_file_id))
+        if source is None:  # deleted (or expired) before the batch was validated
+            missing = BatchError(
+                code="invalid_file",
+                message=f"The input file {batch.input_file_id} no longer exists.",
+                param="input_file_id",
+            )
+            errors = {"object": "list", "data": [missing.model_dump()]}
+            await shield(
+                self.store.move(batch.id, "failed", only_from=("validating",), errors=errors)
+            )
+            return False
         with self.files.contents.local_copy(batch.input_file_id, self.files.spool) as path:
             checked = await check_lines(
                 path,

@@ -265,3 +265,16 @@ async def test_enqueued_batch_tokens_are_capped_by_the_tenants_quota(
         assert "batch_tokens_enqueued" in refused.value.message
         await api.batches.cancel(running.id)
         assert (await finished(api, running.id)).status == "cancelled"
+
+
+async def test_a_batch_whose_input_file_was_deleted_fails(serve: ServeFactory) -> None:
+    # No poll comes by itself: the runner looks once the file is deleted.
+    async with serve(ScriptedEngine(), batch_poll_seconds=3600) as served:
+        api = client(served)
+        created = await submitted(api, [chat_line("a", served.model)])
+        await api.files.delete(created.input_file_id)
+        await served.gateway.batch_runner.take_new()
+        batch = await finished(api, created.id)
+        assert batch.status == "failed" and batch.errors is not None
+        [error] = batch.errors.data or []
+        assert (error.code, error.param) == ("invalid_file", "input_file_id")
