@@ -278,3 +278,33 @@ async def test_a_batch_whose_input_file_was_deleted_fails(serve: ServeFactory) -
         assert batch.status == "failed" and batch.errors is not None
         [error] = batch.errors.data or []
         assert (error.code, error.param) == ("invalid_file", "input_file_id")
+
+
+def responses_line(custom_id: str, model: str, **body: Any) -> dict[str, Any]:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/responses",
+        "body": {"model": model, "input": "hi", "max_output_tokens": 3, **body},
+    }
+
+
+async def test_a_responses_batch_runs_and_refuses_background_lines(serve: ServeFactory) -> None:
+    async with serve(ScriptedEngine(), **FAST_BATCHES) as served:
+        api = client(served)
+        lines = [responses_line("r-0", served.model), responses_line("r-1", served.model)]
+        batch = await finished(api, (await submitted(api, lines, "/v1/responses")).id)
+        assert batch.status == "completed" and batch.output_file_id is not None
+        output = read_jsonl((await api.files.content(batch.output_file_id)).read())
+        assert [line["custom_id"] for line in output] == ["r-0", "r-1"]
+        assert {line["response"]["body"]["object"] for line in output} == {"response"}
+        assert {line["response"]["body"]["status"] for line in output} == {"incomplete"}
+
+        lines = [
+            responses_line("ok", served.model),
+            responses_line("bg", served.model, background=True),
+        ]
+        batch = await finished(api, (await submitted(api, lines, "/v1/responses")).id)
+        assert batch.status == "failed" and batch.errors is not None
+        [error] = batch.errors.data or []
+        assert (error.line, error.param) == (2, "body.background")
