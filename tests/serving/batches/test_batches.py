@@ -16,7 +16,7 @@ from openai.types import Batch
 from tests.support.batches import FAST_BATCHES, chat_line, finished, read_jsonl, submitted
 from tests.support.responses import client
 from tests.support.scripted_engine import ScriptedEngine
-from tests.support.serving import TENANT, Served, ServeFactory, eventually
+from tests.support.serving import TENANT, Served, ServeFactory, eventually, quota_usage
 
 OTHER = "tenant-b"
 
@@ -308,3 +308,27 @@ async def test_a_responses_batch_runs_and_refuses_background_lines(serve: ServeF
         assert batch.status == "failed" and batch.errors is not None
         [error] = batch.errors.data or []
         assert (error.line, error.param) == (2, "body.background")
+
+
+async def test_lines_skip_the_per_minute_limits_but_pay_the_token_budget(
+    serve: ServeFactory,
+) -> None:
+    async with serve(ScriptedEngine(), **FAST_BATCHES) as served:
+        api = client(served)
+        await served.set_quota(requests_per_minute=1, token_budget=10**6, budget_period="day")
+        lines = [chat_line(f"l-{i}", served.model, max_tokens=2) for i in range(4)]
+        batch = await finished(api, (await submitted(api, lines)).id)
+        assert batch.status == "completed", batch
+        assert batch.request_counts is not None and batch.request_counts.completed == 4
+        await served.settled()
+        records = await served.usage_records()
+        used = await quota_usage(served)
+        assert used.budget_used == sum(r.prompt_tokens + r.completion_tokens for r in records)
+        # The tenant's one interactive request a minute is still its own.
+        await api.chat.completions.create(
+            model=served.model, messages=[{"role": "user", "content": "hi"}], max_tokens=1
+        )
+        with pytest.raises(openai.RateLimitError):
+            await api.chat.completions.create(
+                model=served.model, messages=[{"role": "user", "content": "hi"}], max_tokens=1
+            )
