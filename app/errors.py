@@ -6,6 +6,8 @@ GatewayError                      500 server_error
 ├── AuthenticationError           401 invalid_api_key
 ├── PermissionDeniedError         403 (tenant disabled)
 ├── ModelNotFoundError            404 model_not_found
+├── StorageLimitError             429 storage_limit_exceeded (files and stored responses)
+├── BatchTokensLimitError         429 batch_tokens_enqueued_exceeded (a new batch)
 ├── BadRequestError               400 invalid_request_error
 │   ├── ContextLengthExceededError    context_length_exceeded
 │   └── RequestTooLargeError      413 request_too_large (the body, refused unread)
@@ -69,6 +71,37 @@ class ModelNotFoundError(GatewayError):
         )
 
 
+class StorageLimitError(GatewayError):
+    """The tenant's files and stored responses would pass its ``storage_bytes`` cap."""
+
+    status_code = 429
+    error_type = "insufficient_quota"
+    code = "storage_limit_exceeded"
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(
+            f"This would pass your storage limit, `storage_bytes` ({cap} bytes, files and "
+            "stored responses together): delete files or stored responses first.",
+            param="storage_bytes",
+            headers={"x-should-retry": "false"},
+        )
+
+
+class BatchTokensLimitError(GatewayError):
+    """The tenant's batches' unrun lines are at its ``batch_tokens_enqueued`` quota."""
+
+    status_code = 429
+    error_type = "insufficient_quota"
+    code = "batch_tokens_enqueued_exceeded"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"Your batches' unrun lines are at your limit, `batch_tokens_enqueued` ({limit} "
+            "worst-case tokens): create this batch once some have run.",
+            param="batch_tokens_enqueued",
+        )
+
+
 class BadRequestError(GatewayError):
     status_code = 400
     error_type = "invalid_request_error"
@@ -82,8 +115,10 @@ class RequestTooLargeError(BadRequestError):
     status_code = 413
     code = "request_too_large"
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"The request body is larger than the limit of {limit} bytes.")
+    def __init__(
+        self, limit: int, *, what: str = "The request body", param: str | None = None
+    ) -> None:
+        super().__init__(f"{what} is larger than the limit of {limit} bytes.", param=param)
 
 
 class GenerationFailedError(GatewayError):

@@ -21,12 +21,20 @@ from app.errors import EngineUnavailableError
 from app.quota import backend_from_url
 from app.quota.local_limit import LocalRateLimit
 from app.serving.backend import Backend, BackendFactory
+from app.serving.batches.files import Files
+from app.serving.batches.lines import Services
+from app.serving.batches.runner import BatchRunner
+from app.serving.batches.service import Batches
 from app.serving.lifecycle.inflight import InFlight
 from app.serving.lifecycle.objectives import ClassObjectives
 from app.serving.lifecycle.tracking import RequestTracker
 from app.serving.preparation.structured import OutputConstraints
 from app.serving.preparation.tools import tool_parser_class
 from app.settings import Settings
+from app.store.batches import BatchStore
+from app.store.file_contents import open_file_contents, spool_directory
+from app.store.files import FileStore
+from app.store.leases import Leases, new_holder_id
 from app.store.responses import ResponseStore
 from app.store.snapshot import load_registry, revision
 from app.tenancy.adapters import Adapter
@@ -69,6 +77,17 @@ class Gateway:
         self.in_flight = InFlight()
         self.ledger = UsageLedger(sessions, backlog_max=settings.usage_backlog_max)
         self.responses = ResponseStore(sessions, timedelta(days=settings.response_retention_days))
+        self.files = Files(
+            FileStore(
+                sessions,
+                timedelta(days=settings.file_retention_days),
+                settings.default_storage_bytes,
+            ),
+            open_file_contents(settings),
+            spool_directory(settings),
+            max_bytes=settings.max_file_bytes,
+            max_lines=settings.max_file_lines,
+        )
         self.quota = backend_from_url(
             settings.quota_url,
             fail_open=settings.quota_fail_open,
@@ -89,6 +108,27 @@ class Gateway:
             objectives=ClassObjectives.from_settings(settings),
             held_copy=self.admin.storage.held_copy if backends.holds_adapter_copies else None,
             on_unservable=self.admin.adapter_unservable,
+        )
+        batch_store = BatchStore(sessions)
+        self.batches = Batches(
+            batch_store, self.files, timedelta(seconds=settings.batch_window_seconds)
+        )
+        self.leases = Leases(sessions, new_holder_id())
+        self.batch_runner = BatchRunner(
+            batch_store,
+            self.files,
+            self.leases,
+            self.tracker,
+            lambda: self.registry,
+            Services(
+                chat=lambda: self.backend.chat,
+                completions=lambda: self.backend.completions,
+                responses=self.responses,
+            ),
+            self.check_ready,
+            concurrency=settings.batch_concurrency,
+            lease_seconds=settings.batch_lease_seconds,
+            poll_seconds=settings.batch_poll_seconds,
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self.startup_error: str | None = None
@@ -112,9 +152,14 @@ class Gateway:
         stop = asyncio.Event()
         watcher = asyncio.create_task(self.watch_store(stop))
         writer = asyncio.create_task(self.ledger.run())
+        batches = asyncio.create_task(self.batch_runner.run(stop))
         try:
             yield
         finally:
+            # The batches stop first: their lines in flight are aborted (pending still, they
+            # run again on whichever replica takes the batches over) and leases given back.
+            stop.set()
+            await asyncio.gather(batches, return_exceptions=True)
             # The watcher stops between polls, not inside a query: cancelled inside one, the
             # store's connection can keep its transaction open (a SQLite read lock that the
             # ledger's last write below would wait on) until it is garbage collected.
@@ -134,8 +179,8 @@ class Gateway:
     async def watch_store(self, stop: asyncio.Event) -> None:
         """Follow changes made by other replicas and to the admin token file; record key use
         off the hot path; apply the splits' rollback rules every ``rollback_check_seconds``;
-        purge expired stored responses every ``response_purge_seconds``; until ``stop`` is
-        set."""
+        purge expired stored responses and files every ``response_purge_seconds``; until
+        ``stop`` is set."""
         rules_checked = responses_purged = time.monotonic()
         while True:
             with suppress(TimeoutError):
@@ -163,6 +208,10 @@ class Gateway:
                     await self.responses.purge()
                 except Exception:
                     logger.exception("could not purge expired stored responses")
+                try:
+                    await self.files.purge()
+                except Exception:
+                    logger.exception("could not purge expired files")
 
     def authenticate(self, key: str | None) -> Principal:
         principal = self.registry.authenticate(key)

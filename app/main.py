@@ -10,7 +10,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from fastapi import FastAPI
 
 from app import __version__
-from app.api import health, metrics, openai, organization, responses
+from app.api import batches, files, health, metrics, openai, organization, responses
 from app.api.admin import router as admin_router
 from app.api.admin.failure_audit import AuthFailureThrottle
 from app.api.errors import install_error_handlers
@@ -83,6 +83,7 @@ def create_app(
         EarlyRefusalMiddleware,
         max_request_bytes=settings.max_request_bytes,
         max_upload_bytes=settings.max_adapter_bytes,
+        max_file_bytes=settings.max_file_bytes,
         metrics_token=settings.metrics_token.get_secret_value() if settings.metrics_token else None,
         auth_failure_throttle=app.state.auth_failure_throttle,
     )
@@ -93,6 +94,8 @@ def create_app(
         health.router,
         openai.router,
         responses.router,
+        files.router,
+        batches.router,
         organization.router,
         metrics.router,
         admin_router,

@@ -92,6 +92,13 @@ class Settings(BaseSettings):
         "the engine core compiles each between its steps, so the tenant's further ones wait "
         "in its queue (docs/scheduling.md).",
     )
+    scheduler_batch_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Fair scheduler: the share of the window batch lines (docs/batches.md) "
+        "may hold at most; they go in only while no interactive request waits.",
+    )
     scheduler_max_queue_depth: int = Field(
         256,
         ge=1,
@@ -315,7 +322,52 @@ class Settings(BaseSettings):
     response_purge_seconds: float = Field(
         600.0,
         gt=0,
-        description="How often each replica purges expired stored responses, in small batches.",
+        description="How often each replica purges expired stored responses and files, in "
+        "small batches.",
+    )
+
+    # Files and batches (docs/batches.md)
+    max_file_bytes: int = Field(
+        200 << 20,
+        ge=1,
+        description="Largest file a tenant may upload to /v1/files, in bytes (not bound by "
+        "max_request_bytes); a larger one is refused with 413 before it is stored.",
+    )
+    max_file_lines: int = Field(
+        50_000, ge=1, description="Most lines (requests) an uploaded batch file may hold."
+    )
+    file_retention_days: float = Field(
+        30.0,
+        gt=0,
+        description="How long an uploaded or produced file is kept; an older one is not "
+        "found, and is deleted from storage and store in the background.",
+    )
+    batch_window_seconds: float = Field(
+        86_400.0,
+        gt=0,
+        description="How long a batch (completion_window 24h) has to finish before it is "
+        "expired, its unrun lines in its error file. Shorter only for tests.",
+    )
+    batch_concurrency: int = Field(
+        16,
+        ge=1,
+        description="Lines of one batch a replica has in flight at once; they then wait for "
+        "the engine like any request, at the batch priority class.",
+    )
+    batch_lease_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="How long a replica's hold on a batch lasts unrenewed: another replica "
+        "takes the batch over this long after its holder died.",
+    )
+    batch_poll_seconds: float = Field(
+        1.0, gt=0, description="How often each replica looks for batches to run, cancel or expire."
+    )
+    default_storage_bytes: int = Field(
+        10 << 30,
+        ge=0,
+        description="A tenant's storage cap (files and stored responses together, in bytes) "
+        "when its quota sets no storage_bytes.",
     )
 
     # Quotas

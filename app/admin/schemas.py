@@ -289,7 +289,22 @@ class QuotaPut(Strict):
     budget_period: Literal["day", "month"] | None = None
 
 
-class QuotaOut(QuotaPut):
+class TenantQuotaPut(QuotaPut):
+    """A tenant's limits: a key's, and what only a tenant has."""
+
+    storage_bytes: Positive | None = Field(
+        None,
+        description="What the tenant's files and stored responses may hold together, in "
+        "bytes (unset: the default_storage_bytes setting).",
+    )
+    batch_tokens_enqueued: Positive | None = Field(
+        None,
+        description="The worst-case tokens the tenant's batches' unrun lines may add up to: a "
+        "batch is refused (429) once they do, and fails validation if it would pass it.",
+    )
+
+
+class QuotaOut(TenantQuotaPut):
     model_config = ConfigDict(extra="ignore", from_attributes=True)
 
     tenant_id: str

@@ -24,6 +24,8 @@ from app.gateway import Gateway
 REQUEST_ID_HEADER = b"x-request-id"
 # Where adapter archives are uploaded: the admin API, and the console's form.
 ADAPTER_UPLOAD_PATHS = frozenset({"/admin/v1/adapters", "/admin/ui/adapters"})
+# Where tenants upload files (the Files API): max_file_bytes.
+FILE_UPLOAD_PATH = "/v1/files"
 # Room for the multipart envelope around an uploaded archive: boundaries, part
 # headers and the `name` field (whose own size Starlette caps at 1 MiB).
 MULTIPART_OVERHEAD_BYTES = 2 << 20
@@ -74,7 +76,8 @@ class EarlyRefusalMiddleware:
       concurrency limit: the 429 admission would give, before its body is parsed.
     * A body over its limit: 413, at once from ``Content-Length``, or as soon as
       a chunked body passes it. Adapter uploads (multipart ``POST
-      /admin/v1/adapters``) have their own limit, ``max_adapter_bytes``.
+      /admin/v1/adapters``) have their own limit, ``max_adapter_bytes``, and so do
+      tenants' files (multipart ``POST /v1/files``), ``max_file_bytes``.
 
     Refusals close the connection, so the server does not drain the rest of the
     body. Before the lifespan has attached a gateway, tenant and admin paths are
@@ -92,6 +95,7 @@ class EarlyRefusalMiddleware:
         *,
         max_request_bytes: int,
         max_upload_bytes: int,
+        max_file_bytes: int | None = None,
         metrics_token: str | None,
         auth_failure_throttle: AuthFailureThrottle | None = None,
         metrics_listener: bool = False,
@@ -99,6 +103,7 @@ class EarlyRefusalMiddleware:
         self.app = app
         self._max_request_bytes = max_request_bytes
         self._max_upload_bytes = max_upload_bytes
+        self._max_file_bytes = max_file_bytes or max_request_bytes
         self._metrics_tokens = [metrics_token] if metrics_token else []
         self._metrics_listener = metrics_listener
         # The app's own, shared with the console's sign-in (a listener that serves no admin
@@ -157,13 +162,13 @@ class EarlyRefusalMiddleware:
         return None
 
     def _body_limit(self, scope: Scope, path: str, headers: Headers) -> int:
-        is_upload = (
-            scope["method"] == "POST"
-            and path in ADAPTER_UPLOAD_PATHS
-            and headers.get("content-type", "").startswith("multipart/form-data")
+        multipart = scope["method"] == "POST" and headers.get("content-type", "").startswith(
+            "multipart/form-data"
         )
-        if is_upload:
+        if multipart and path in ADAPTER_UPLOAD_PATHS:
             return self._max_upload_bytes + MULTIPART_OVERHEAD_BYTES
+        if multipart and path == FILE_UPLOAD_PATH:
+            return self._max_file_bytes + MULTIPART_OVERHEAD_BYTES
         return self._max_request_bytes
 
     async def _within_limit(self, scope: Scope, receive: Receive, send: Send, limit: int) -> bool:

@@ -41,7 +41,17 @@ from app.usage import BucketGroup, usage_by_bucket
 router = APIRouter(prefix="/v1/organization", tags=["tenant self-service"])
 
 USAGE_PARAMETERS = frozenset(
-    {"start_time", "end_time", "bucket_width", "group_by", "models", "api_key_ids", "limit", "page"}
+    {
+        "start_time",
+        "end_time",
+        "bucket_width",
+        "group_by",
+        "models",
+        "api_key_ids",
+        "batch",
+        "limit",
+        "page",
+    }
 )
 
 
@@ -78,6 +88,10 @@ async def completions_usage(
     api_key_ids: Annotated[list[str] | None, Query(max_length=100)] = None,
     limit: Annotated[int | None, Query(ge=1, description="Buckets per page.")] = None,
     page: str | None = None,
+    batch: Annotated[
+        bool | None,
+        Query(description="Only batch lines (true) or only online requests (false)."),
+    ] = None,
 ) -> UsagePage:
     """The tenant's requests and tokens in time buckets, from ``start_time`` to ``end_time``
     (now by default): every API key of the tenant, never another tenant's."""
@@ -85,7 +99,7 @@ async def completions_usage(
     if unknown:
         raise BadRequestError(
             f"Unsupported parameter `{unknown[0]}`: usage covers this API key's tenant, "
-            "grouped by model or api_key_id.",
+            "grouped by model, api_key_id or batch.",
             param=unknown[0],
         )
     # By default up to the end of this second: a request started now is in the report.
@@ -111,6 +125,7 @@ async def completions_usage(
         group_by=groups,
         models=models or (),
         key_ids=api_key_ids or (),
+        batch=batch,
     )
     names = {}
     if "api_key_id" in groups:
@@ -128,6 +143,7 @@ async def completions_usage(
                 model=total.model,
                 api_key_id=total.key_id,
                 api_key_name=names.get(total.key_id) if total.key_id else None,
+                batch=total.batch,
             )
         )
     has_more = last < end

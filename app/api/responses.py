@@ -37,6 +37,9 @@ async def create_response(
     principal: CurrentPrincipal,
     request_id: RequestId,
 ) -> Response:
+    if body.store:
+        # A stored response counts against the tenant's storage cap, with its files.
+        await gateway.files.check_room(principal.tenant, 0)
     # Translated to the chat request it runs as; the rest is the chat path's (CompletionResponse).
     chain = await continued(gateway.responses, principal.tenant.uid, body)
     translated = translate(body, chain.context, response_id=f"resp_{request_id}")

@@ -25,10 +25,12 @@ class CompletionsUsageResult(BaseModel):
     api_key_name: str | None = Field(
         None, description="The key's name, when grouped by api_key_id (not in OpenAI's shape)."
     )
-    # OpenAI's other dimensions: a tenant has no projects, users or batches here.
+    batch: bool | None = Field(
+        None, description="Set when grouped by batch: whether these were batch lines."
+    )
+    # OpenAI's other dimensions: a tenant has no projects or users here.
     project_id: None = None
     user_id: None = None
-    batch: None = None
 
 
 class UsageBucket(BaseModel):

@@ -52,6 +52,7 @@ def admission_for(settings: Settings) -> Admission:
         hold_crowding=settings.lora_slot_quantum_tokens == 0 and not settings.has_objectives,
         per_step=settings.scheduler_dispatches_per_step,
         max_constrained=settings.scheduler_max_constrained_per_tenant,
+        batch_share=settings.scheduler_batch_share,
     )
     return FairAdmission(
         queue,

@@ -35,6 +35,9 @@ class Ticket:
     # It has an output constraint: the engine builds its grammar during the steps that
     # decode it, which lengthens each of those steps for every request in the batch.
     constrained: bool = False
+    # A line of a tenant's batch (docs/batches.md): let in only while no interactive request
+    # waits, and only into the seats batch lines may hold.
+    batch_line: bool = False
 
 
 class Slot(Protocol):

@@ -61,8 +61,13 @@ class FairQueue:
         hold_crowding: bool = True,
         per_step: int = 0,
         max_constrained: int = 1,
+        batch_share: float = 1.0,
     ) -> None:
         self.window = window
+        # The share of the window batch lines may hold at most (at least one seat).
+        self.batch_share = batch_share
+        self.batch_in_flight = 0
+        self._interactive_waiting = 0
         self.max_constrained = max_constrained
         self.per_step = per_step
         self._paced = False
@@ -138,6 +143,7 @@ class FairQueue:
         state.weight = ticket.weight  # the registry's latest
         waiting = Waiting(ticket, now)
         self._demand[ticket.adapter] += 1
+        self._interactive_waiting += ticket.interactive
         if not state.queue:
             self._backlogged[ticket.tenant] = None
             self._pending.add(ticket.tenant)
@@ -218,6 +224,8 @@ class FairQueue:
         seqs = self._seqs(ticket)
         state.in_flight -= seqs
         self.in_flight -= seqs
+        if ticket.batch_line:
+            self.batch_in_flight -= seqs
         self._blocked = False
         self.affinity.finished(ticket.adapter)
         if ticket.constrained:
@@ -327,6 +335,13 @@ class FairQueue:
         if self._paced and self._this_step >= self.per_step and state.in_flight > 0:
             return False
         seqs = ticket.seqs if ticket.seqs <= window else window
+        if ticket.batch_line and (
+            self._interactive_waiting
+            or self.batch_in_flight + seqs > max(1, int(window * self.batch_share))
+        ):
+            # Batch lines take only capacity no interactive request waits for, and leave
+            # the rest of the window free for those that come.
+            return False
         after = in_flight + seqs
         unreserved = window - self.headroom
         # An empty engine takes any request, however many sequences it has.
@@ -354,6 +369,8 @@ class FairQueue:
         seqs = self._seqs(ticket)
         state.in_flight += seqs
         self.in_flight += seqs
+        if ticket.batch_line:
+            self.batch_in_flight += seqs
         self._this_step += 1
         self.affinity.started(ticket.adapter)
         if ticket.constrained:
@@ -366,6 +383,7 @@ class FairQueue:
         return waiting
 
     def _no_longer_waiting(self, ticket: Ticket) -> None:
+        self._interactive_waiting -= ticket.interactive
         demand = self._demand
         demand[ticket.adapter] -= 1
         if not demand[ticket.adapter]:

@@ -164,6 +164,11 @@ class QuotaRow(QuotaColumns, Base):
     tenant_id: Mapped[str] = mapped_column(
         ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
     )
+    # What its files and stored responses may hold together, in bytes (None: the default
+    # setting). A tenant's alone: a key has no storage of its own.
+    storage_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # The worst-case tokens its batches' unrun lines may add up to (None: unlimited).
+    batch_tokens_enqueued: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class KeyQuotaRow(QuotaColumns, Base):
@@ -244,6 +249,8 @@ class UsageRow(Base):
     shadow: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # Whose doing an ``error`` was: ``version`` (what a rollback rule counts) or ``request``.
     fault: Mapped[str | None] = mapped_column(String(16))
+    # The batch whose line it was (docs/batches.md); None for an online request.
+    batch_id: Mapped[str | None] = mapped_column(String(64))
     started_at: Mapped[datetime]
     finished_at: Mapped[datetime]
 
@@ -307,7 +314,10 @@ class StoredResponseRow(Base):
     context, so continuing a chain reads one row."""
 
     __tablename__ = "stored_responses"
-    __table_args__ = (Index("ix_stored_responses_created", "created_at"),)
+    __table_args__ = (
+        Index("ix_stored_responses_created", "created_at"),
+        Index("ix_stored_responses_tenant", "tenant_uid"),
+    )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     # Whose it is: the tenant's uid, never its reusable id.
@@ -325,3 +335,100 @@ class StoredResponseRow(Base):
     # What the row holds, in bytes of JSON: the tenant's storage, once it is capped.
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime]
+
+
+class FileRow(Base):
+    """A file of the Files API, its tenant's: what it is; its bytes are in the file contents
+    storage (:mod:`app.store.file_contents`), under its id."""
+
+    __tablename__ = "files"
+    __table_args__ = (
+        Index("ix_files_tenant_created", "tenant_uid", "created_at"),
+        Index("ix_files_expires", "expires_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # Whose it is: the tenant's uid, never its reusable id.
+    tenant_uid: Mapped[str] = mapped_column(String(32))
+    # batch (uploaded), batch_output (a batch's results or errors).
+    purpose: Mapped[str] = mapped_column(String(32))
+    filename: Mapped[str] = mapped_column(String(255))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+
+
+class LeaseRow(Base):
+    """A named piece of work one holder (a replica's process) does at a time: held until
+    ``expires_at``, renewed while the work goes on, and taken over by another holder once it
+    has expired (its holder died). :mod:`app.store.leases`."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(64))
+    expires_at: Mapped[datetime]
+
+
+class BatchRow(Base):
+    """A batch of the Batch API, its tenant's (docs/batches.md). Its lines are
+    :class:`BatchLineRow`; its progress is theirs, counted here as they finish."""
+
+    __tablename__ = "batches"
+    __table_args__ = (
+        Index("ix_batches_tenant_created", "tenant_uid", "created_at"),
+        Index("ix_batches_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # Whose it is: the tenant's uid (its id names it in the registry, the uid checks that it
+    # is still the same tenant).
+    tenant_uid: Mapped[str] = mapped_column(String(32))
+    tenant_id: Mapped[str] = mapped_column(String(63))
+    # Whose key created it: its lines' usage records name it.
+    key_id: Mapped[str] = mapped_column(String(40))
+    endpoint: Mapped[str] = mapped_column(String(32))
+    input_file_id: Mapped[str] = mapped_column(String(64))
+    completion_window: Mapped[str] = mapped_column(String(16))
+    metadata_: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON(none_as_null=True))
+    status: Mapped[str] = mapped_column(String(16))
+    # Why it failed validation: OpenAI's errors object ({"object": "list", "data": [...]}).
+    errors: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    # Each model its lines name -> the adapter version they all run on ({"adapter", "version"};
+    # None for the base model), resolved once validated.
+    pins: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    completed: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    output_file_id: Mapped[str | None] = mapped_column(String(64))
+    error_file_id: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    in_progress_at: Mapped[datetime | None]
+    finalizing_at: Mapped[datetime | None]
+    completed_at: Mapped[datetime | None]
+    failed_at: Mapped[datetime | None]
+    expired_at: Mapped[datetime | None]
+    cancelling_at: Mapped[datetime | None]
+    cancelled_at: Mapped[datetime | None]
+
+
+class BatchLineRow(Base):
+    """One request of a batch: pending until it has run, then its output line, written in
+    the transaction that writes its usage record (each line billed once)."""
+
+    __tablename__ = "batch_lines"
+
+    batch_id: Mapped[str] = mapped_column(
+        ForeignKey("batches.id", ondelete="CASCADE"), primary_key=True
+    )
+    # Its line in the input file, from 1.
+    line: Mapped[int] = mapped_column(Integer, primary_key=True)
+    custom_id: Mapped[str] = mapped_column(Text)
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # Its worst-case tokens (prompt and n x max_tokens), as admission reserves them.
+    cost: Mapped[int] = mapped_column(BigInteger)
+    # pending, ok (the output file), error, expired, cancelled (the error file).
+    status: Mapped[str] = mapped_column(String(16))
+    # The line as the output or error file has it.
+    output: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))

@@ -78,6 +78,8 @@ class UsageRecord:
     shadow: bool = False
     # Whose doing an ``error`` was; None for the other statuses.
     fault: Fault | None = None
+    # The batch it was a line of; None for an online request.
+    batch_id: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The fields by name. Every value is a scalar or a datetime, so this shallow dict is
@@ -90,6 +92,17 @@ class UsageRecord:
 
 _RECORD_FIELDS = tuple(f.name for f in fields(UsageRecord))
 _USAGE_TABLE = UsageRow.metadata.tables[UsageRow.__tablename__]
+
+
+async def write_records(session: AsyncSession, records: Iterable[UsageRecord]) -> None:
+    """Write ``records`` and add them to the versions' counts in ``session``'s transaction:
+    the ledger's own writes, and a batch line's, whose record commits with its output."""
+    # One executemany of plain rows: the ORM's unit of work (an object, its state and
+    # identity per record, flushed) cost more than the rest of a short request.
+    rows = [record.as_dict() for record in records]
+    if rows:
+        await session.execute(insert(_USAGE_TABLE), rows)
+        await add_version_minutes(session, rows)
 
 
 class UsageLedger:
@@ -253,10 +266,8 @@ class UsageLedger:
         """Write ``records``, and add them to the versions' counts, in one transaction."""
         # One executemany of plain rows: the ORM's unit of work (an object, its state and
         # identity per record, flushed) cost more than the rest of a short request.
-        rows = [record.as_dict() for record in records]
         async with self._sessions.begin() as session:
-            await session.execute(insert(_USAGE_TABLE), rows)
-            await add_version_minutes(session, rows)
+            await write_records(session, records)
 
     async def _exists(self, record: UsageRecord) -> bool:
         """Whether ``record`` is in the store already (a write that was reported failed after

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy import BigInteger, ColumnElement, Integer, String, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -17,12 +17,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.store.tables import UsageRow
 
 GroupBy = Literal["adapter", "key", "day"]
-BucketGroup = Literal["model", "api_key_id"]
+BucketGroup = Literal["model", "api_key_id", "batch"]
 """What a bucket's totals may be split by: the model the tenant named (an alias or the base
-model), and the API key."""
-_GROUP_COLUMNS: dict[BucketGroup, ColumnElement[str]] = {
+model), the API key, and whether the requests were batch lines."""
+_GROUP_COLUMNS: dict[BucketGroup, ColumnElement[Any]] = {
     "model": UsageRow.model,  # type: ignore[dict-item]
     "api_key_id": UsageRow.key_id,  # type: ignore[dict-item]
+    "batch": UsageRow.batch_id.is_not(None),
 }
 
 
@@ -46,6 +47,8 @@ class BucketTotal:
     requests: int
     prompt_tokens: int
     completion_tokens: int
+    batch: bool | None = None
+    """Whether they were batch lines, where the report is split by it."""
 
 
 def _totals() -> list[ColumnElement[int]]:
@@ -104,10 +107,12 @@ async def usage_by_bucket(
     group_by: Collection[BucketGroup] = (),
     models: Collection[str] = (),
     key_ids: Collection[str] = (),
+    batch: bool | None = None,
 ) -> list[BucketTotal]:
     """Totals of the requests started in ``[start, end)`` (Unix seconds) in buckets of
     ``width`` seconds from ``start``, of the tenant ``tenant_uid`` (``None``: of every tenant),
-    optionally only of ``models`` and ``key_ids`` and split by ``group_by``. Buckets without
+    optionally only of ``models`` and ``key_ids``, only batch lines (``batch`` True) or only
+    online requests (False), and split by ``group_by``. Buckets without
     requests are left out; the rest come in time order, then by group."""
     if width < 1 or end < start:
         raise ValueError(f"no buckets of {width} s in [{start}, {end})")
@@ -126,6 +131,10 @@ async def usage_by_bucket(
         query = query.where(UsageRow.model.in_(models))
     if key_ids:
         query = query.where(UsageRow.key_id.in_(key_ids))
+    if batch is not None:
+        query = query.where(
+            UsageRow.batch_id.is_not(None) if batch else UsageRow.batch_id.is_(None)
+        )
     query = query.group_by(index, *grouped).order_by(index, *grouped)
     async with sessions() as session:
         rows = (await session.execute(query)).all()
@@ -138,6 +147,7 @@ async def usage_by_bucket(
                 start=start + int(bucket) * width,
                 model=groups.get("model"),
                 key_id=groups.get("api_key_id"),
+                batch=None if "batch" not in groups else bool(groups["batch"]),
                 requests=int(requests),
                 prompt_tokens=int(prompt),
                 completion_tokens=int(completion),

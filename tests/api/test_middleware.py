@@ -21,11 +21,17 @@ from tests.support.harness import ADMIN_TOKEN, app_settings
 HUGE = 150 << 20
 LIMIT = 64 << 10
 UPLOAD_LIMIT = 256 << 10
+FILE_LIMIT = 512 << 10
 
 
 @pytest.fixture
 async def edge(tmp_path: Path) -> AsyncIterator[EdgeApp]:
-    settings = app_settings(tmp_path, max_request_bytes=LIMIT, max_adapter_bytes=UPLOAD_LIMIT)
+    settings = app_settings(
+        tmp_path,
+        max_request_bytes=LIMIT,
+        max_adapter_bytes=UPLOAD_LIMIT,
+        max_file_bytes=FILE_LIMIT,
+    )
     async with running(settings) as live:
         yield live
 
@@ -226,5 +232,42 @@ async def test_an_upload_has_its_own_limit(edge: EdgeApp) -> None:
     answer = await call(
         edge.app, "POST", "/admin/v1/adapters", headers=headers, body=body_of(LIMIT + 1)
     )
+    assert answer.status == 413
+    assert answer.delivered == 0
+
+
+def _file_upload(payload: bytes) -> tuple[bytes, str]:
+    boundary = "fileboundary"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n'
+            "Content-Type: application/jsonl\r\n\r\n"
+        ).encode()
+        + payload
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    return body, f"multipart/form-data; boundary={boundary}"
+
+
+async def test_a_tenants_file_upload_has_its_own_limit(edge: EdgeApp) -> None:
+    # Past max_request_bytes, within max_file_bytes: stored.
+    body, content_type = _file_upload(b"{}\n" * (LIMIT // 2))
+    assert LIMIT < len(body) < FILE_LIMIT
+    headers = {"content-type": content_type, **bearer(edge.tenant_key)}
+    answer = await call(edge.app, "POST", "/v1/files", headers=headers, body=body)
+    assert answer.status == 200, answer.body
+    assert answer.json()["bytes"] == 3 * (LIMIT // 2)
+
+    # A file past max_file_bytes but within the multipart allowance: the file's own 413.
+    body, content_type = _file_upload(b"x" * (FILE_LIMIT + 1))
+    headers = {"content-type": content_type, **bearer(edge.tenant_key)}
+    answer = await call(edge.app, "POST", "/v1/files", headers=headers, body=body)
+    assert answer.status == 413
+    assert answer.json()["error"]["param"] == "file"
+
+    # A declared size past the allowance: refused unread.
+    headers = {"content-type": content_type, "content-length": str(HUGE), **bearer(edge.tenant_key)}
+    answer = await call(edge.app, "POST", "/v1/files", headers=headers, body=body_of(HUGE))
     assert answer.status == 413
     assert answer.delivered == 0

@@ -535,3 +535,45 @@ def test_nothing_is_paced_without_step_reports_or_with_no_limit() -> None:
     for number in range(10):
         unpaced.push(ticket("a", number), 0.0)
     assert len(popped(unpaced)) == 10
+
+
+def batch_line(tenant: str, number: int) -> Ticket:
+    return Ticket(
+        f"{tenant}-line-{number}", f"{tenant}:batch", 1, SMALL, interactive=False, batch_line=True
+    )
+
+
+def test_batch_lines_go_in_only_while_no_interactive_request_waits() -> None:
+    fair = FairQueue(
+        window=4, headroom=0, quantum=SMALL, max_adapter_wait=10.0, max_loras=2, batch_share=1.0
+    )
+    for number in range(6):
+        fair.push(batch_line("a", number), 0.0)
+    first = fair.pop(0.0)
+    assert first is not None and first.waiting.ticket.batch_line
+    # An interactive request waits (the window has room): no batch line passes it.
+    fair.push(ticket("b", 0), 0.0)
+    fair.push(ticket("b", 1), 0.0)
+    dispatched = [fair.pop(0.0) for _ in range(3)]
+    assert request_ids(dispatched) == ["b-0", "b-1", "a-line-1"]
+    # Once none waits, the lines fill what is left of the window.
+    assert fair.pop(0.0) is None and fair.in_flight == 4
+
+
+def test_batch_lines_hold_at_most_their_share_of_the_window() -> None:
+    fair = FairQueue(
+        window=8, headroom=0, quantum=SMALL, max_adapter_wait=10.0, max_loras=2, batch_share=0.5
+    )
+    for number in range(10):
+        fair.push(batch_line("a", number), 0.0)
+    lines = [fair.pop(0.0) for _ in range(5)]
+    assert [d is not None for d in lines] == [True] * 4 + [False]
+    assert fair.batch_in_flight == 4
+    # The seats left are interactive requests' at once.
+    fair.push(ticket("b", 0), 0.0)
+    assert request_ids([fair.pop(0.0)]) == ["b-0"]
+    # A line that ends frees its seat for the next line.
+    assert lines[0] is not None
+    fair.done(lines[0].waiting.ticket, None)
+    assert fair.batch_in_flight == 3
+    assert request_ids([fair.pop(0.0)]) == ["a-line-4"]

@@ -15,7 +15,7 @@ router = APIRouter(prefix="/tenants/{tenant_id}", tags=["admin: quotas"])
 
 @router.put("/quota", response_model=schemas.QuotaOut)
 async def put_quota(
-    tenant_id: str, body: schemas.QuotaPut, admin: Admin, actor: AdminActor
+    tenant_id: str, body: schemas.TenantQuotaPut, admin: Admin, actor: AdminActor
 ) -> object:
     return await admin.put_quota(actor, tenant_id, body)
 

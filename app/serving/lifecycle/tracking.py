@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AbstractContextManager, ExitStack, asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
@@ -66,6 +66,16 @@ INLINE_PREPARE_BYTES = 2048
 """A request body up to this size is tokenised on the event loop when the tokenizer thread is
 idle: handing it to the thread and back costs more CPU than tokenising it. One with an output
 constraint never is: what it asks the constraint checks to read is not bounded by its size."""
+
+
+@dataclass
+class BatchLine:
+    """A request that is a line of a batch: its usage record is put in ``records`` (the
+    batch commits it with the line's output, in one transaction), not in the ledger's
+    queue."""
+
+    batch_id: str
+    records: list[UsageRecord] = field(default_factory=list)
 
 
 def ticket_of(generation: Generation) -> Ticket:
@@ -179,11 +189,14 @@ class RequestTracker:
         body_bytes: int | None = None,
         prechecked: bool = False,
         pinned: Pin | None = None,
+        batch: BatchLine | None = None,
     ) -> AsyncIterator[RunT]:
         """Admit the request and yield its :class:`Run`; settle and record it on exit.
         ``body_bytes``, the size of the request's body where it is known, bounds the work of
         tokenising it; ``prechecked`` says :meth:`precheck` passed before it was read;
-        ``pinned``, the adapter version it must run on (a Responses chain's)."""
+        ``pinned``, the adapter version it must run on (a Responses chain's or a batch's);
+        ``batch``, the batch line it is, whose usage record goes to the line's own sink
+        rather than the ledger's queue (the line commits it with its output)."""
         # This host's copy of the request's adapter stays in place until the request ended.
         with ExitStack() as holds:
             generation, reservation = await self._admit(
@@ -196,7 +209,14 @@ class RequestTracker:
             if adapter is not None:
                 self.last_used[adapter.lora_id] = started_at
             lease = asyncio.create_task(self._keep_lease(reservation)) if reservation else None
-            slot = self._admission.admit(ticket_of(generation))
+            ticket = ticket_of(generation)
+            if batch is not None:
+                # A batch's lines queue apart from their tenant's own requests, at the batch
+                # class, and yield to interactive requests (docs/batches.md).
+                ticket = replace(
+                    ticket, tenant=f"{ticket.tenant}:batch", interactive=False, batch_line=True
+                )
+            slot = self._admission.admit(ticket)
             refused: AdmissionRefused | None = None
             outcome: Outcome = "error"
             with self.in_flight.hold(adapter):
@@ -225,7 +245,7 @@ class RequestTracker:
                         lease.cancel()
                     # Shielded: a shutdown that cancels this request still settles and records it.
                     finish = (
-                        self._finish(run, outcome, began, started_at, request.user)
+                        self._finish(run, outcome, began, started_at, request.user, batch)
                         if refused is None
                         else self._refused(run, refused)
                     )
@@ -306,6 +326,18 @@ class RequestTracker:
         subjects = quota_subjects(principal)
         if subjects:
             await self._quota.charge_refused(subjects)
+
+    async def prepare(
+        self,
+        service: Service[Request, Any],
+        request: Request,
+        principal: Principal,
+        target: ModelTarget,
+        request_id: str,
+    ) -> Generation:
+        """What admission would prepare of ``request`` (tokenised, checked), in the
+        tenant's turn, without admitting it: a batch's lines are checked so before any runs."""
+        return await self._prepare(service, request, principal, target, request_id, None)
 
     async def _prepare(
         self,
@@ -402,7 +434,13 @@ class RequestTracker:
         slot.release()
 
     async def _finish(
-        self, run: Run, outcome: Outcome, began: float, started_at: datetime, user: str | None
+        self,
+        run: Run,
+        outcome: Outcome,
+        began: float,
+        started_at: datetime,
+        user: str | None,
+        batch: BatchLine | None = None,
     ) -> None:
         """Close the run, then settle and record with what it produced."""
         await run.close()
@@ -420,7 +458,7 @@ class RequestTracker:
         metrics.PROMPT_TOKENS.labels(tenant, model).inc(prompt_tokens)
         metrics.COMPLETION_TOKENS.labels(tenant, model).inc(completion_tokens)
         metrics.REQUEST_DURATION.labels(tenant, model, endpoint).observe(time.monotonic() - began)
-        record = self._record(run, outcome, began, started_at, user)
+        record = self._record(run, outcome, began, started_at, user, batch)
         objectives = Objectives.of(generation.params.extra_args)
         if outcome == "ok" and objectives is not None and objectives.any:
             counted = slo_outcome(objectives, record.ttft_ms, record.itl_ms)
@@ -435,9 +473,16 @@ class RequestTracker:
                 metrics.SPLIT_TIME_TO_FIRST_TOKEN.labels(tenant, model, version).observe(ttft)
 
     def _record(
-        self, run: Run, outcome: Outcome, began: float, started_at: datetime, user: str | None
+        self,
+        run: Run,
+        outcome: Outcome,
+        began: float,
+        started_at: datetime,
+        user: str | None,
+        batch: BatchLine | None = None,
     ) -> UsageRecord:
-        """Write ``run``'s usage record (once it is closed); the record."""
+        """Write ``run``'s usage record (once it is closed), to the ledger or to the batch
+        line's sink; the record."""
         generation = run.generation
         principal, adapter = generation.principal, generation.target.adapter
         record = UsageRecord(
@@ -459,9 +504,10 @@ class RequestTracker:
             shadow=generation.shadow,
             # An error the run did not see (the service failed around it) is the version's.
             fault=(run.fault or "version") if outcome == "error" else None,
+            batch_id=batch.batch_id if batch is not None else None,
             **run.timing.usage_fields(began, run.completion_tokens),
         )
-        self._ledger.record(record)
+        (batch.records.append if batch is not None else self._ledger.record)(record)
         return record
 
     def why_unservable(self, adapter: Adapter) -> str | None:

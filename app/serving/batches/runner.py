@@ -1,0 +1,424 @@
+"""Running batches (docs/batches.md). Every replica runs a :class:`BatchRunner`: it looks for
+unfinished batches and drives each one it can lease (:mod:`app.store.leases`), one replica
+at a time, from wherever the store says it stopped:
+
+* ``validating``: every line is checked (:mod:`.lines`); one bad line fails the batch, else
+  its lines are recorded, pending, and it is ``in_progress``;
+* ``in_progress``: its pending lines run, a few at a time, through the online path
+  (:meth:`RequestTracker.track`: admission, fairness, quotas) at the ``batch`` priority
+  class, each finished line's output committed with its usage record; once none is
+  pending it is ``finalizing``, then ``completed`` with its output and error files;
+* ``cancelling`` (the tenant cancelled) or past its window: the lines in flight are aborted
+  and settled, every unrun line goes to the error file, and it is ``cancelled`` or
+  ``expired`` with what it has.
+
+Every store call is shielded: a call cancelled halfway (the replica stops, the lease is lost)
+finishes its transaction rather than leave it open holding the store's write lock.
+
+A line cut off by a crash (or by losing the lease) was never committed: it is pending still
+and runs again, and its lost attempt is billed nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from asyncio import shield
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+from app.errors import GatewayError
+from app.protocol.batches import BatchError
+from app.quota import Limits
+from app.scheduling import AdmissionRefused
+from app.serving.batches.files import Files
+from app.serving.batches.lines import Services, as_pin, check_lines, parsed_body
+from app.serving.lifecycle.tracking import BatchLine, RequestTracker
+from app.store.batches import BatchStore, PendingLine
+from app.store.leases import Leases
+from app.store.tables import BatchRow
+from app.tenancy.registry import TenantRegistry
+from app.tenancy.tenants import ApiKey, Principal
+from app.usage.ledger import write_records
+
+logger = logging.getLogger(__name__)
+
+Ending = Literal["cancelled", "expired"]
+ENDING_ERRORS: dict[Ending, tuple[str, str]] = {
+    "cancelled": ("batch_cancelled", "This request was not run: the batch was cancelled."),
+    "expired": (
+        "batch_expired",
+        "This request could not be executed before the completion window expired.",
+    ),
+}
+
+
+PENDING_PAGE = 256
+"""Pending lines read from the store at once: a batch's lines are never all in memory."""
+
+
+def lease_name(batch_id: str) -> str:
+    return f"batch:{batch_id}"
+
+
+def batch_principal(registry: TenantRegistry, batch: BatchRow) -> Principal | None:
+    """Who a batch's lines run as: its tenant (while it still exists), in the ``batch``
+    priority class whatever its own, charged to its token budget but not to its interactive
+    per-minute or concurrency limits; None once the tenant is gone."""
+    tenant = registry.tenant(batch.tenant_id)
+    if tenant is None or tenant.uid != batch.tenant_uid or not tenant.enabled:
+        return None
+    budget_only = Limits(
+        token_budget=tenant.limits.token_budget, budget_period=tenant.limits.budget_period
+    )
+    tenant = replace(tenant, priority="batch", limits=budget_only)
+    return Principal(tenant=tenant, key=ApiKey(id=batch.key_id, tenant_id=tenant.id, sha256=""))
+
+
+def _line_output(custom_id: str, request_id: str, **fields: Any) -> dict[str, Any]:
+    return {"id": f"batch_req_{request_id}", "custom_id": custom_id, **fields}
+
+
+class BatchRunner:
+    def __init__(
+        self,
+        store: BatchStore,
+        files: Files,
+        leases: Leases,
+        tracker: RequestTracker,
+        registry: Callable[[], TenantRegistry],
+        services: Services,
+        ready: Callable[[], Awaitable[None]],
+        *,
+        concurrency: int,
+        lease_seconds: float,
+        poll_seconds: float,
+    ) -> None:
+        self.store = store
+        self.files = files
+        self.leases = leases
+        self.tracker = tracker
+        self.registry = registry
+        self.services = services
+        self.ready = ready
+        self.concurrency = concurrency
+        self.lease = timedelta(seconds=lease_seconds)
+        self.poll_seconds = poll_seconds
+        self._driven: dict[str, asyncio.Task[None]] = {}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Drive every batch this replica can lease, until ``stop`` is set; then stop them
+        (their unfinished lines stay pending) and let their leases go."""
+        try:
+            while not stop.is_set():
+                try:
+                    await self.ready()
+                    await self.take_new()
+                except GatewayError:
+                    pass  # the engine is starting: the batches wait for it
+                except Exception:
+                    logger.exception("could not look for batches to run")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.poll_seconds)
+        finally:
+            driven = list(self._driven.values())
+            for task in driven:
+                task.cancel()
+            await asyncio.gather(*driven, return_exceptions=True)
+
+    async def take_new(self) -> None:
+        """Drive every unfinished batch this replica can lease and does not drive yet."""
+        for batch_id in await shield(self.store.active_ids()):
+            if batch_id in self._driven:
+                continue
+            if not await shield(self.leases.take(lease_name(batch_id), self.lease)):
+                continue
+            task = asyncio.create_task(self._drive(batch_id))
+            self._driven[batch_id] = task
+            task.add_done_callback(partial(self._done, batch_id))
+
+    def _done(self, batch_id: str, task: asyncio.Task[None]) -> None:
+        self._driven.pop(batch_id, None)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("batch %s stopped", batch_id, exc_info=task.exception())
+
+    async def _drive(self, batch_id: str) -> None:
+        """Drive one leased batch as far as it goes, renewing the lease; give it back after
+        (another replica may take it over at once) unless the lease was lost."""
+        work = asyncio.create_task(self._advance(batch_id))
+        renewals = asyncio.create_task(self._renew(batch_id))
+        try:
+            done, _ = await asyncio.wait({work, renewals}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (work, renewals):
+                task.cancel()
+            await asyncio.gather(work, renewals, return_exceptions=True)
+        if work in done:
+            await shield(self.leases.release(lease_name(batch_id)))
+            work.result()
+
+    async def _renew(self, batch_id: str) -> None:
+        """Renew the lease a third of its time before it would lapse; return once it is lost
+        (another replica took it over: this one must stop)."""
+        while True:
+            await asyncio.sleep(self.lease.total_seconds() / 3)
+            try:
+                if not await shield(self.leases.take(lease_name(batch_id), self.lease)):
+                    logger.warning("lost the lease of batch %s", batch_id)
+                    return
+            except Exception:
+                logger.warning("could not renew the lease of batch %s", batch_id, exc_info=True)
+
+    async def _advance(self, batch_id: str) -> None:
+        batch = await shield(self.store.by_id(batch_id))
+        if batch is None:
+            return
+        principal = batch_principal(self.registry(), batch)
+        if batch.status == "validating":
+            if principal is None or self._past_window(batch):
+                await self._end(batch, "cancelled" if principal is None else "expired")
+                return
+            if not await self._validate(batch, principal):
+                return
+            batch = await shield(self.store.by_id(batch_id))
+            assert batch is not None
+        if batch.status == "in_progress":
+            ending: Ending | None = "cancelled"  # its tenant is gone
+            if principal is not None:
+                ending = await self._run_lines(batch, principal)
+            if ending is None:
+                await shield(self.store.move(batch.id, "finalizing", only_from=("in_progress",)))
+                batch.status = "finalizing"
+            else:
+                await self._end(batch, ending)
+                return
+        if batch.status == "finalizing":
+            await self._finalize(batch, "completed", only_from=("finalizing",))
+        elif batch.status == "cancelling":
+            await self._end(batch, "cancelled")
+
+    @staticmethod
+    def _past_window(batch: BatchRow) -> bool:
+        return datetime.now(timezone.utc) >= batch.expires_at
+
+    async def _validate(self, batch: BatchRow, principal: Principal) -> bool:
+        """Check every line; fail the batch, or start it. Whether it started."""
+        await shield(self.store.clear_lines(batch.id))  # an earlier try's, cut off
+
+        async def keep(lines: list[PendingLine]) -> None:
+            await shield(self.store.add_lines(batch.id, lines))
+
+        source = await shield(self.files.store.get(batch.tenant_uid, batch.input_file_id))
+        if source is None:  # deleted (or expired) before the batch was validated
+            missing = BatchError(
+                code="invalid_file",
+                message=f"The input file {batch.input_file_id} no longer exists.",
+                param="input_file_id",
+            )
+            errors = {"object": "list", "data": [missing.model_dump()]}
+            await shield(
+                self.store.move(batch.id, "failed", only_from=("validating",), errors=errors)
+            )
+            return False
+        with self.files.contents.local_copy(batch.input_file_id, self.files.spool) as path:
+            checked = await check_lines(
+                path,
+                batch_id=batch.id,
+                endpoint=batch.endpoint,
+                principal=principal,
+                registry=self.registry(),
+                services=self.services,
+                prepare=self.tracker.prepare,
+                keep=keep,
+            )
+        limit = await shield(self.store.enqueued_limit(batch.tenant_id))
+        if limit is not None and not checked.error_count:
+            enqueued = await shield(self.store.tokens_enqueued(batch.tenant_uid))
+            if enqueued + checked.cost > limit:
+                message = (
+                    f"This batch's lines may use {checked.cost} tokens at worst; with your "
+                    f"other batches' unrun lines ({enqueued}) that passes your limit, "
+                    f"`batch_tokens_enqueued` ({limit})."
+                )
+                checked.error_count = 1
+                checked.errors.append(
+                    BatchError(
+                        code="token_limit_exceeded", message=message, param="batch_tokens_enqueued"
+                    )
+                )
+        if checked.error_count:
+            await shield(self.store.clear_lines(batch.id))
+            errors = {"object": "list", "data": [e.model_dump() for e in checked.errors]}
+            await shield(
+                self.store.move(batch.id, "failed", only_from=("validating",), errors=errors)
+            )
+            return False
+        return await shield(self.store.start(batch.id, checked.valid, checked.pins))
+
+    async def _run_lines(self, batch: BatchRow, principal: Principal) -> Ending | None:
+        """Run the pending lines, ``concurrency`` at once, until none is left (None), or the
+        batch is cancelled or its window passes (which, once the lines in flight are
+        aborted and settled)."""
+        ending: list[Ending] = []
+        buffered: list[PendingLine] = []
+        taken = 0  # the last line handed to a worker
+        reading = asyncio.Lock()
+
+        async def next_line() -> PendingLine | None:
+            """The next pending line, read from the store a page at a time."""
+            nonlocal taken
+            async with reading:
+                if not buffered:
+                    page = self.store.pending(batch.id, after=taken, limit=PENDING_PAGE)
+                    buffered.extend(reversed(await shield(page)))
+                if not buffered:
+                    return None
+                line = buffered.pop()
+                taken = line.line
+                return line
+
+        async def worker() -> None:
+            while not ending and (line := await next_line()) is not None:
+                await self._run_line(batch, principal, line, ending)
+
+        workers = [asyncio.create_task(worker()) for _ in range(self.concurrency)]
+        watcher = asyncio.create_task(self._watch(batch, ending))
+        try:
+            unfinished = set(workers)
+            while unfinished:
+                done, _ = await asyncio.wait(
+                    unfinished | {watcher}, return_when=asyncio.FIRST_COMPLETED
+                )
+                unfinished -= done
+                if watcher in done:
+                    if ending:  # abort the lines in flight: each settles as the batch ends
+                        for task in workers:
+                            task.cancel()
+                    break
+            await asyncio.gather(*workers, return_exceptions=True)
+            failures = [t.exception() for t in workers if not t.cancelled() and t.exception()]
+            if failures and failures[0] is not None:
+                raise failures[0]
+        finally:
+            watcher.cancel()
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(watcher, *workers, return_exceptions=True)
+        return ending[0] if ending else None
+
+    async def _watch(self, batch: BatchRow, ending: list[Ending]) -> None:
+        """Set ``ending`` once the batch is cancelled or past its window."""
+        while True:
+            current = await shield(self.store.by_id(batch.id))
+            if current is None or current.status == "cancelling":
+                ending.append("cancelled")
+                return
+            if self._past_window(current):
+                ending.append("expired")
+                return
+            await asyncio.sleep(self.poll_seconds)
+
+    async def _run_line(
+        self, batch: BatchRow, principal: Principal, line: PendingLine, ending: list[Ending]
+    ) -> None:
+        """Run one line and commit its output with its usage record. Aborted because the
+        batch ends, it is settled as such (what it produced billed); aborted otherwise (the
+        replica stops), nothing is committed and it runs again later."""
+        request_id = f"{batch.id}-{line.line}"
+        sink = BatchLine(batch.id)
+        status: Literal["ok", "error", "cancelled", "expired"] = "error"
+        try:
+            request = parsed_body(batch.endpoint, line.body)
+            pinned = as_pin((batch.pins or {}).get(request.model))  # type: ignore[attr-defined]
+            while True:
+                service, prepared = self.services.for_line(
+                    batch.endpoint, request, f"resp_{batch.id}_{line.line}"
+                )
+                try:
+                    async with self.tracker.track(
+                        service, prepared, principal, request_id, pinned=pinned, batch=sink
+                    ) as run:
+                        result = await service.complete(prepared, run)
+                    break
+                except AdmissionRefused as refused:
+                    # The engine's queue is full or busy with others' requests: a line waits
+                    # for its turn, however long (nothing ran, nothing is billed).
+                    await asyncio.sleep(refused.retry_after)
+            status = "ok"
+            response = {"status_code": 200, "request_id": request_id}
+            output = _line_output(
+                line.custom_id,
+                request_id,
+                response={**response, "body": result.model_dump(mode="json")},
+                error=None,
+            )
+        except Exception as exc:
+            if not isinstance(exc, GatewayError):  # rendered as the online path renders it
+                logger.error("batch line %s failed", request_id, exc_info=exc)
+                exc = GatewayError("The server had an error while processing your request.")
+            response = {"status_code": exc.status_code, "request_id": request_id}
+            output = _line_output(
+                line.custom_id, request_id, response={**response, "body": exc.body()}, error=None
+            )
+        except asyncio.CancelledError:
+            if not ending:
+                raise
+            status = ending[0]
+            code, message = ENDING_ERRORS[status]
+            output = _line_output(
+                line.custom_id, request_id, response=None, error={"code": code, "message": message}
+            )
+        commit = self.store.finish_line(
+            batch.id, line.line, status, output, also=partial(write_records, records=sink.records)
+        )
+        await shield(commit)
+
+    async def _end(self, batch: BatchRow, ending: Ending) -> None:
+        """Settle every unrun line as ``ending``'s error, then finish the batch so."""
+        code, message = ENDING_ERRORS[ending]
+
+        def unrun(line: PendingLine) -> dict[str, Any]:
+            error = {"code": code, "message": message}
+            request_id = f"{batch.id}-{line.line}"
+            return _line_output(line.custom_id, request_id, response=None, error=error)
+
+        await shield(self.store.settle_unrun(batch.id, ending, unrun))
+        if ending == "cancelled":
+            await shield(
+                self.store.move(batch.id, "cancelling", only_from=("validating", "in_progress"))
+            )
+        await self._finalize(
+            batch, ending, only_from=("validating", "in_progress", "cancelling", "finalizing")
+        )
+
+    async def _finalize(self, batch: BatchRow, status: str, *, only_from: tuple[str, ...]) -> None:
+        """Write the output and error files, then move the batch to ``status`` with them."""
+        tenant = self.registry().tenant(batch.tenant_id)
+        file_ids: dict[str, str | None] = {"output_file_id": None, "error_file_id": None}
+        for field, statuses, name in (
+            ("output_file_id", ("ok",), "output"),
+            ("error_file_id", ("error", "expired", "cancelled"), "error"),
+        ):
+            lines = await shield(self.store.outputs(batch.id, statuses))
+            if not lines or tenant is None or tenant.uid != batch.tenant_uid:
+                continue
+            path = await asyncio.to_thread(self._written, lines)
+            size = path.stat().st_size
+            row = await self.files.keep(
+                tenant, path, filename=f"{batch.id}_{name}.jsonl", purpose="batch_output", size=size
+            )
+            file_ids[field] = row.id
+        await shield(self.store.move(batch.id, status, only_from=only_from, **file_ids))
+
+    def _written(self, lines: list[dict[str, Any]]) -> Path:
+        path = self.files.spool_path()
+        with path.open("w") as out:
+            for line in lines:
+                out.write(json.dumps(line, separators=(",", ":")) + "\n")
+        return path

@@ -1,0 +1,238 @@
+"""The Batch API's batches and their lines, per tenant, in the shared store: a batch's
+progress is here, so any replica can take it over (under its lease, :mod:`app.store.leases`)
+and resume it where it stopped. A tenant reads only its own: another tenant's id is not
+found, exactly as an unknown one.
+
+A line's result and its usage record are written in one transaction
+(:meth:`BatchStore.finish_line`): a line is in the output exactly when it is billed, once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from sqlalchemy import and_, delete, func, insert, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.store.tables import BatchLineRow, BatchRow, QuotaRow
+
+ACTIVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
+LineStatus = Literal["pending", "ok", "error", "expired", "cancelled"]
+INSERT_CHUNK = 500
+"""Lines one write records, or one read takes."""
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def new_batch_id() -> str:
+    return f"batch_{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True)
+class BatchPage:
+    batches: list[BatchRow]
+    has_more: bool
+
+
+@dataclass(frozen=True)
+class PendingLine:
+    line: int
+    custom_id: str
+    body: dict[str, Any]
+    cost: int = 0
+
+
+class BatchStore:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self._sessions = sessions
+
+    @property
+    def sessions(self) -> async_sessionmaker[AsyncSession]:
+        return self._sessions
+
+    async def create(self, row: BatchRow) -> BatchRow:
+        async with self._sessions.begin() as session:
+            session.add(row)
+        return row
+
+    async def get(self, tenant_uid: str, batch_id: str) -> BatchRow | None:
+        query = select(BatchRow).where(BatchRow.id == batch_id, BatchRow.tenant_uid == tenant_uid)
+        async with self._sessions() as session:
+            return (await session.execute(query)).scalar_one_or_none()
+
+    async def by_id(self, batch_id: str) -> BatchRow | None:
+        async with self._sessions() as session:
+            return await session.get(BatchRow, batch_id)
+
+    async def page(self, tenant_uid: str, *, after: str | None, limit: int) -> BatchPage | None:
+        """The tenant's batches newest first, at most ``limit`` after the batch ``after``;
+        None where ``after`` is not one of its batches."""
+        query = select(BatchRow).where(BatchRow.tenant_uid == tenant_uid)
+        if after is not None:
+            cursor = await self.get(tenant_uid, after)
+            if cursor is None:
+                return None
+            at = cursor.created_at
+            query = query.where(
+                or_(BatchRow.created_at < at, and_(BatchRow.created_at == at, BatchRow.id < after))
+            )
+        query = query.order_by(BatchRow.created_at.desc(), BatchRow.id.desc()).limit(limit + 1)
+        async with self._sessions() as session:
+            rows = list((await session.scalars(query)).all())
+        return BatchPage(batches=rows[:limit], has_more=len(rows) > limit)
+
+    async def active_ids(self) -> list[str]:
+        """Every batch that is not finished yet, oldest first."""
+        query = (
+            select(BatchRow.id)
+            .where(BatchRow.status.in_(ACTIVE_STATUSES))
+            .order_by(BatchRow.created_at)
+        )
+        async with self._sessions() as session:
+            return list((await session.scalars(query)).all())
+
+    async def move(
+        self, batch_id: str, status: str, *, only_from: Sequence[str], **values: Any
+    ) -> bool:
+        """Set the batch's ``status`` (and its time, ``<status>_at``, and ``values``) where it
+        is in one of ``only_from``; whether it was."""
+        query = (
+            update(BatchRow)
+            .where(BatchRow.id == batch_id, BatchRow.status.in_(only_from))
+            .values(status=status, **{f"{status}_at": now()}, **values)
+        )
+        async with self._sessions.begin() as session:
+            return bool((await session.execute(query)).rowcount)  # type: ignore[attr-defined]
+
+    async def clear_lines(self, batch_id: str) -> None:
+        """Forget the batch's lines (a validation that starts again, or failed)."""
+        async with self._sessions.begin() as session:
+            await session.execute(delete(BatchLineRow).where(BatchLineRow.batch_id == batch_id))
+
+    async def add_lines(self, batch_id: str, lines: Sequence[PendingLine]) -> None:
+        """Record validated lines, pending (the batch runs none before :meth:`start`)."""
+        rows = [
+            {
+                "batch_id": batch_id,
+                "line": line.line,
+                "custom_id": line.custom_id,
+                "body": line.body,
+                "cost": line.cost,
+                "status": "pending",
+                "output": None,
+            }
+            for line in lines
+        ]
+        if rows:
+            async with self._sessions.begin() as session:
+                await session.execute(insert(BatchLineRow), rows)
+
+    async def start(self, batch_id: str, total: int, pins: dict[str, Any]) -> bool:
+        """Move the batch, its ``total`` lines recorded, to ``in_progress``; whether it was
+        still validating."""
+        started = (
+            update(BatchRow)
+            .where(BatchRow.id == batch_id, BatchRow.status == "validating")
+            .values(status="in_progress", in_progress_at=now(), pins=pins, total=total)
+        )
+        async with self._sessions.begin() as session:
+            return bool((await session.execute(started)).rowcount)  # type: ignore[attr-defined]
+
+    async def pending(
+        self, batch_id: str, *, after: int = 0, limit: int | None = None
+    ) -> list[PendingLine]:
+        """The batch's pending lines after line ``after``, in order, at most ``limit``."""
+        query = (
+            select(BatchLineRow.line, BatchLineRow.custom_id, BatchLineRow.body, BatchLineRow.cost)
+            .where(
+                BatchLineRow.batch_id == batch_id,
+                BatchLineRow.status == "pending",
+                BatchLineRow.line > after,
+            )
+            .order_by(BatchLineRow.line)
+            .limit(limit)
+        )
+        async with self._sessions() as session:
+            return [PendingLine(*row) for row in (await session.execute(query)).all()]
+
+    async def finish_line(
+        self,
+        batch_id: str,
+        line: int,
+        status: LineStatus,
+        output: dict[str, Any],
+        *,
+        also: Any = None,
+    ) -> bool:
+        """Record a pending line's result, count it in the batch's progress, and run
+        ``also(session)`` (the line's usage record) in the same transaction; whether the line
+        was still pending (it is never finished twice)."""
+        finished = (
+            update(BatchLineRow)
+            .where(
+                BatchLineRow.batch_id == batch_id,
+                BatchLineRow.line == line,
+                BatchLineRow.status == "pending",
+            )
+            .values(status=status, output=output)
+        )
+        counter = BatchRow.completed if status == "ok" else BatchRow.failed
+        async with self._sessions.begin() as session:
+            if not (await session.execute(finished)).rowcount:  # type: ignore[attr-defined]
+                return False
+            await session.execute(
+                update(BatchRow).where(BatchRow.id == batch_id).values({counter: counter + 1})
+            )
+            if also is not None:
+                await also(session)
+        return True
+
+    async def settle_unrun(
+        self,
+        batch_id: str,
+        status: LineStatus,
+        output: Callable[[PendingLine], dict[str, Any]],
+    ) -> int:
+        """Mark every pending line ``status`` with ``output(line)``; how many."""
+        settled = after = 0
+        while page := await self.pending(batch_id, after=after, limit=INSERT_CHUNK):
+            for line in page:
+                settled += await self.finish_line(batch_id, line.line, status, output(line))
+            after = page[-1].line
+        return settled
+
+    async def outputs(self, batch_id: str, statuses: Sequence[str]) -> list[dict[str, Any]]:
+        """The finished lines of ``statuses``, in input order, as their files have them."""
+        query = (
+            select(BatchLineRow.output)
+            .where(BatchLineRow.batch_id == batch_id, BatchLineRow.status.in_(statuses))
+            .order_by(BatchLineRow.line)
+        )
+        async with self._sessions() as session:
+            return [row for row in (await session.scalars(query)).all() if row is not None]
+
+    async def tokens_enqueued(self, tenant_uid: str) -> int:
+        """The worst-case tokens of the tenant's lines still to run."""
+        query = (
+            select(func.coalesce(func.sum(BatchLineRow.cost), 0))
+            .join(BatchRow, BatchRow.id == BatchLineRow.batch_id)
+            .where(
+                BatchRow.tenant_uid == tenant_uid,
+                BatchRow.status.in_(("in_progress", "cancelling")),
+                BatchLineRow.status == "pending",
+            )
+        )
+        async with self._sessions() as session:
+            return int((await session.execute(query)).scalar_one())
+
+    async def enqueued_limit(self, tenant_id: str) -> int | None:
+        """The tenant's ``batch_tokens_enqueued`` quota; None where it has none."""
+        query = select(QuotaRow.batch_tokens_enqueued).where(QuotaRow.tenant_id == tenant_id)
+        async with self._sessions() as session:
+            return (await session.execute(query)).scalar_one_or_none()

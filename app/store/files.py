@@ -1,0 +1,163 @@
+"""The Files API's files, per tenant, in the shared store; their bytes are kept by
+:mod:`app.store.file_contents`. A tenant reads only its own: another tenant's id is not
+found, exactly as an unknown one. A file past its expiry is not found either, and
+:meth:`FileStore.expired` hands it to the purge."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Literal
+
+from sqlalchemy import and_, delete, func, or_, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.store.tables import FileRow, QuotaRow, StoredResponseRow
+
+PURGE_BATCH = 500
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def new_file_id() -> str:
+    return f"file-{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True)
+class FilePage:
+    files: list[FileRow]
+    has_more: bool
+
+
+class FileStore:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        retention: timedelta,
+        default_storage_bytes: int,
+    ) -> None:
+        """Files are kept for ``retention``; a tenant whose quota sets no ``storage_bytes``
+        may hold ``default_storage_bytes``."""
+        self._sessions = sessions
+        self.retention = retention
+        self.default_storage_bytes = default_storage_bytes
+
+    async def add(
+        self,
+        tenant_uid: str,
+        file_id: str,
+        *,
+        purpose: str,
+        filename: str,
+        size: int,
+        session: AsyncSession | None = None,
+    ) -> FileRow:
+        """Record a file whose bytes are stored; in ``session``'s transaction where given."""
+        created = _now()
+        row = FileRow(
+            id=file_id,
+            tenant_uid=tenant_uid,
+            purpose=purpose,
+            filename=filename,
+            bytes=size,
+            created_at=created,
+            expires_at=created + self.retention,
+        )
+        if session is not None:
+            session.add(row)
+            return row
+        async with self._sessions.begin() as own:
+            own.add(row)
+        return row
+
+    async def get(self, tenant_uid: str, file_id: str) -> FileRow | None:
+        query = select(FileRow).where(
+            FileRow.id == file_id, FileRow.tenant_uid == tenant_uid, FileRow.expires_at > _now()
+        )
+        async with self._sessions() as session:
+            return (await session.execute(query)).scalar_one_or_none()
+
+    async def page(
+        self,
+        tenant_uid: str,
+        *,
+        after: str | None,
+        limit: int,
+        order: Literal["asc", "desc"],
+        purpose: str | None,
+    ) -> FilePage | None:
+        """The tenant's files by creation time, at most ``limit`` after the file ``after``;
+        None where ``after`` is not one of its files."""
+        query = select(FileRow).where(FileRow.tenant_uid == tenant_uid, FileRow.expires_at > _now())
+        if purpose is not None:
+            query = query.where(FileRow.purpose == purpose)
+        newest_first = order == "desc"
+        if after is not None:
+            cursor = await self.get(tenant_uid, after)
+            if cursor is None:
+                return None
+            at, ident = cursor.created_at, cursor.id
+            same_moment = FileRow.created_at == at
+            query = query.where(
+                or_(FileRow.created_at < at, and_(same_moment, FileRow.id < ident))
+                if newest_first
+                else or_(FileRow.created_at > at, and_(same_moment, FileRow.id > ident))
+            )
+        ordering = (
+            (FileRow.created_at.desc(), FileRow.id.desc())
+            if newest_first
+            else (FileRow.created_at.asc(), FileRow.id.asc())
+        )
+        async with self._sessions() as session:
+            rows = list((await session.scalars(query.order_by(*ordering).limit(limit + 1))).all())
+        return FilePage(files=rows[:limit], has_more=len(rows) > limit)
+
+    async def delete(self, tenant_uid: str, file_id: str) -> bool:
+        """Forget the tenant's file ``file_id`` (its bytes are the caller's to remove);
+        whether it had one."""
+        query = delete(FileRow).where(FileRow.id == file_id, FileRow.tenant_uid == tenant_uid)
+        async with self._sessions.begin() as session:
+            result = await session.execute(query)
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    async def expired(self, batch: int = PURGE_BATCH) -> list[str]:
+        """Up to ``batch`` ids of files past their expiry, oldest first."""
+        query = (
+            select(FileRow.id)
+            .where(FileRow.expires_at <= _now())
+            .order_by(FileRow.expires_at)
+            .limit(batch)
+        )
+        async with self._sessions() as session:
+            return list((await session.scalars(query)).all())
+
+    async def forget(self, file_ids: list[str]) -> None:
+        """Delete the rows of ``file_ids`` (whose bytes are gone)."""
+        async with self._sessions.begin() as session:
+            await session.execute(delete(FileRow).where(FileRow.id.in_(file_ids)))
+
+    # -- the tenant's storage cap ----------------------------------------------------
+
+    async def storage_cap(self, tenant_id: str) -> int:
+        """What the tenant's files and stored responses may hold together, in bytes."""
+        query = select(QuotaRow.storage_bytes).where(QuotaRow.tenant_id == tenant_id)
+        async with self._sessions() as session:
+            cap = (await session.execute(query)).scalar_one_or_none()
+        return self.default_storage_bytes if cap is None else cap
+
+    async def storage_used(self, tenant_uid: str) -> int:
+        """What the tenant's files and stored responses hold, in bytes (expired ones count
+        until they are purged)."""
+        files = select(func.coalesce(func.sum(FileRow.bytes), 0)).where(
+            FileRow.tenant_uid == tenant_uid
+        )
+        responses = select(func.coalesce(func.sum(StoredResponseRow.size_bytes), 0)).where(
+            StoredResponseRow.tenant_uid == tenant_uid
+        )
+        async with self._sessions() as session:
+            used_by_files = (await session.execute(files)).scalar_one()
+            used_by_responses = (await session.execute(responses)).scalar_one()
+        return int(used_by_files) + int(used_by_responses)

@@ -1,0 +1,334 @@
+"""The Batch API through the real app over a scripted engine, as the official ``openai``
+client calls it: a batch runs to ``completed``, every line once in its output in OpenAI's
+line shape, billed once in the ledger (marked with its batch); engine failures go to the
+error file; each malformed line fails the batch before anything runs, its line named;
+another tenant's batch is a 404; cancel and expiry settle what ran."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import openai
+import pytest
+from openai.types import Batch
+
+from tests.support.batches import FAST_BATCHES, chat_line, finished, read_jsonl, submitted
+from tests.support.responses import client
+from tests.support.scripted_engine import ScriptedEngine
+from tests.support.serving import TENANT, Served, ServeFactory, eventually, quota_usage
+
+OTHER = "tenant-b"
+
+
+def strict(batch: Any) -> Batch:
+    return Batch.model_validate(batch.to_dict())
+
+
+async def test_a_batch_runs_every_line_once_and_bills_it_once(serve: ServeFactory) -> None:
+    async with serve(ScriptedEngine(), **FAST_BATCHES) as served:
+        api = client(served)
+        lines = [chat_line(f"req-{i}", served.model, max_tokens=3) for i in range(12)]
+        created = strict(await submitted(api, lines))
+        assert created.status == "validating" and created.completion_window == "24h"
+        batch = strict(await finished(api, created.id))
+        assert batch.status == "completed", batch
+        assert batch.request_counts is not None
+        assert (batch.request_counts.total, batch.request_counts.completed) == (12, 12)
+        assert batch.request_counts.failed == 0 and batch.error_file_id is None
+        assert batch.in_progress_at and batch.finalizing_at and batch.completed_at
+        assert batch.output_file_id is not None
+        output = read_jsonl((await api.files.content(batch.output_file_id)).read())
+        assert [line["custom_id"] for line in output] == [f"req-{i}" for i in range(12)]
+        for line in output:
+            assert line["error"] is None and line["response"]["status_code"] == 200
+            body = line["response"]["body"]
+            assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == 3
+        output_file = await api.files.retrieve(batch.output_file_id)
+        assert output_file.purpose == "batch_output"
+
+        # Each line billed once, marked with its batch, and run at the batch class.
+        records = await served.usage_records()
+        assert sorted(r.request_id for r in records) == sorted(
+            f"{batch.id}-{n}" for n in range(1, 13)
+        )
+        assert {r.batch_id for r in records} == {batch.id}
+        assert {r.completion_tokens for r in records} == {3}
+        listed = await api.batches.list()
+        assert [b.id for b in listed.data] == [batch.id]
+
+        # The usage API tells batch lines from online requests.
+        await api.chat.completions.create(
+            model=served.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        await served.settled()
+
+        async def usage(**params: Any) -> list[dict[str, Any]]:
+            query = {"start_time": int(time.time()) - 600, **params}
+            async with served.client() as http:
+                page = (await http.get("/v1/organization/usage/completions", params=query)).json()
+            return [result for bucket in page["data"] for result in bucket["results"]]
+
+        [batch_only] = await usage(batch="true")
+        assert (batch_only["num_model_requests"], batch_only["output_tokens"]) == (12, 36)
+        [online_only] = await usage(batch="false")
+        assert (online_only["num_model_requests"], online_only["output_tokens"]) == (1, 2)
+        grouped = {r["batch"]: r["num_model_requests"] for r in await usage(group_by="batch")}
+        assert grouped == {True: 12, False: 1}
+
+
+async def test_engine_failures_go_to_the_error_file(serve: ServeFactory) -> None:
+    engine = ScriptedEngine(fail_after=1)
+    async with serve(engine, **FAST_BATCHES) as served:
+        api = client(served)
+        batch = await finished(
+            api, (await submitted(api, [chat_line("only", served.model, max_tokens=4)])).id
+        )
+        assert batch.status == "completed"
+        assert batch.request_counts is not None and batch.request_counts.failed == 1
+        assert batch.output_file_id is None and batch.error_file_id is not None
+        [line] = read_jsonl((await api.files.content(batch.error_file_id)).read())
+        assert line["custom_id"] == "only"
+        assert line["response"]["status_code"] == 500
+        assert line["response"]["body"]["error"]["type"] == "server_error"
+        # Billed once, what it produced, as an error.
+        [record] = await served.usage_records()
+        assert (record.status, record.batch_id) == ("error", batch.id)
+
+
+MALFORMED: list[tuple[Any, str, str | None]] = [
+    (b"{not json", "invalid_json_line", None),
+    (
+        {"method": "POST", "url": "/v1/chat/completions", "body": {}},
+        "missing_required_parameter",
+        "custom_id",
+    ),
+    ("dup", "duplicate_custom_id", "custom_id"),
+    (
+        {"custom_id": "m", "method": "GET", "url": "/v1/chat/completions", "body": {}},
+        "invalid_method",
+        "method",
+    ),
+    (
+        {"custom_id": "u", "method": "POST", "url": "/v1/completions", "body": {}},
+        "invalid_url",
+        "url",
+    ),
+    ("no-messages", "invalid_request", "body.messages"),
+    ("stream", "invalid_request", "body.stream"),
+    ("unknown-model", "model_not_found", "body.model"),
+    ("bad-temperature", "invalid_request", "body.temperature"),
+]
+
+
+def malformed_line(served: Served, case: Any) -> Any:
+    if case == "dup":
+        return chat_line("good", served.model)
+    if case == "no-messages":
+        line = chat_line("nm", served.model)
+        del line["body"]["messages"]
+        return line
+    if case == "stream":
+        return chat_line("s", served.model, stream=True)
+    if case == "unknown-model":
+        return chat_line("x", "no-such-model")
+    if case == "bad-temperature":
+        return chat_line("t", served.model, temperature=9)
+    return case
+
+
+@pytest.mark.parametrize(("case", "code", "param"), MALFORMED)
+async def test_a_malformed_line_fails_the_batch_naming_it(
+    serve: ServeFactory, case: Any, code: str, param: str | None
+) -> None:
+    async with serve(ScriptedEngine(), **FAST_BATCHES) as served:
+        api = client(served)
+        lines = [chat_line("good", served.model), malformed_line(served, case)]
+        batch = await finished(api, (await submitted(api, lines)).id)
+        assert batch.status == "failed"
+        assert batch.errors is not None and batch.errors.data is not None
+        [error] = batch.errors.data
+        assert (error.line, error.code, error.param) == (2, code, param), error
+        assert batch.failed_at and batch.output_file_id is None
+        assert served.engine.requests == {}, "nothing ran"
+        assert await served.usage_records() == []
+
+
+async def test_another_tenants_batch_is_a_404_like_an_unknown_one(serve: ServeFactory) -> None:
+    async with serve(ScriptedEngine(), **FAST_BATCHES) as served:
+        api = client(served)
+        mine = await submitted(api, [chat_line("a", served.model)])
+        await served.admin("POST", "/tenants", {"id": OTHER, "name": "B", "allow_base_model": True})
+        key = (await served.admin("POST", f"/tenants/{OTHER}/keys", {"name": "k"}))["key"]
+        theirs = openai.AsyncOpenAI(base_url=f"{served.base_url}/v1", api_key=key, max_retries=0)
+        messages = []
+        for batch_id in (mine.id, "batch_" + "0" * 32):
+            for call in (theirs.batches.retrieve, theirs.batches.cancel):
+                with pytest.raises(openai.NotFoundError) as refused:
+                    await call(batch_id)
+                messages.append(refused.value.message.replace(batch_id, "<id>"))
+        assert len(set(messages)) == 1
+        assert (await theirs.batches.list()).data == []
+        # Nor can it batch another tenant's file.
+        with pytest.raises(openai.NotFoundError):
+            await theirs.batches.create(
+                input_file_id=mine.input_file_id,
+                endpoint="/v1/chat/completions",
+                completion_window="24h",
+            )
+
+
+async def test_cancel_aborts_lines_in_flight_and_keeps_what_finished(serve: ServeFactory) -> None:
+    engine = ScriptedEngine(step_seconds=0.05)
+    async with serve(engine, batch_concurrency=2, **FAST_BATCHES) as served:
+        api = client(served)
+        lines = [chat_line("fast", served.model, max_tokens=1)]
+        lines += [chat_line(f"slow-{i}", served.model, max_tokens=100_000) for i in range(4)]
+        created = await submitted(api, lines)
+        await finished(api, created.id, frozenset({"in_progress"}))
+
+        # The first line finished, and two slow ones are producing tokens.
+        def two_under_way() -> bool:
+            requests = served.engine.requests.values()
+            return sum(1 for r in requests if not r.finished and r.produced > 0) == 2
+
+        await eventually(two_under_way)
+        cancelling = await api.batches.cancel(created.id)
+        assert cancelling.status in ("cancelling", "cancelled")
+        batch = await finished(api, created.id)
+        assert batch.status == "cancelled" and batch.cancelled_at
+        assert batch.request_counts is not None
+        assert (batch.request_counts.completed, batch.request_counts.failed) == (1, 4)
+        [done] = read_jsonl((await api.files.content(batch.output_file_id)).read())  # type: ignore[arg-type]
+        assert done["custom_id"] == "fast"
+        errors = read_jsonl((await api.files.content(batch.error_file_id)).read())  # type: ignore[arg-type]
+        assert sorted(e["custom_id"] for e in errors) == [f"slow-{i}" for i in range(4)]
+        assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+        # The aborted lines in flight are billed what they produced; the unrun ones nothing.
+        records = {r.request_id: r for r in await served.usage_records()}
+        assert len(records) == 3  # the fast line and the two in flight
+        aborted = [r for r in records.values() if r.status == "cancelled"]
+        assert len(aborted) == 2 and all(r.completion_tokens > 0 for r in aborted)
+
+
+async def test_a_batch_past_its_window_expires_with_its_unrun_lines(serve: ServeFactory) -> None:
+    engine = ScriptedEngine(step_seconds=0.05)
+    async with serve(
+        engine, batch_concurrency=1, batch_window_seconds=1.0, **FAST_BATCHES
+    ) as served:
+        api = client(served)
+        lines = [chat_line("first", served.model, max_tokens=1)]
+        lines += [chat_line(f"late-{i}", served.model, max_tokens=100_000) for i in range(3)]
+        batch = await finished(api, (await submitted(api, lines)).id)
+        assert batch.status == "expired" and batch.expired_at
+        assert batch.request_counts is not None
+        assert batch.request_counts.completed + batch.request_counts.failed == 4
+        errors = read_jsonl((await api.files.content(batch.error_file_id)).read())  # type: ignore[arg-type]
+        done = []
+        if batch.output_file_id is not None:  # the first line, unless the window passed first
+            done = read_jsonl((await api.files.content(batch.output_file_id)).read())
+            assert [line["custom_id"] for line in done] == ["first"]
+        assert len(done) == batch.request_counts.completed
+        late = [e for e in errors if e["custom_id"].startswith("late-")]
+        assert sorted(e["custom_id"] for e in late) == [f"late-{i}" for i in range(3)]
+        assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+        assert all(e["response"] is None for e in errors)
+        # A finished batch cannot be cancelled.
+        with pytest.raises(openai.BadRequestError):
+            await api.batches.cancel(batch.id)
+
+
+async def test_enqueued_batch_tokens_are_capped_by_the_tenants_quota(
+    serve: ServeFactory,
+) -> None:
+    engine = ScriptedEngine(step_seconds=0.05)
+    async with serve(engine, batch_concurrency=1, **FAST_BATCHES) as served:
+        api = client(served)
+        quota = f"/tenants/{TENANT}/quota"
+        await served.admin("PUT", quota, {"batch_tokens_enqueued": 1000})
+        # Lines that could use more than the limit at worst fail the batch at validation.
+        lines = [chat_line(f"big-{i}", served.model, max_tokens=1000) for i in range(2)]
+        batch = await finished(api, (await submitted(api, lines)).id)
+        assert batch.status == "failed" and batch.errors is not None
+        [error] = batch.errors.data or []
+        assert (error.code, error.param) == ("token_limit_exceeded", "batch_tokens_enqueued")
+        assert served.engine.requests == {}
+
+        # Within it, a batch runs; while its unrun lines are at the limit, no batch is created.
+        await served.admin("PUT", quota, {"batch_tokens_enqueued": 10**6})
+        lines = [chat_line(f"long-{i}", served.model, max_tokens=100_000) for i in range(2)]
+        running = await submitted(api, lines)
+        await finished(api, running.id, frozenset({"in_progress"}))
+        await served.admin("PUT", quota, {"batch_tokens_enqueued": 100})
+        with pytest.raises(openai.RateLimitError) as refused:
+            await submitted(api, [chat_line("more", served.model)])
+        assert "batch_tokens_enqueued" in refused.value.message
+        await api.batches.cancel(running.id)
+        assert (await finished(api, running.id)).status == "cancelled"
+
+
+async def test_a_batch_whose_input_file_was_deleted_fails(serve: ServeFactory) -> None:
+    # No poll comes by itself: the runner looks once the file is deleted.
+    async with serve(ScriptedEngine(), batch_poll_seconds=3600) as served:
+        api = client(served)
+        created = await submitted(api, [chat_line("a", served.model)])
+        await api.files.delete(created.input_file_id)
+        await served.gateway.batch_runner.take_new()
+        batch = await finished(api, created.id)
+        assert batch.status == "failed" and batch.errors is not None
+        [error] = batch.errors.data or []
+        assert (error.code, error.param) == ("invalid_file", "input_file_id")
+
+
+def responses_line(custom_id: str, model: str, **body: Any) -> dict[str, Any]:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/responses",
+        "body": {"model": model, "input": "hi", "max_output_tokens": 3, **body},
+    }
+
+
+async def test_a_responses_batch_runs_and_refuses_background_lines(serve: ServeFactory) -> None:
+    async with serve(ScriptedEngine(), **FAST_BATCHES) as served:
+        api = client(served)
+        lines = [responses_line("r-0", served.model), responses_line("r-1", served.model)]
+        batch = await finished(api, (await submitted(api, lines, "/v1/responses")).id)
+        assert batch.status == "completed" and batch.output_file_id is not None
+        output = read_jsonl((await api.files.content(batch.output_file_id)).read())
+        assert [line["custom_id"] for line in output] == ["r-0", "r-1"]
+        assert {line["response"]["body"]["object"] for line in output} == {"response"}
+        assert {line["response"]["body"]["status"] for line in output} == {"incomplete"}
+
+        lines = [
+            responses_line("ok", served.model),
+            responses_line("bg", served.model, background=True),
+        ]
+        batch = await finished(api, (await submitted(api, lines, "/v1/responses")).id)
+        assert batch.status == "failed" and batch.errors is not None
+        [error] = batch.errors.data or []
+        assert (error.line, error.param) == (2, "body.background")
+
+
+async def test_lines_skip_the_per_minute_limits_but_pay_the_token_budget(
+    serve: ServeFactory,
+) -> None:
+    async with serve(ScriptedEngine(), **FAST_BATCHES) as served:
+        api = client(served)
+        await served.set_quota(requests_per_minute=1, token_budget=10**6, budget_period="day")
+        lines = [chat_line(f"l-{i}", served.model, max_tokens=2) for i in range(4)]
+        batch = await finished(api, (await submitted(api, lines)).id)
+        assert batch.status == "completed", batch
+        assert batch.request_counts is not None and batch.request_counts.completed == 4
+        await served.settled()
+        records = await served.usage_records()
+        used = await quota_usage(served)
+        assert used.budget_used == sum(r.prompt_tokens + r.completion_tokens for r in records)
+        # The tenant's one interactive request a minute is still its own.
+        await api.chat.completions.create(
+            model=served.model, messages=[{"role": "user", "content": "hi"}], max_tokens=1
+        )
+        with pytest.raises(openai.RateLimitError):
+            await api.chat.completions.create(
+                model=served.model, messages=[{"role": "user", "content": "hi"}], max_tokens=1
+            )

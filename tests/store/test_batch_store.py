@@ -1,0 +1,144 @@
+"""Batches, their files and their lines on SQLite and PostgreSQL: a line finishes once,
+with what ``also`` writes in its transaction; progress counted; the tenant's files paged
+newest first; the usage rows of batch lines told from online ones."""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.store.batches import BatchStore, PendingLine, new_batch_id
+from app.store.files import FileStore, new_file_id
+from app.store.tables import BatchRow, UsageRow
+from app.usage import UsageRecord, usage_by_bucket
+from app.usage.ledger import write_records
+
+NOW = datetime.now(timezone.utc)
+
+
+def batch_row(tenant_uid: str = "uid-a") -> BatchRow:
+    return BatchRow(
+        id=new_batch_id(),
+        tenant_uid=tenant_uid,
+        tenant_id="a",
+        key_id="key",
+        endpoint="/v1/chat/completions",
+        input_file_id=new_file_id(),
+        completion_window="24h",
+        status="validating",
+        total=0,
+        completed=0,
+        failed=0,
+        created_at=NOW,
+        expires_at=NOW + timedelta(days=1),
+    )
+
+
+def record(request_id: str, batch_id: str | None) -> UsageRecord:
+    return UsageRecord(
+        request_id=request_id,
+        tenant_id="a",
+        tenant_uid="uid-a",
+        key_id="key",
+        endpoint="chat.completions",
+        model="m",
+        adapter=None,
+        adapter_version=None,
+        prompt_tokens=3,
+        completion_tokens=5,
+        status="ok",
+        latency_ms=1,
+        started_at=NOW,
+        finished_at=NOW,
+        batch_id=batch_id,
+    )
+
+
+async def test_a_line_finishes_once_with_its_usage_record(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    store = BatchStore(sessions)
+    batch = await store.create(batch_row())
+    lines = [PendingLine(n, f"c{n}", {"n": n}) for n in (1, 2, 3)]
+    await store.add_lines(batch.id, lines)
+    assert await store.start(batch.id, len(lines), {"m": None})
+    assert not await store.start(batch.id, len(lines), {}), "started once"
+    assert [line.line for line in await store.pending(batch.id, after=1, limit=1)] == [2]
+    assert [line.line for line in await store.pending(batch.id)] == [1, 2, 3]
+
+    async def billed(session: AsyncSession, request_id: str) -> None:
+        await write_records(session, [record(request_id, batch.id)])
+
+    output: dict[str, Any] = {"custom_id": "c2"}
+    assert await store.finish_line(
+        batch.id, 2, "ok", output, also=lambda s: billed(s, f"{batch.id}-2")
+    )
+    assert not await store.finish_line(
+        batch.id, 2, "ok", output, also=lambda s: billed(s, f"{batch.id}-2-again")
+    ), "a finished line is never finished again, nor billed again"
+    assert await store.finish_line(batch.id, 3, "error", {"custom_id": "c3"})
+    after = await store.by_id(batch.id)
+    assert after is not None
+    assert (after.status, after.total, after.completed, after.failed) == ("in_progress", 3, 1, 1)
+    assert [line.line for line in await store.pending(batch.id)] == [1]
+    assert await store.outputs(batch.id, ("ok",)) == [output]
+    async with sessions() as session:
+        ids = (await session.scalars(select(UsageRow.request_id))).all()
+    assert ids == [f"{batch.id}-2"]
+
+    # A line whose usage cannot be written is not finished either: one transaction.
+    async def fails(session: AsyncSession) -> None:
+        await billed(session, f"{batch.id}-2")  # the request id is taken: the insert fails
+
+    with contextlib.suppress(IntegrityError):
+        await store.finish_line(batch.id, 1, "ok", {"custom_id": "c1"}, also=fails)
+    assert [line.line for line in await store.pending(batch.id)] == [1]
+
+
+async def test_batches_and_files_page_newest_first_per_tenant(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    files = FileStore(sessions, timedelta(days=1), 1 << 20)
+    made = [new_file_id() for _ in range(3)]
+    for file_id in made:
+        await files.add("uid-a", file_id, purpose="batch", filename="f.jsonl", size=10)
+    await files.add("uid-b", new_file_id(), purpose="batch", filename="f.jsonl", size=7)
+    first = await files.page("uid-a", after=None, limit=2, order="desc", purpose=None)
+    assert first is not None and first.has_more and len(first.files) == 2
+    rest = await files.page("uid-a", after=first.files[-1].id, limit=2, order="desc", purpose=None)
+    assert rest is not None and not rest.has_more
+    assert {f.id for f in first.files + rest.files} == set(made)
+    assert await files.page("uid-b", after=made[0], limit=2, order="desc", purpose=None) is None
+    assert await files.storage_used("uid-a") == 30
+
+    store = BatchStore(sessions)
+    batches = [await store.create(batch_row()) for _ in range(3)]
+    await store.create(batch_row("uid-b"))
+    page = await store.page("uid-a", after=None, limit=10)
+    assert page is not None and {b.id for b in page.batches} == {b.id for b in batches}
+    ordered = [(b.created_at, b.id) for b in page.batches]
+    assert ordered == sorted(ordered, reverse=True)
+    after_first = await store.page("uid-a", after=page.batches[0].id, limit=10)
+    assert after_first is not None
+    assert [b.id for b in after_first.batches] == [b.id for b in page.batches[1:]]
+
+
+async def test_usage_tells_batch_lines_from_online_requests(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    async with sessions.begin() as session:
+        await write_records(session, [record("online", None), record("line", "batch_x")])
+    start = int(NOW.timestamp()) - 10
+    window = {"start": start, "end": start + 60, "width": 60}
+    [batch_only] = await usage_by_bucket(sessions, "uid-a", batch=True, **window)
+    [online_only] = await usage_by_bucket(sessions, "uid-a", batch=False, **window)
+    assert batch_only.requests == online_only.requests == 1
+    grouped = await usage_by_bucket(sessions, "uid-a", group_by={"batch"}, **window)
+    assert sorted((t.batch, t.requests) for t in grouped) == [(False, 1), (True, 1)]
+    async with sessions() as session:
+        assert (await session.execute(select(func.count(UsageRow.id)))).scalar_one() == 2
