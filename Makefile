@@ -154,7 +154,7 @@ gateway-cost: install
 
 # Our front beside LiteLLM's proxy (set up by the tool in var/litellm-compare/venv, a pinned
 # version, offline) over the same paced upstream: added latency and CPU per request at shares
-# of capacity, and CPU per streamed token (docs/performance.md, "Beside LiteLLM").
+# of capacity, and CPU per streamed token (docs/performance.md; var/litellm-compare/<time>.json).
 # LITELLM_COMPARE_ARGS adds options: see `python -m tools.litellm_compare --help`.
 litellm-compare: install
 	$(BIN)/python -m tools.litellm_compare $(LITELLM_COMPARE_ARGS)
