@@ -21,11 +21,11 @@ DEMO_ADAPTERS := $(shell $(PYTHON) -c 'from tools.demo.training import DEMO_ADAP
 $(if $(DEMO_ADAPTERS),,$(error could not read the demo adapters' names from tools/demo/training.py with $(PYTHON)))
 
 
-.PHONY: install model adapters demo serve services test test-fast coverage console-screenshots bench bench-quick bench-grid bench-grid-quick bench-lora bench-shadow gateway-cost soak lint settings-doc clean help
+.PHONY: install model adapters demo serve services test test-fast coverage console-screenshots bench bench-quick bench-grid bench-grid-quick bench-lora bench-shadow gateway-cost litellm-compare bench-api-cpu soak lint settings-doc clean help
 
 help:
 	@sed -n 's/^# \{0,1\}//p' Makefile | head -7
-	@echo "targets: install model adapters demo serve services test test-fast coverage console-screenshots bench bench-quick bench-grid bench-grid-quick bench-lora bench-shadow gateway-cost soak lint settings-doc clean"
+	@echo "targets: install model adapters demo serve services test test-fast coverage console-screenshots bench bench-quick bench-grid bench-grid-quick bench-lora bench-shadow gateway-cost litellm-compare bench-api-cpu soak lint settings-doc clean"
 
 install: $(VENV)/.installed
 
@@ -151,6 +151,18 @@ bench-shadow: install model
 # costs nothing: see `python -m tools.gateway_cost --help`.
 gateway-cost: install
 	$(BIN)/python -m tools.gateway_cost --profile $(GATEWAY_COST_ARGS)
+
+# Our front beside LiteLLM's proxy (set up by the tool in var/litellm-compare/venv, a pinned
+# version, offline) over the same paced upstream: added latency and CPU per request at shares
+# of capacity, and CPU per streamed token (docs/performance.md; var/litellm-compare/<time>.json).
+# LITELLM_COMPARE_ARGS adds options: see `python -m tools.litellm_compare --help`.
+litellm-compare: install
+	$(BIN)/python -m tools.litellm_compare $(LITELLM_COMPARE_ARGS)
+
+# The CPU of each API-server process (its engine core and worker apart) per output token at
+# saturation on scenario (a): the gateway against vLLM's server with our ops (bench/api_cpu.py).
+bench-api-cpu: install model
+	$(BIN)/python -m bench.api_cpu $(BENCH_ARGS)
 
 # A real gateway process under mixed load for 20 minutes, then its books checked
 # (var/soak/<time>.json; docs/reliability.md, "Soak"); `make test` does not run it.

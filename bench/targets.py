@@ -352,20 +352,20 @@ DECLARED_TARGETS: tuple[DeclaredTarget, ...] = (
     ),
     DeclaredTarget(
         "cost.api-server",
-        "make bench",
+        "make bench-api-cpu",
         "real engine, (a) at saturation: API-server process CPU per output token, gateway "
         "/ vLLM's server <= 1.0x",
         50,
     ),
     DeclaredTarget(
         "cost.litellm.cpu",
-        "make gateway-cost",
+        "make litellm-compare",
         "the front's CPU per request <= 0.5x LiteLLM proxy's over the same paced upstream",
         50,
     ),
     DeclaredTarget(
         "cost.litellm.p99",
-        "make gateway-cost",
+        "make litellm-compare",
         "the front's p99 added latency < LiteLLM proxy's, at 25%, 50% and 90% of capacity",
         50,
     ),
