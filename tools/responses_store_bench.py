@@ -92,7 +92,7 @@ async def _requests(
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     headers = {"Authorization": f"Bearer {key}"}
     async with httpx.AsyncClient(
-        base_url=base_url, headers=headers, limits=limits, timeout=60
+        base_url=base_url, headers=headers, limits=limits, timeout=300
     ) as client:
 
         async def worker(start: float) -> None:
