@@ -89,7 +89,11 @@ async def _requests(
     body = {"model": model, "input": "Say hi", "max_output_tokens": tokens, "store": store}
     latencies: list[float] = []
     remaining = iter(range(count))
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    # Idle connections are dropped before the server's keep-alive timeout (uvicorn's 5 s) can
+    # close one under a request being sent on it.
+    limits = httpx.Limits(
+        max_connections=concurrency, max_keepalive_connections=concurrency, keepalive_expiry=1.0
+    )
     headers = {"Authorization": f"Bearer {key}"}
     async with httpx.AsyncClient(
         base_url=base_url, headers=headers, limits=limits, timeout=300
