@@ -42,6 +42,14 @@ REFUSED_FIELDS: Mapping[str, tuple[object, ...]] = {
     "prompt_cache_key": (),
     "prompt_cache_retention": (),
     "safety_identifier": (),
+    "prompt_cache_options": (),
+    "context_management": ([],),
+    "moderation": (),
+    "image": (),
+    "access_programs": (),
+    "background_options": (),
+    # No obfuscation padding is added to events: asking for it is refused.
+    "stream_options": ({}, {"include_obfuscation": False}),
 }
 MAX_METADATA_PAIRS = 16  # OpenAI's limits on metadata
 MAX_METADATA_KEY = 64

@@ -1,19 +1,31 @@
 """Stored responses of the Responses API, per tenant, in the shared store: every replica reads
 the same ones. A tenant reads only its own: another tenant's id is not found, exactly as an
-unknown one."""
+unknown one.
+
+Saving is a group commit: the responses that finish while a write is under way are inserted
+together, in the next transaction, by one statement. Each is stored before its ``save``
+returns (a client that continues the chain on the answer finds it), and many concurrent
+responses cost one commit (one fsync on SQLite, one round trip on PostgreSQL) instead of one
+each.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.store.db import store_is_down
 from app.store.tables import StoredResponseRow
+
+logger = logging.getLogger(__name__)
 
 Item = dict[str, Any]
 
@@ -43,6 +55,10 @@ class ItemPage:
 
 PURGE_BATCH = 500
 """Rows one purge transaction deletes: each holds the table's write lock only that long."""
+SAVE_BATCH = 256
+"""Most responses one save transaction inserts."""
+
+_Pending = tuple[dict[str, Any], "asyncio.Future[None]"]
 
 
 def _now() -> datetime:
@@ -55,27 +71,67 @@ class ResponseStore:
         :meth:`purge` deletes it."""
         self._sessions = sessions
         self.retention = retention
+        self._pending: list[_Pending] = []
+        self._writer: asyncio.Task[None] | None = None
 
     async def save(self, tenant_uid: str, response: StoredResponse) -> None:
-        """Store ``response`` for the tenant: one insert."""
+        """Store ``response`` for the tenant; it is stored when this returns. It is inserted
+        with the other responses saved meanwhile, in one transaction (the module's group
+        commit); one the store refuses raises here alone."""
         size = sum(
             len(json.dumps(part))
             for part in (response.body, response.input_items, response.context)
         )
-        row = StoredResponseRow(
-            id=response.id,
-            tenant_uid=tenant_uid,
-            model=response.model,
-            adapter=response.adapter,
-            adapter_version=response.adapter_version,
-            body=response.body,
-            input_items=response.input_items,
-            context=response.context,
-            size_bytes=size,
-            created_at=_now(),
-        )
+        row = {
+            "id": response.id,
+            "tenant_uid": tenant_uid,
+            "model": response.model,
+            "adapter": response.adapter,
+            "adapter_version": response.adapter_version,
+            "body": response.body,
+            "input_items": response.input_items,
+            "context": response.context,
+            "size_bytes": size,
+            "created_at": _now(),
+        }
+        stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((row, stored))
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write_pending())
+        # A caller that stops waiting does not stop the write: the others in its batch need it.
+        await asyncio.shield(stored)
+
+    async def _write_pending(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending[:SAVE_BATCH], self._pending[SAVE_BATCH:]
+                await self._write(batch)
+        finally:
+            self._writer = None
+
+    async def _write(self, batch: list[_Pending]) -> None:
+        """Insert ``batch`` in one transaction; where the store refuses it for what is in it
+        (not because it is down), each row again on its own, so that only the one refused
+        fails."""
+        try:
+            await self._insert([row for row, _ in batch])
+        except Exception as exc:
+            if len(batch) > 1 and not store_is_down(exc):
+                logger.warning("a batch of stored responses was refused; writing each alone")
+                for pending in batch:
+                    await self._write([pending])
+                return
+            for _, stored in batch:
+                if not stored.done():
+                    stored.set_exception(exc)
+            return
+        for _, stored in batch:
+            if not stored.done():
+                stored.set_result(None)
+
+    async def _insert(self, rows: list[dict[str, Any]]) -> None:
         async with self._sessions.begin() as session:
-            session.add(row)
+            await session.execute(insert(StoredResponseRow), rows)
 
     async def get(self, tenant_uid: str, response_id: str) -> StoredResponse | None:
         """The tenant's response ``response_id``; None where it has none of that id."""

@@ -48,6 +48,9 @@ async def test_inference_health_and_metrics_reach_vllm(path: str) -> None:
         "/collective_rpc",
         "/v1/chat/completions/",
         "/metrics/../v1/load_lora_adapter",
+        # vLLM's own Responses API keeps state in the engine's memory: the front owns it.
+        "/v1/responses",
+        "/v1/responses/resp_1",
     ],
 )
 async def test_every_other_path_is_refused_before_vllm_reads_it(path: str) -> None:

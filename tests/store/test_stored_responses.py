@@ -1,11 +1,18 @@
-"""Stored responses on SQLite and PostgreSQL: a tenant's own, found by no other; expired ones
-not found, then purged in batches, the fresh ones kept; input items paged as OpenAI pages."""
+"""Stored responses on SQLite and PostgreSQL: a tenant's own, found by no other; saved
+together (one insert for the responses that finish at once, a refused one failing alone);
+expired ones not found, then purged in batches, the fresh ones kept; input items paged as
+OpenAI pages."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import event, func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.store.responses import ResponseStore, StoredResponse, page
@@ -40,6 +47,43 @@ async def test_a_response_is_its_tenants_alone(
     assert await store.get("uid-a", "resp_1") is None
 
 
+@contextmanager
+def statements_on_responses(sessions: async_sessionmaker[AsyncSession]) -> Iterator[list[str]]:
+    """The first word of each statement sent on the stored responses' table meanwhile."""
+    seen: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "stored_responses" in statement:
+            seen.append(statement.split()[0].upper())
+
+    engine = sessions.kw["bind"].sync_engine
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+
+
+async def test_responses_saved_at_once_are_one_insert_and_a_refused_one_fails_alone(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    store = ResponseStore(sessions, 30 * DAY)
+    await store.save("uid-a", stored("resp_taken"))
+    with statements_on_responses(sessions) as seen:
+        saved = await asyncio.gather(*(store.save("uid-a", stored(f"resp_{n}")) for n in range(8)))
+    assert saved == [None] * 8 and seen == ["INSERT"]
+    assert all([await store.get("uid-a", f"resp_{n}") for n in range(8)])
+
+    # One id already stored: its save fails; the others saved with it are stored.
+    ids = ["resp_new_1", "resp_taken", "resp_new_2"]
+    outcomes = await asyncio.gather(
+        *(store.save("uid-a", stored(i)) for i in ids), return_exceptions=True
+    )
+    assert outcomes[0] is None and outcomes[2] is None
+    assert isinstance(outcomes[1], IntegrityError)
+    assert await store.get("uid-a", "resp_new_1") and await store.get("uid-a", "resp_new_2")
+
+
 async def test_expired_responses_are_not_found_then_purged_in_batches(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
@@ -52,7 +96,10 @@ async def test_expired_responses_are_not_found_then_purged_in_batches(
             update(StoredResponseRow).where(StoredResponseRow.id != "resp_5").values(created_at=old)
         )
     assert await store.get("uid-a", "resp_0") is None
-    assert await store.purge(batch=2) == 5
+    with statements_on_responses(sessions) as seen:
+        assert await store.purge(batch=2) == 5
+    # Three transactions of at most two rows each (the third finds one, and ends the purge).
+    assert seen == ["SELECT", "DELETE"] * 3
     async with sessions() as session:
         left = (await session.scalars(select(StoredResponseRow.id))).all()
         assert await session.scalar(select(func.count()).select_from(StoredResponseRow)) == 1

@@ -159,6 +159,34 @@ async def test_a_chain_stays_on_its_adapter_version(
         assert len(engine.requests) == 3
 
 
+async def test_a_chain_is_read_with_one_query(serve: ServeFactory) -> None:
+    engine = ScriptedEngine()
+    async with serve(engine) as served:
+        previous = (await create(served, input="turn 0"))["id"]
+        for turn in (1, 2):
+            previous = (await create(served, input=f"turn {turn}", previous_response_id=previous))[
+                "id"
+            ]
+        reads: list[str] = []
+
+        def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            if "stored_responses" in statement and statement.lstrip().startswith("SELECT"):
+                reads.append(statement)
+
+        bind = served.gateway.sessions.kw["bind"].sync_engine
+        event.listen(bind, "before_cursor_execute", count)
+        try:
+            await create(served, input="turn 3", previous_response_id=previous)
+        finally:
+            event.remove(bind, "before_cursor_execute", count)
+        assert len(reads) == 1
+        last = engine.started()[-1]
+        prompt = engine.tokenizer.decode(last.prompt_token_ids)
+        assert [prompt.index(f"turn {n}") for n in range(4)] == sorted(
+            prompt.index(f"turn {n}") for n in range(4)
+        )
+
+
 async def test_a_chain_past_the_context_is_refused_before_it_runs(serve: ServeFactory) -> None:
     engine = ScriptedEngine(max_model_len=256)
     async with serve(engine) as served:
