@@ -59,9 +59,10 @@ SCHEDULER_CLS = f"{__name__}.SlotSharingScheduler"
 NEW_REQUEST_LEAD = 5.0
 # How full the KV cache may be for a paused request to keep its blocks (be parked).
 PARKED_KV_USAGE = 0.5
-# Steps from a turn taken to the first token it was taken for: the step that changes the slot
-# and computes the prompt (longer than a decoding step), and one of margin for the pace's
-# variance. A guess until the objectives' benchmark grid (issue #49) measures it.
+# How many steps before a deadline a turn is taken: the step that changes the slot and delivers
+# the token (lora_gateway_slot_turn_lead_steps measures it), and two of margin, since a step
+# that computes a prompt takes longer than the decoding steps the pace averages, and the pace
+# varies (docs/scheduling.md, "Judged on a grid").
 TURN_LEAD_STEPS = 3
 # How much each step's time moves the measured pace (an exponential moving average).
 PACE_SMOOTHING = 0.2
