@@ -107,7 +107,9 @@ TURN_LEAD_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50)
 SLOT_TURN_LEAD_STEPS = Histogram(
     "lora_gateway_slot_turn_lead_steps",
     "Engine steps from a slot turn taken for a waiting request to that request's next token "
-    "(its first, for a new one): the lead a turn by objective is taken with must cover it.",
+    "(its first, for a new one), by the turn's rule: the lead a turn by objective is taken "
+    "with must cover it.",
+    ["rule"],
     buckets=TURN_LEAD_BUCKETS,
 )
 

@@ -395,7 +395,7 @@ class SlotSharingScheduler(Scheduler):
         # The steps a turn takes to deliver: each request a turn was taken for, until its next
         # token, with the steps done and its output count when it was taken.
         self._steps = 0
-        self._turn_taken: dict[str, tuple[int, int]] = {}
+        self._turn_taken: dict[str, tuple[int, int, str]] = {}
 
     def add_request(self, request: Request) -> None:
         # Read wherever the scheduler runs: a tenant's own objectives need no class's. A
@@ -419,12 +419,12 @@ class SlotSharingScheduler(Scheduler):
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
         outputs = super().update_from_output(*args, **kwargs)
         self._steps += 1
-        for request_id, (taken_at, tokens) in list(self._turn_taken.items()):
+        for request_id, (taken_at, tokens, rule) in list(self._turn_taken.items()):
             request = self.requests.get(request_id)
             if request is None or request.num_output_tokens > tokens:
                 del self._turn_taken[request_id]
                 if request is not None:
-                    SLOT_TURN_LEAD_STEPS.observe(self._steps - taken_at)
+                    SLOT_TURN_LEAD_STEPS.labels(rule).observe(self._steps - taken_at)
         if self._objectives:
             now = time.time()
             for request_id, objectives in self._objectives.items():
@@ -484,9 +484,14 @@ class SlotSharingScheduler(Scheduler):
         preempted: list[Request] = []
         for request, victims in takes:
             if victims:  # a turn, not a free slot
+                rule = self._rule_of(request)
                 self._turn_start[request.request_id] = request.num_output_tokens
-                self._turn_taken[request.request_id] = self._steps, request.num_output_tokens
-                SLOT_TURNS.labels(self._rule_of(request)).inc()
+                self._turn_taken[request.request_id] = (
+                    self._steps,
+                    request.num_output_tokens,
+                    rule,
+                )
+                SLOT_TURNS.labels(rule).inc()
             for victim in victims:
                 self.running.remove(victim)  # type: ignore[arg-type]
                 if park:
