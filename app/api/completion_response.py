@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from app.api.errors import PRECHECKED, render
-from app.api.streaming_app import SERVER_SEND
+from app.api.streaming_app import SERVER_SEND, body_writer
 from app.errors import GatewayError
 from app.serving.lifecycle.runs import ClientDisconnected, Request, Service
 from app.serving.lifecycle.tracking import RequestTracker
@@ -127,15 +127,14 @@ class EventStreamResponse(StreamingResponse):
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
+        write = body_writer(send_body)
         async for event in self._events:
             # A cancelled scope only stops a task at a suspension point: a generator whose
             # next output is always ready, writing to a closed connection (which returns at
             # once), would never reach one.
             if not self._connected:
                 raise ClientDisconnected
-            await send_body(
-                {"type": "http.response.body", "body": event.encode(), "more_body": True}
-            )
+            await write(event.encode())
         if not self._connected:
             raise ClientDisconnected
         await send_body({"type": "http.response.body", "body": b"", "more_body": False})
