@@ -23,7 +23,7 @@ from app.protocol import (
 )
 from app.protocol.responses import FinishReason, FunctionCallDelta, ToolCallDelta
 from app.quota import Reservation
-from app.serving.in_process.chunk_encoding import StreamChunks, chat_choice
+from app.serving.chunk_encoding import StreamChunks, chat_choice
 from app.serving.in_process.engine_run import EngineRun
 from app.serving.in_process.logprobs import chat_logprobs
 from app.serving.preparation import generation as gen
