@@ -64,9 +64,10 @@ class CompletionResponse(Response, Generic[Request]):
             async with entered_unless_disconnected(receive, tracked) as run:
                 if request.stream:
                     events = service.stream(request, run)
+                    first = None
                     if service.fails_before_streaming:
-                        events = await _started(receive, events)
-                    streamed = EventStreamResponse(events, headers=run.headers)
+                        first = await _first(receive, events)
+                    streamed = EventStreamResponse(events, headers=run.headers, first=first)
                     await streamed(scope, receive, send)
                     return
                 result = await cancel_on_disconnect(receive, service.complete(request, run))
@@ -93,10 +94,16 @@ class EventStreamResponse(StreamingResponse):
     media_type = "text/event-stream"
 
     def __init__(
-        self, content: AsyncIterator[str], *, headers: Mapping[str, str] | None = None
+        self,
+        content: AsyncIterator[str],
+        *,
+        headers: Mapping[str, str] | None = None,
+        first: str | None = None,
     ) -> None:
+        """``first``: an event already read from ``content``, sent before the rest."""
         super().__init__(content, headers=headers)
         self._events = content
+        self._first = first
         self._connected = True
         self.started = False
         """Whether the response's start has been sent: from then on, a failure can only be
@@ -128,6 +135,8 @@ class EventStreamResponse(StreamingResponse):
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
         write = body_writer(send_body)
+        if self._first is not None:
+            await write(self._first.encode())
         async for event in self._events:
             # A cancelled scope only stops a task at a suspension point: a generator whose
             # next output is always ready, writing to a closed connection (which returns at
@@ -149,26 +158,18 @@ def _body_bytes(scope: Scope) -> int | None:
     return int(declared[0])
 
 
-async def _started(receive: Receive, events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """``events``, once its first event is ready. The response starts only then, so that a
-    stream that fails before producing anything (in the front role: an upstream that refuses
-    the request, or does not answer) is answered with its error's own status, not with a 200
-    that carries an error event. A client that leaves meanwhile is noticed."""
+async def _first(receive: Receive, events: AsyncIterator[str]) -> str:
+    """The first event of ``events``, once it is ready. The response starts only then, so
+    that a stream that fails before producing anything (in the front role: an upstream that
+    refuses the request, or does not answer) is answered with its error's own status, not
+    with a 200 that carries an error event. A client that leaves meanwhile is noticed. The
+    rest is read from ``events`` itself: a generator around it would cost each token one
+    more step."""
     try:
-        first = await cancel_on_disconnect(receive, anext(events))
+        return await cancel_on_disconnect(receive, anext(events))
     except BaseException:
         await events.aclose()  # type: ignore[attr-defined]
         raise
-    return _after(first, events)
-
-
-async def _after(first: str, rest: AsyncIterator[str]) -> AsyncIterator[str]:
-    try:
-        yield first
-        async for event in rest:
-            yield event
-    finally:
-        await rest.aclose()  # type: ignore[attr-defined]
 
 
 @asynccontextmanager
