@@ -17,6 +17,8 @@ from starlette.types import Receive, Scope, Send
 from app.api.errors import PRECHECKED, render
 from app.api.streaming_app import SERVER_SEND, body_writer
 from app.errors import GatewayError
+from app.overhead import STATE as OVERHEAD_STATE
+from app.overhead import RequestOverhead
 from app.serving.lifecycle.runs import ClientDisconnected, Request, Service
 from app.serving.lifecycle.tracking import RequestTracker
 from app.tenancy.grants import Pin
@@ -51,6 +53,9 @@ class CompletionResponse(Response, Generic[Request]):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         service, request = self._service, self._request
         streamed: EventStreamResponse | None = None
+        overhead: RequestOverhead | None = scope.get("state", {}).get(OVERHEAD_STATE)
+        if overhead is not None:
+            overhead.end("authentication")
         try:
             tracked = self._tracker.track(
                 service,
@@ -60,6 +65,7 @@ class CompletionResponse(Response, Generic[Request]):
                 body_bytes=_body_bytes(scope),
                 prechecked=PRECHECKED in scope.get("state", {}),
                 pinned=self._pinned,
+                overhead=overhead,
             )
             async with entered_unless_disconnected(receive, tracked) as run:
                 if request.stream:
@@ -67,11 +73,12 @@ class CompletionResponse(Response, Generic[Request]):
                     first = None
                     if service.fails_before_streaming:
                         first = await _first(receive, events)
-                    streamed = EventStreamResponse(events, headers=run.headers, first=first)
+                    headers = _with_overhead(run.headers, overhead)
+                    streamed = EventStreamResponse(events, headers=headers, first=first)
                     await streamed(scope, receive, send)
                     return
                 result = await cancel_on_disconnect(receive, service.complete(request, run))
-                headers = run.headers
+                headers = _with_overhead(run.headers, overhead)
         except ClientDisconnected:
             return
         except GatewayError as exc:
@@ -147,6 +154,14 @@ class EventStreamResponse(StreamingResponse):
         if not self._connected:
             raise ClientDisconnected
         await send_body({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _with_overhead(headers: dict[str, str], overhead: RequestOverhead | None) -> dict[str, str]:
+    """``headers``, with ``x-gateway-overhead-ms`` where the deployment asks for it."""
+    if overhead is not None and overhead.header_wanted:
+        name, value = overhead.header()
+        headers[name] = value
+    return headers
 
 
 def _body_bytes(scope: Scope) -> int | None:

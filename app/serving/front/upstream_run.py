@@ -36,6 +36,7 @@ from pydantic import ValidationError
 
 from app import metrics
 from app.errors import GatewayError, UpstreamError
+from app.overhead import clock
 from app.protocol import ChatCompletion, ChatCompletionChunk, Completion
 from app.quota import Reservation
 from app.serving.front.http1 import Response, TransportError
@@ -157,6 +158,7 @@ class UpstreamRun(RunBase):
                 raise refusal(response.status, said, call.names, retry_after)
             async with aclosing(response.events()) as events:
                 async for data in events:
+                    arrived = clock()
                     if data == b"[DONE]":
                         break
                     chunk: ReadT | RelayedChunk | None = None
@@ -167,6 +169,8 @@ class UpstreamRun(RunBase):
                     self._observe(chunk)
                     self._time_tokens(chunk)
                     yield chunk
+                    # Back once the reader has answered with it, and asks for the next one.
+                    self.gateway_seconds += clock() - arrived
                 else:
                     self.fail("version")
                     raise UpstreamError("The upstream ended the stream early.")
@@ -183,7 +187,9 @@ class UpstreamRun(RunBase):
 
     async def _post(self) -> Response:
         call = self.call
+        began = clock()
         body = json.dumps(call.body, separators=(",", ":"), ensure_ascii=False).encode()
+        self.gateway_seconds += clock() - began
         return await self._upstream.client.post(call.path, body, call.headers)
 
     def _send_once(self) -> None:

@@ -10,6 +10,7 @@ from vllm import RequestOutput
 
 from app.engine.base import AdapterLoadFailed, Engine
 from app.errors import AdapterUnservableError, GenerationFailedError
+from app.overhead import clock
 from app.quota import Reservation
 from app.serving.in_process.token_meter import TokenMeter
 from app.serving.lifecycle.runs import RunBase, fault_of
@@ -62,6 +63,7 @@ class EngineRun(RunBase):
         )
         try:
             async for output in self._stream:
+                arrived = clock()
                 if self._observe(output):
                     # As vLLM's own server: an end the engine calls an error is a 500, not
                     # "stop" (e.g. a grammar llguidance gave up on mid-way). The request's
@@ -72,6 +74,8 @@ class EngineRun(RunBase):
                         "until then is charged."
                     )
                 yield output
+                # Back once the reader has answered with it, and asks for the next one.
+                self.gateway_seconds += clock() - arrived
         except AdapterLoadFailed as exc:
             self.fail("version")
             raise AdapterUnservableError(generation.target.model, str(exc)) from exc

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from app import metrics
 from app.errors import AdapterUnservableError, GatewayError
 from app.inside_vllm.objectives import Objectives
+from app.overhead import RequestOverhead
 from app.protocol import SamplingFields
 from app.quota import Limits, QuotaBackend, QuotaExceeded, QuotaTooLarge, Reservation
 from app.scheduling import Admission, AdmissionRefused, FcfsAdmission, Slot, Ticket
@@ -132,6 +133,7 @@ class RequestTracker:
         shadow_wait_seconds: float = 30.0,
         on_unservable: Callable[[Adapter, str], Coroutine[Any, Any, None]] | None = None,
         objectives: ClassObjectives | None = None,
+        role: str = "all",
     ) -> None:
         """``held_copy`` gives this host's copy of an adapter's content (by digest) for an
         engine in this process to load, kept in place while the request runs; ``None`` where
@@ -143,7 +145,9 @@ class RequestTracker:
         the engine, and ``on_unservable`` is told once (the version and the engine's reason).
         Each request carries its latency ``objectives`` (its tenant's own, else its class's)
         to the engine's slot turns, and is counted by its outcome against them.
+        ``role``: the deployment role its requests' overhead is observed under.
         """
+        self._role = role
         self._on_unservable = on_unservable
         # lora_id -> why the engine could not load it
         self.unservable: dict[int, str] = {}
@@ -179,16 +183,29 @@ class RequestTracker:
         body_bytes: int | None = None,
         prechecked: bool = False,
         pinned: Pin | None = None,
+        overhead: RequestOverhead | None = None,
     ) -> AsyncIterator[RunT]:
         """Admit the request and yield its :class:`Run`; settle and record it on exit.
         ``body_bytes``, the size of the request's body where it is known, bounds the work of
         tokenising it; ``prechecked`` says :meth:`precheck` passed before it was read;
-        ``pinned``, the adapter version it must run on (a Responses chain's)."""
+        ``pinned``, the adapter version it must run on (a Responses chain's); ``overhead``,
+        where the request's time in the gateway's own code is counted (app/overhead.py):
+        observed once it is settled."""
+        overhead = overhead or RequestOverhead(self._role)
         # This host's copy of the request's adapter stays in place until the request ended.
         with ExitStack() as holds:
             generation, reservation = await self._admit(
-                service, request, principal, request_id, holds, body_bytes, prechecked, pinned
+                service,
+                request,
+                principal,
+                request_id,
+                holds,
+                body_bytes,
+                prechecked,
+                pinned,
+                overhead,
             )
+            overhead.begin("engine")
             run = service.start(request, generation, reservation)
             began = time.monotonic()
             adapter = generation.target.adapter
@@ -197,6 +214,7 @@ class RequestTracker:
                 self.last_used[adapter.lora_id] = started_at
             lease = asyncio.create_task(self._keep_lease(reservation)) if reservation else None
             slot = self._admission.admit(ticket_of(generation))
+            overhead.end("engine")
             refused: AdmissionRefused | None = None
             outcome: Outcome = "error"
             with self.in_flight.hold(adapter):
@@ -225,7 +243,7 @@ class RequestTracker:
                         lease.cancel()
                     # Shielded: a shutdown that cancels this request still settles and records it.
                     finish = (
-                        self._finish(run, outcome, began, started_at, request.user)
+                        self._finish(run, outcome, began, started_at, request.user, overhead)
                         if refused is None
                         else self._refused(run, refused)
                     )
@@ -243,13 +261,15 @@ class RequestTracker:
         holds: ExitStack,
         body_bytes: int | None,
         prechecked: bool,
-        pinned: Pin | None = None,
+        pinned: Pin | None,
+        overhead: RequestOverhead,
     ) -> tuple[Generation, Reservation | None]:
         """Resolve, pre-check, tokenise and reserve, or raise; a refusal holds nothing (what
         ``holds`` holds is the caller's to let go)."""
         tenant = principal.tenant
         model = metrics.UNKNOWN_MODEL  # until resolved: refused names stay out of the labels
         try:
+            overhead.begin("resolution")
             target = self._registry().resolve(
                 tenant, request.model, sticky_key=sticky_key(request, principal), pinned=pinned
             )
@@ -263,6 +283,8 @@ class RequestTracker:
             if subjects and not prechecked:
                 # The limits that need no token count, before the prompt is tokenised.
                 await self._checked(self._quota.precheck(subjects), tenant)
+            overhead.end("resolution")
+            overhead.begin("preparation")
             generation = await self._prepare(
                 service, request, principal, target, request_id, body_bytes
             )
@@ -275,6 +297,7 @@ class RequestTracker:
                 )
                 if reservation.unchecked:
                     metrics.QUOTA_UNCHECKED.labels(tenant.id).inc()
+            overhead.end("preparation")
         except GatewayError as exc:
             status = exc.code or exc.error_type
             metrics.REQUESTS.labels(tenant.id, model, service.endpoint, status).inc()
@@ -402,9 +425,18 @@ class RequestTracker:
         slot.release()
 
     async def _finish(
-        self, run: Run, outcome: Outcome, began: float, started_at: datetime, user: str | None
+        self,
+        run: Run,
+        outcome: Outcome,
+        began: float,
+        started_at: datetime,
+        user: str | None,
+        overhead: RequestOverhead,
     ) -> None:
-        """Close the run, then settle and record with what it produced."""
+        """Close the run, then settle and record with what it produced; then observe the
+        request's overhead."""
+        overhead.add("engine", run.gateway_seconds)
+        overhead.begin("settlement")
         await run.close()
         generation = run.generation
         prompt_tokens, completion_tokens = run.prompt_tokens, run.completion_tokens
@@ -433,6 +465,8 @@ class RequestTracker:
             if record.ttft_ms is not None:
                 ttft = record.ttft_ms / 1000
                 metrics.SPLIT_TIME_TO_FIRST_TOKEN.labels(tenant, model, version).observe(ttft)
+        overhead.end("settlement")
+        overhead.observe()
 
     def _record(
         self, run: Run, outcome: Outcome, began: float, started_at: datetime, user: str | None
