@@ -108,6 +108,7 @@ class Gateway:
             objectives=ClassObjectives.from_settings(settings),
             held_copy=self.admin.storage.held_copy if backends.holds_adapter_copies else None,
             on_unservable=self.admin.adapter_unservable,
+            role=settings.role,
         )
         batch_store = BatchStore(sessions)
         self.batches = Batches(

@@ -176,6 +176,17 @@ REQUEST_DURATION = Histogram(
     ["tenant", "model", "endpoint"],
     buckets=LATENCY_BUCKETS_S,
 )
+OVERHEAD_BUCKETS_S = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+)  # fmt: skip
+OVERHEAD = Histogram(
+    "lora_gateway_overhead_seconds",
+    "Wall time a request spent in the gateway's own code, by phase (app/overhead.py): "
+    "authentication, resolution, preparation, engine (the way to the engine and back, every "
+    "output included), settlement. The fair queue's wait is not in it.",
+    ["role", "phase"],
+    buckets=OVERHEAD_BUCKETS_S,
+)
 # A version label only on aliases served by a split (at most 8 versions each): bounded.
 SPLIT_REQUESTS = Counter(
     "lora_gateway_split_requests",
@@ -327,6 +338,7 @@ METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
     QUEUE_WAIT,
     INTER_TOKEN_LATENCY,
     REQUEST_DURATION,
+    OVERHEAD,
     SPLIT_REQUESTS,
     SPLIT_TIME_TO_FIRST_TOKEN,
     SLO_OUTCOMES,

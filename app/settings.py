@@ -429,6 +429,12 @@ class Settings(BaseSettings):
         description="Also serve /metrics on this port (bound to host), open unless "
         "metrics_token is set.",
     )
+    overhead_header: bool = Field(
+        False,
+        description="Answer completion requests with x-gateway-overhead-ms: the wall time "
+        "(ms) the request had spent in the gateway's own code when its response started "
+        "(lora_gateway_overhead_seconds has every phase, settlement included).",
+    )
 
     # Connections: what one client connection may hold, enforced below the app
     # (app/connections); every refusal closes the connection.

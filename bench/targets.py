@@ -36,9 +36,18 @@ REGISTERED_LIMIT = 0.75  # 1,000 adapters: tok/s, at least x 1 adapter's
 # The cliff: the gateway's TTFT p99 over (multiple x slots) adapters, at most x its p99 over
 # as many adapters as slots, at the same offered rate.
 CLIFF_LIMITS = {2: 2.0, 8: 4.0}
+# make gateway-cost (tools/gateway_cost), 256 streams, stream_interval 1, the median of at
+# least 3 rounds: the gateway's own user-space CPU per streamed token (us) and its CPU per
+# request (us), by role; and its CPU per token all in, at most x the reference SSE server's.
+GATEWAY_COST_LIMITS = {
+    "all": {"token_us": 10.0, "request_us": 400.0},
+    "front": {"token_us": 15.0, "request_us": 600.0},
+}
+GATEWAY_COST_ALL_IN_LIMIT = 1.5
 GATEWAY_COST = (
-    "Gateway cost: <= 25 us of gateway CPU per streamed token and <= 1 ms per request "
-    "at 256 concurrent streams"
+    "Gateway cost at 256 streams: in-process <= 10 us of the gateway's own CPU per streamed "
+    "token (user space) and <= 400 us per request; front role <= 15 us and <= 600 us; all in, "
+    "<= 1.5x the reference SSE server's CPU per token"
 )
 
 

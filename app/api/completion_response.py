@@ -15,8 +15,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from app.api.errors import PRECHECKED, render
-from app.api.streaming_app import SERVER_SEND
+from app.api.streaming_app import SERVER_SEND, body_writer
 from app.errors import GatewayError
+from app.overhead import STATE as OVERHEAD_STATE
+from app.overhead import RequestOverhead
 from app.serving.lifecycle.runs import ClientDisconnected, Request, Service
 from app.serving.lifecycle.tracking import RequestTracker
 from app.tenancy.grants import Pin
@@ -51,6 +53,9 @@ class CompletionResponse(Response, Generic[Request]):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         service, request = self._service, self._request
         streamed: EventStreamResponse | None = None
+        overhead: RequestOverhead | None = scope.get("state", {}).get(OVERHEAD_STATE)
+        if overhead is not None:
+            overhead.end("authentication")
         try:
             tracked = self._tracker.track(
                 service,
@@ -60,17 +65,20 @@ class CompletionResponse(Response, Generic[Request]):
                 body_bytes=_body_bytes(scope),
                 prechecked=PRECHECKED in scope.get("state", {}),
                 pinned=self._pinned,
+                overhead=overhead,
             )
             async with entered_unless_disconnected(receive, tracked) as run:
                 if request.stream:
                     events = service.stream(request, run)
+                    first = None
                     if service.fails_before_streaming:
-                        events = await _started(receive, events)
-                    streamed = EventStreamResponse(events, headers=run.headers)
+                        first = await _first(receive, events)
+                    headers = _with_overhead(run.headers, overhead)
+                    streamed = EventStreamResponse(events, headers=headers, first=first)
                     await streamed(scope, receive, send)
                     return
                 result = await cancel_on_disconnect(receive, service.complete(request, run))
-                headers = run.headers
+                headers = _with_overhead(run.headers, overhead)
         except ClientDisconnected:
             return
         except GatewayError as exc:
@@ -93,10 +101,16 @@ class EventStreamResponse(StreamingResponse):
     media_type = "text/event-stream"
 
     def __init__(
-        self, content: AsyncIterator[str], *, headers: Mapping[str, str] | None = None
+        self,
+        content: AsyncIterator[str],
+        *,
+        headers: Mapping[str, str] | None = None,
+        first: str | None = None,
     ) -> None:
+        """``first``: an event already read from ``content``, sent before the rest."""
         super().__init__(content, headers=headers)
         self._events = content
+        self._first = first
         self._connected = True
         self.started = False
         """Whether the response's start has been sent: from then on, a failure can only be
@@ -127,18 +141,27 @@ class EventStreamResponse(StreamingResponse):
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
+        write = body_writer(send_body)
+        if self._first is not None:
+            await write(self._first.encode())
         async for event in self._events:
             # A cancelled scope only stops a task at a suspension point: a generator whose
             # next output is always ready, writing to a closed connection (which returns at
             # once), would never reach one.
             if not self._connected:
                 raise ClientDisconnected
-            await send_body(
-                {"type": "http.response.body", "body": event.encode(), "more_body": True}
-            )
+            await write(event.encode())
         if not self._connected:
             raise ClientDisconnected
         await send_body({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _with_overhead(headers: dict[str, str], overhead: RequestOverhead | None) -> dict[str, str]:
+    """``headers``, with ``x-gateway-overhead-ms`` where the deployment asks for it."""
+    if overhead is not None and overhead.header_wanted:
+        name, value = overhead.header()
+        headers[name] = value
+    return headers
 
 
 def _body_bytes(scope: Scope) -> int | None:
@@ -150,26 +173,18 @@ def _body_bytes(scope: Scope) -> int | None:
     return int(declared[0])
 
 
-async def _started(receive: Receive, events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """``events``, once its first event is ready. The response starts only then, so that a
-    stream that fails before producing anything (in the front role: an upstream that refuses
-    the request, or does not answer) is answered with its error's own status, not with a 200
-    that carries an error event. A client that leaves meanwhile is noticed."""
+async def _first(receive: Receive, events: AsyncIterator[str]) -> str:
+    """The first event of ``events``, once it is ready. The response starts only then, so
+    that a stream that fails before producing anything (in the front role: an upstream that
+    refuses the request, or does not answer) is answered with its error's own status, not
+    with a 200 that carries an error event. A client that leaves meanwhile is noticed. The
+    rest is read from ``events`` itself: a generator around it would cost each token one
+    more step."""
     try:
-        first = await cancel_on_disconnect(receive, anext(events))
+        return await cancel_on_disconnect(receive, anext(events))
     except BaseException:
         await events.aclose()  # type: ignore[attr-defined]
         raise
-    return _after(first, events)
-
-
-async def _after(first: str, rest: AsyncIterator[str]) -> AsyncIterator[str]:
-    try:
-        yield first
-        async for event in rest:
-            yield event
-    finally:
-        await rest.aclose()  # type: ignore[attr-defined]
 
 
 @asynccontextmanager

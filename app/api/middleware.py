@@ -20,6 +20,8 @@ from app.api.deps import matches_any, parse_bearer
 from app.api.errors import BODY_CUT_OFF, PRECHECKED, render
 from app.errors import AuthenticationError, GatewayError, RequestTooLargeError
 from app.gateway import Gateway
+from app.overhead import STATE as OVERHEAD_STATE
+from app.overhead import RequestOverhead
 
 REQUEST_ID_HEADER = b"x-request-id"
 # Where adapter archives are uploaded: the admin API, and the console's form.
@@ -115,8 +117,13 @@ class EarlyRefusalMiddleware:
             await self.app(scope, receive, send)
             return
         path = get_route_path(scope)
-        headers = Headers(scope=scope)
         gateway: Gateway | None = getattr(getattr(scope.get("app"), "state", None), "gateway", None)
+        if gateway is not None and path in GENERATION_ENDPOINTS:
+            settings = gateway.settings
+            overhead = RequestOverhead(settings.role, header=settings.overhead_header)
+            overhead.begin("authentication")  # ends as the route's response runs
+            scope.setdefault("state", {})[OVERHEAD_STATE] = overhead
+        headers = Headers(scope=scope)
         refusal = await self._check_credentials(scope, path, headers, gateway)
         limit = self._body_limit(scope, path, headers)
         if refusal is None and _content_length(headers) > limit:

@@ -4,7 +4,7 @@ budget periods."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Literal, Protocol
 
 BudgetPeriod = Literal["day", "month"]
@@ -98,10 +98,31 @@ class QuotaUsage:
 def period_id(period: BudgetPeriod, now_us: int) -> str:
     """The calendar period (UTC) containing ``now_us``: ``2025-01-31`` or ``2025-01``.
 
-    ``lua/common.lua`` computes the same ids; the suite checks that they agree.
+    ``lua/common.lua`` computes the same ids; the suite checks that they agree. Each
+    request asks several times: the last period's bounds are kept, and a time inside them
+    costs two comparisons.
     """
+    start_us, end_us, known = _last_period[period]
+    if start_us <= now_us < end_us:
+        return known
     moment = datetime.fromtimestamp(now_us // 1_000_000, tz=timezone.utc)
-    return moment.strftime("%Y-%m-%d" if period == "day" else "%Y-%m")
+    start = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "day":
+        end = start + timedelta(days=1)
+    else:
+        start = start.replace(day=1)
+        end = (start + timedelta(days=32)).replace(day=1)
+    known = moment.strftime("%Y-%m-%d" if period == "day" else "%Y-%m")
+    _last_period[period] = (_epoch_us(start), _epoch_us(end), known)
+    return known
+
+
+def _epoch_us(moment: datetime) -> int:
+    return int(moment.timestamp()) * 1_000_000
+
+
+_last_period: dict[BudgetPeriod, tuple[int, int, str]] = {"day": (0, 0, ""), "month": (0, 0, "")}
+"""Per period kind, the bounds (microseconds, end excluded) of the period last asked for."""
 
 
 LimitKind = Literal["requests", "tokens", "concurrent", "budget"]

@@ -127,3 +127,54 @@ async def test_the_gateway_keeps_the_servers_send_for_its_streams(tmp_path: Path
     app.middleware_stack = routes  # the app's own middleware is what decides
     await app({"type": "http"}, None, None)  # type: ignore[arg-type]
     assert SERVER_SEND in scopes[0]
+
+
+async def served_raw(app: StreamingApp, request: bytes) -> bytes:
+    """``request``'s answer, as uvicorn's httptools server writes it on loopback."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, http="httptools", log_level="error")
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    answer = await asyncio.wait_for(reader.read(), 60)  # the connection closes after it
+    writer.close()
+    server.should_exit = True
+    await serving
+    return answer
+
+
+async def test_events_written_straight_to_uvicorns_connection_are_framed_as_uvicorn_does() -> None:
+    writers: list[str] = []
+
+    class NamingTheWriter:
+        passes_bodies_through: ClassVar[bool] = True
+
+        def __init__(self, app: ASGIApp) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            from app.api.streaming_app import body_writer
+
+            async def named(message: Message) -> None:
+                await send(message)
+                if message["type"] == "http.response.start":
+                    writers.append(body_writer(scope[SERVER_SEND]).__name__)
+
+            await self.app(scope, receive, named)
+
+    request = b"GET /stream HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    answer = await served_raw(stream_app(NamingTheWriter), request)
+    assert writers == ["direct"], "the events did not go straight to the connection"
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower()
+    assert body == b"b\r\ndata: one\n\n\r\nb\r\ndata: two\n\n\r\n0\r\n\r\n"
+    # Through a middleware that rewrites bodies, the same stream goes through uvicorn's send.
+    answer = await served_raw(stream_app(Shouting), request)
+    assert (
+        answer.partition(b"\r\n\r\n")[2] == b"b\r\nDATA: ONE\n\n\r\nb\r\nDATA: TWO\n\n\r\n0\r\n\r\n"
+    )

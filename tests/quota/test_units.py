@@ -122,6 +122,19 @@ def test_period_ids_are_utc_calendar_periods() -> None:
     assert period_id("month", midnight - 1) == "2024-02"
 
 
+def test_period_ids_asked_in_any_order_are_each_times_own() -> None:
+    """The last period's bounds are kept: a time on either side of them, back or forth,
+    still gets its own period."""
+    base = round(_at(2023, 12, 31, 23, 59, 59) * 1_000_000)
+    steps = [0, 1, 999_999, 1_000_000, -1, 86_400_000_000, 31 * 86_400_000_000, 5, -2]
+    for period in ("day", "month"):
+        for step in steps:
+            now_us = base + step
+            moment = datetime.fromtimestamp(now_us // 1_000_000, tz=timezone.utc)
+            expected = moment.strftime("%Y-%m-%d" if period == "day" else "%Y-%m")
+            assert period_id(period, now_us) == expected, (period, step)
+
+
 @pytest.mark.parametrize(
     ("period", "before", "after"),
     [("day", (2026, 1, 1, 23, 59, 59), (2026, 1, 2)), ("month", (2026, 1, 31, 23), (2026, 2, 1))],

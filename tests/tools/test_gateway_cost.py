@@ -92,7 +92,9 @@ def test_a_token_costs_what_a_long_request_adds_over_a_short_one() -> None:
 
 # Not the engine, but a gateway process of its own (vLLM's imports): too slow for test-fast.
 @pytest.mark.slow
-def test_a_small_run_measures_the_gateway_process(tmp_path: Path) -> None:
+def test_a_small_run_measures_the_gateway_process(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     argv = [
         "--streams",
         "2",
@@ -114,10 +116,12 @@ def test_a_small_run_measures_the_gateway_process(tmp_path: Path) -> None:
     report = json.loads(written.read_text())
     assert set(report["results"]) == {"2"}
     phases = report["phases"]
-    # rounds x (short, long; through the gateway, and the engine alone)
-    assert len(phases) == 2 * 4
+    # rounds x (short, long; through the gateway, the engine alone, the reference server,
+    # and Responses through the gateway)
+    assert len(phases) == 2 * 8
     assert {phase["kind"] for phase in phases} == {
-        "short", "long", "engine alone, short", "engine alone, long"
+        "short", "long", "engine alone, short", "engine alone, long",
+        "reference, short", "reference, long", "Responses, short", "Responses, long",
     }  # fmt: skip
     for phase in phases:
         assert phase["result"]["requests"] == 8
@@ -126,6 +130,9 @@ def test_a_small_run_measures_the_gateway_process(tmp_path: Path) -> None:
         assert figures["request_us"]["min"] <= figures["request_us"]["median"]
         assert figures["request_us"]["median"] <= figures["request_us"]["max"]
         assert "own_token_us" in figures
+        # Each a ratio, though a run this short may read no CPU of the reference's.
+        assert {"all_in_ratio", "responses_request_ratio", "responses_token_ratio"} <= set(figures)
+    assert "Responses / chat" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,15 @@ With ``--role front`` the measured process is a front (the front role, the embed
 tokenizer) over :mod:`tools.gateway_cost.upstream`, a paced upstream in a process of its own:
 the front's process holds no engine, so all of its cost per token is its own.
 
+Each round also measures, with the same client and the same two phases:
+
+* the reference: a minimal SSE server (:mod:`tools.gateway_cost.upstream` in a process of its
+  own: raw asyncio, one write per token, paced as the engine is), the least a Python server
+  can spend streaming these tokens. The all-in ratio is the gateway's CPU per token of long
+  requests, all in, over the reference's (``--no-reference`` leaves it out);
+* Responses: the same requests on ``/v1/responses`` (streamed, ``store`` false), their CPU
+  per request and per token over chat's in the same round (``--no-responses``).
+
 Medians and the spread over rounds are printed and written to
 ``var/gateway-cost/<time>.json``. With ``--profile``, one long phase more runs under cProfile
 and its top entries are printed.
@@ -34,6 +43,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import platform
 import pstats
@@ -56,7 +66,16 @@ from typing import Any
 import httpx
 import psutil
 
-from tools.gateway_cost.load import PhaseResult, chat_request, run_phase
+from bench.targets import GATEWAY_COST_ALL_IN_LIMIT, GATEWAY_COST_LIMITS
+from tools.gateway_cost.load import (
+    CHAT,
+    RESPONSES,
+    PhaseResult,
+    Reading,
+    chat_request,
+    responses_request,
+    run_phase,
+)
 from tools.gateway_cost.server import ADMIN_TOKEN
 
 HOST = "127.0.0.1"
@@ -97,6 +116,23 @@ def free_port() -> int:
 def upstream(workdir: Path, pacing: list[str]) -> Iterator[str]:
     """The paced upstream of a front (:mod:`tools.gateway_cost.upstream`), until the block
     ends; its URL."""
+    with _paced_sse_server(workdir, pacing) as (_, port):
+        yield f"http://{HOST}:{port}"
+
+
+@contextmanager
+def reference(workdir: Path, pacing: list[str]) -> Iterator[Gateway]:
+    """The reference SSE server, measured as the gateway is, until the block ends."""
+    with _paced_sse_server(workdir, pacing) as (process, port):
+        yield Gateway(process, port, key="reference", model="reference")
+
+
+@contextmanager
+def _paced_sse_server(
+    workdir: Path, pacing: list[str]
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """:mod:`tools.gateway_cost.upstream` in a process of its own: the process and its
+    port."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     command = [sys.executable, "-m", "tools.gateway_cost.upstream", f"--port={port}"]
@@ -108,9 +144,9 @@ def upstream(workdir: Path, pacing: list[str]) -> Iterator[str]:
             with contextlib.suppress(OSError), socket.create_connection((HOST, port), 1):
                 break
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the upstream did not start")
+                raise RuntimeError("the paced SSE server did not start")
             time.sleep(0.1)
-        yield f"http://{HOST}:{port}"
+        yield process, port
     finally:
         _interrupt(process, 10)
 
@@ -201,8 +237,17 @@ FIGURES = (
     "token_system_us",
     "engine_token_us",
     "own_token_us",
+    "own_token_user_us",
     "long_token_us",
     "tokens_per_event",
+    "reference_request_us",
+    "reference_token_us",
+    "reference_long_token_us",
+    "all_in_ratio",
+    "responses_request_us",
+    "responses_token_us",
+    "responses_request_ratio",
+    "responses_token_ratio",
 )
 
 
@@ -225,10 +270,20 @@ class Phase:
         return self.system_seconds / self.result.requests * 1e6
 
 
-def measure(gw: Gateway, streams: int, max_tokens: int, requests_per_stream: int) -> Phase:
-    request = chat_request(HOST, gw.port, gw.key, gw.model, max_tokens)
+def measure(
+    gw: Gateway,
+    streams: int,
+    max_tokens: int,
+    requests_per_stream: int,
+    reading: Reading = CHAT,
+    of: str = "",
+) -> Phase:
+    """One phase on ``gw``; ``of`` names what it measures, where it is not the gateway's chat
+    (``reference``, ``Responses``)."""
+    build = responses_request if reading is RESPONSES else chat_request
+    request = build(HOST, gw.port, gw.key, gw.model, max_tokens)
     user_before, system_before = gw.cpu_times()
-    result = asyncio.run(run_phase(HOST, gw.port, request, streams, requests_per_stream))
+    result = asyncio.run(run_phase(HOST, gw.port, request, streams, requests_per_stream, reading))
     time.sleep(SETTLE_SECONDS)
     user, system = gw.cpu_times()
     system -= system_before
@@ -237,7 +292,7 @@ def measure(gw: Gateway, streams: int, max_tokens: int, requests_per_stream: int
     if result.completion_tokens != expected:
         raise RuntimeError(f"{result.completion_tokens} tokens streamed, {expected} expected")
     kind = "short" if max_tokens == 1 else "long"
-    return Phase(streams, kind, max_tokens, cpu, system, result)
+    return Phase(streams, f"{of}, {kind}" if of else kind, max_tokens, cpu, system, result)
 
 
 def measure_engine_alone(gw: Gateway, streams: int, max_tokens: int, each: int) -> Phase:
@@ -274,6 +329,22 @@ def system_per_token_us(short: Phase, long: Phase) -> float:
     return extra / (long.max_tokens - short.max_tokens)
 
 
+def user_per_token_us(short: Phase, long: Phase) -> float:
+    """:func:`per_token_us` in user space alone (the kernel's part is
+    :func:`system_per_token_us`)."""
+    return per_token_us(short, long) - system_per_token_us(short, long)
+
+
+def ratio(figure: float, beside: float) -> float:
+    """``figure`` over ``beside``; not a number where ``beside`` read no CPU at all (a run too
+    short for the clock's ticks)."""
+    return figure / beside if beside > 0 else math.nan
+
+
+def all_in_per_token_us(long: Phase) -> float:
+    return long.cpu_seconds / long.result.completion_tokens * 1e6
+
+
 def tokens_per_content_event(phase: Phase) -> float:
     """Above 1 when chunks gather tokens (``--stream-interval``) or the gateway fell behind
     the engine and sent merged deltas (a chat stream with usage has three events without
@@ -294,10 +365,11 @@ def profile_top(path: Path, limit: int) -> str:
 
 
 def measure_rounds(
-    gw: Gateway, args: argparse.Namespace
+    gw: Gateway, args: argparse.Namespace, ref: Gateway | None = None
 ) -> tuple[dict[int, dict[str, list[float]]], list[Phase]]:
-    """Each round: a short and a long phase at each concurrency; per concurrency, each
-    figure's value in every round."""
+    """Each round: a short and a long phase at each concurrency (and the engine alone's, the
+    reference's and Responses', as asked); per concurrency, each figure's value in every
+    round."""
     phases: list[Phase] = []
     rows: dict[int, dict[str, list[float]]] = {
         n: {name: [] for name in FIGURES} for n in args.streams
@@ -308,26 +380,53 @@ def measure_rounds(
         measure(gw, streams, args.tokens, 1)
         if not front:
             measure_engine_alone(gw, streams, args.tokens, 1)
+        if ref is not None:
+            measure(ref, streams, args.tokens, 1)
+        if args.responses:
+            measure(gw, streams, args.tokens, 1, RESPONSES)
     for round_number in range(args.rounds):
         for streams in args.streams:
             each = max(1, args.requests // streams)
             short = measure(gw, streams, 1, each)
             long = measure(gw, streams, args.tokens, each)
             phases += [short, long]
-            engine_token = 0.0
+            engine_token = engine_token_user = 0.0
             if not front:
                 engine_short = measure_engine_alone(gw, streams, 1, each)
                 engine_long = measure_engine_alone(gw, streams, args.tokens, each)
                 phases += [engine_short, engine_long]
                 engine_token = per_token_us(engine_short, engine_long)
+                engine_token_user = user_per_token_us(engine_short, engine_long)
             row = rows[streams]
+            row["own_token_user_us"].append(user_per_token_us(short, long) - engine_token_user)
+            if ref is not None:
+                ref_short = measure(ref, streams, 1, each, of="reference")
+                ref_long = measure(ref, streams, args.tokens, each, of="reference")
+                phases += [ref_short, ref_long]
+                row["reference_request_us"].append(ref_short.cpu_per_request_us)
+                row["reference_token_us"].append(per_token_us(ref_short, ref_long))
+                row["reference_long_token_us"].append(all_in_per_token_us(ref_long))
+                row["all_in_ratio"].append(
+                    ratio(all_in_per_token_us(long), all_in_per_token_us(ref_long))
+                )
+            if args.responses:
+                resp_short = measure(gw, streams, 1, each, RESPONSES, "Responses")
+                resp_long = measure(gw, streams, args.tokens, each, RESPONSES, "Responses")
+                phases += [resp_short, resp_long]
+                resp_token = per_token_us(resp_short, resp_long)
+                row["responses_request_us"].append(resp_short.cpu_per_request_us)
+                row["responses_token_us"].append(resp_token)
+                row["responses_request_ratio"].append(
+                    ratio(resp_short.cpu_per_request_us, short.cpu_per_request_us)
+                )
+                row["responses_token_ratio"].append(ratio(resp_token, per_token_us(short, long)))
             row["request_us"].append(short.cpu_per_request_us)
             row["request_system_us"].append(short.system_per_request_us)
             row["token_us"].append(per_token_us(short, long))
             row["token_system_us"].append(system_per_token_us(short, long))
             row["engine_token_us"].append(engine_token)
             row["own_token_us"].append(per_token_us(short, long) - engine_token)
-            row["long_token_us"].append(long.cpu_seconds / long.result.completion_tokens * 1e6)
+            row["long_token_us"].append(all_in_per_token_us(long))
             row["tokens_per_event"].append(tokens_per_content_event(long))
             print(
                 f"round {round_number + 1} streams {streams}: "
@@ -374,6 +473,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--idle-seconds", type=float, default=5.0, help="how long the idle gateway is measured"
     )
+    parser.add_argument(
+        "--no-reference",
+        dest="reference",
+        action="store_false",
+        help="leave out the reference SSE server (and the all-in ratio)",
+    )
+    parser.add_argument(
+        "--no-responses",
+        dest="responses",
+        action="store_false",
+        help="leave out the Responses phases",
+    )
     parser.add_argument("--profile", action="store_true", help="profile one long phase more")
     parser.add_argument("--profile-streams", type=int, default=256)
     parser.add_argument("--top", type=int, default=30, help="profile entries to print")
@@ -396,8 +507,13 @@ def main(argv: list[str] | None = None) -> int:
             else None
         )
         if args.rounds:
+            ref = (
+                stack.enter_context(reference(workdir / "reference", pacing))
+                if args.reference
+                else None
+            )
             with gateway(workdir / "measured", pacing, upstream_url=upstream_url) as gw:
-                rows, phases = measure_rounds(gw, args)
+                rows, phases = measure_rounds(gw, args, ref)
                 # After the rounds: just after start-up, the gateway is still settling.
                 idle_us_per_s = gw.idle_cpu_us_per_second(args.idle_seconds)
         top = ""
@@ -429,10 +545,12 @@ def main(argv: list[str] | None = None) -> int:
             "rate": args.rate,
             "stream_interval": args.stream_interval,
             "rounds": args.rounds,
+            "reference": args.reference,
+            "responses": args.responses,
         },
         "idle_us_per_second": idle_us_per_s,
         "results": {
-            str(n): {name: summary(values) for name, values in row.items()}
+            str(n): {name: summary(values) for name, values in row.items() if values}
             for n, row in rows.items()
         },
         "phases": [{**asdict(p), "result": asdict(p.result)} for p in phases],
@@ -470,12 +588,71 @@ def format_table(report: dict[str, Any]) -> str:
             f"| {engine} | {cell(row['own_token_us'], 1)} "
             f"| {cell(row['long_token_us'], 1)} | {cell(row['tokens_per_event'], 2)} |"
         )
+    lines += _beside_table(report)
+    lines += _verdicts(report)
     lines.append(
         f"\nMedian (min-max) of {report['settings']['rounds']} rounds; "
         f"{'front' if front else 'gateway'} idle: {report['idle_us_per_second']:.0f} us CPU "
         "per second."
     )
     return "\n".join(lines)
+
+
+def _verdicts(report: dict[str, Any]) -> list[str]:
+    """The medians at 256 streams against bench/targets.py's gateway-cost targets."""
+    row = report["results"].get("256")
+    if row is None:
+        return []
+    limits = GATEWAY_COST_LIMITS[report["settings"]["role"]]
+    checks = [
+        ("own CPU per token, user space", row["own_token_user_us"], limits["token_us"], "us"),
+        ("CPU per request", row["request_us"], limits["request_us"], "us"),
+    ]
+    if report["settings"].get("reference"):
+        ratio = row["all_in_ratio"]
+        checks.append(("all in per token / reference", ratio, GATEWAY_COST_ALL_IN_LIMIT, "x"))
+    lines = ["", "Targets at 256 streams (bench/targets.py), medians:"]
+    for name, figure, limit, unit in checks:
+        verdict = "met" if figure["median"] <= limit else "missed"
+        lines.append(f"- {name}: {figure['median']:.2f} {unit} (<= {limit:g}): {verdict}")
+    return lines
+
+
+def _beside_table(report: dict[str, Any]) -> list[str]:
+    """The gateway's own per token in user space, and the reference's and Responses'
+    figures beside the gateway's, where the run measured them."""
+    settings = report["settings"]
+    lines = [
+        "",
+        "| streams | the gateway's own per token, user space (us) "
+        "| reference: CPU per request (us) | reference: CPU per token (us) "
+        "| all in per token: gateway / reference "
+        "| Responses: CPU per request (us) | Responses: CPU per token (us) "
+        "| Responses / chat: per request | Responses / chat: per token |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def cell(row: dict[str, dict[str, float]], name: str, digits: int, asked: bool) -> str:
+        figure = row.get(name)
+        if not asked or figure is None:
+            return "-"
+        return (
+            f"{figure['median']:.{digits}f} ({figure['min']:.{digits}f}-{figure['max']:.{digits}f})"
+        )
+
+    ref, resp = settings.get("reference", False), settings.get("responses", False)
+    for streams, row in report["results"].items():
+        lines.append(
+            f"| {streams} | {cell(row, 'own_token_user_us', 1, True)} "
+            f"| {cell(row, 'reference_request_us', 0, ref)} "
+            f"| {cell(row, 'reference_token_us', 1, ref)} "
+            f"| {cell(row, 'all_in_ratio', 2, ref)} "
+            f"| {cell(row, 'responses_request_us', 0, resp)} "
+            f"| {cell(row, 'responses_token_us', 1, resp)} "
+            f"| {cell(row, 'responses_request_ratio', 2, resp)} "
+            f"| {cell(row, 'responses_token_ratio', 2, resp)} |"
+        )
+    return lines
 
 
 if __name__ == "__main__":

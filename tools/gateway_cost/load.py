@@ -10,7 +10,22 @@ import re
 from dataclasses import dataclass
 
 TERMINATOR = b"\r\n0\r\n\r\n"  # the last chunk of a chunked body
-COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How a stream of one endpoint is read: where its count of output tokens is, and what
+    says it ended."""
+
+    tokens: re.Pattern[bytes]
+    ends: tuple[bytes, ...]
+
+
+CHAT = Reading(re.compile(rb'"completion_tokens":(\d+)'), (b"data: [DONE]",))
+RESPONSES = Reading(
+    re.compile(rb'"output_tokens": ?(\d+)'),
+    (b"event: response.completed\n", b"event: response.incomplete\n"),
+)
 
 
 @dataclass
@@ -22,17 +37,33 @@ class PhaseResult:
 
 
 def chat_request(host: str, port: int, key: str, model: str, max_tokens: int) -> bytes:
-    body = json.dumps(
-        {
-            "model": model,
-            "messages": [{"role": "user", "content": "Say something."}],
-            "max_tokens": max_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-    ).encode()
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Say something."}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    return _post(host, port, key, "/v1/chat/completions", body)
+
+
+def responses_request(host: str, port: int, key: str, model: str, max_tokens: int) -> bytes:
+    """The chat request's Responses twin: the same prompt and budget, streamed, not stored
+    (storing is a store write of its own, measured apart)."""
+    body = {
+        "model": model,
+        "input": "Say something.",
+        "max_output_tokens": max_tokens,
+        "stream": True,
+        "store": False,
+    }
+    return _post(host, port, key, "/v1/responses", body)
+
+
+def _post(host: str, port: int, key: str, path: str, payload: dict[str, object]) -> bytes:
+    body = json.dumps(payload).encode()
     head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
         f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     )
@@ -40,7 +71,7 @@ def chat_request(host: str, port: int, key: str, model: str, max_tokens: int) ->
 
 
 async def _stream_one(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes, reading: Reading
 ) -> tuple[int, int]:
     """One request on an open connection: (completion tokens, events)."""
     writer.write(request)
@@ -52,14 +83,19 @@ async def _stream_one(
         buffer += data
         if len(buffer) < 4096 and buffer.startswith(b"HTTP/1.1 ") and b" 200 " not in buffer[:16]:
             raise RuntimeError(f"refused: {bytes(buffer[:600])!r}")
-    usage = COMPLETION_TOKENS.findall(buffer)
-    if b"data: [DONE]" not in buffer or not usage:
-        raise RuntimeError(f"stream without usage or [DONE]: {bytes(buffer[-300:])!r}")
+    usage = reading.tokens.findall(buffer)
+    if not any(end in buffer for end in reading.ends) or not usage:
+        raise RuntimeError(f"stream without usage or its end: {bytes(buffer[-300:])!r}")
     return int(usage[-1]), buffer.count(b"data: ")
 
 
 async def run_phase(
-    host: str, port: int, request: bytes, streams: int, requests_per_stream: int
+    host: str,
+    port: int,
+    request: bytes,
+    streams: int,
+    requests_per_stream: int,
+    reading: Reading = CHAT,
 ) -> PhaseResult:
     """``streams`` connections, each sending ``requests_per_stream`` requests in turn."""
     loop = asyncio.get_running_loop()
@@ -70,7 +106,7 @@ async def run_phase(
         tokens = events = 0
         try:
             for _ in range(requests_per_stream):
-                got_tokens, got_events = await _stream_one(reader, writer, request)
+                got_tokens, got_events = await _stream_one(reader, writer, request, reading)
                 tokens += got_tokens
                 events += got_events
         finally:

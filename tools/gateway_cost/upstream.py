@@ -5,6 +5,10 @@ the usage in every chunk that the front asks for (``continuous_usage_stats``), i
 ``stream_interval`` tokens as vLLM's server sends them (its own, raised by a request's; the
 first token and the last at once).
 
+It is also the run's reference: a minimal SSE server (raw asyncio, one write per token),
+measured with the same client as the gateway, the least a Python process can spend
+streaming these tokens.
+
 ``python -m tools.gateway_cost.upstream --port P --rate R [--stream-interval N]`` serves
 until SIGINT or SIGTERM, in a process of its own so that the front's process is measured
 alone.

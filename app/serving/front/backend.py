@@ -37,6 +37,7 @@ from app.protocol import (
 )
 from app.quota import Reservation
 from app.scheduling import FcfsAdmission
+from app.serving.front.relay import ChunkKind, ChunkRelay, RelayedChunk
 from app.serving.front.upstream import Upstream, open_upstream, request_headers
 from app.serving.front.upstream_run import ReadT, UpstreamCall, UpstreamRun
 from app.serving.preparation.chat import ChatPreparation
@@ -150,6 +151,7 @@ class FrontEndpoint(Prepared[RequestT]):
     fields: ClassVar[frozenset[str]]
     answer_model: ClassVar[type[ChatCompletion] | type[Completion]]
     chunk_model: ClassVar[type[ChatCompletionChunk] | type[Completion]]
+    chunk_kind: ClassVar[ChunkKind]
     id_prefix: ClassVar[str]
     # An upstream that refuses or cannot be reached is answered with the error's status.
     fails_before_streaming = True
@@ -181,9 +183,19 @@ class FrontEndpoint(Prepared[RequestT]):
         (the response has not started: it gets its own status); after it, it is one error
         event before ``[DONE]``, as in-process."""
         started = False
+        relay = ChunkRelay(
+            self.chunk_kind,
+            f"{self.id_prefix}{run.generation.request_id}",
+            request.model,
+            request.n,
+        )
         try:
-            async with aclosing(run.chunks(self.chunk_model)) as chunks:
+            async with aclosing(run.chunks(self.chunk_model, relay)) as chunks:
                 async for chunk in chunks:
+                    if isinstance(chunk, RelayedChunk):  # our id and model, no usage
+                        started = True
+                        yield chunk.event
+                        continue
                     if chunk.choices:
                         chunk.usage = None
                     elif not (request.include_usage and chunk.usage is not None):
@@ -209,6 +221,7 @@ class FrontChatService(FrontEndpoint[ChatCompletionRequest]):
     fields = CHAT_FIELDS
     answer_model = ChatCompletion
     chunk_model = ChatCompletionChunk
+    chunk_kind = "chat"
     id_prefix = "chatcmpl-"
 
     def __init__(self, preparation: ChatPreparation, upstream: Upstream) -> None:
@@ -239,6 +252,7 @@ class FrontCompletionService(FrontEndpoint[CompletionRequest]):
     fields = COMPLETION_FIELDS
     answer_model = Completion
     chunk_model = Completion
+    chunk_kind = "completion"
     id_prefix = "cmpl-"
 
 

@@ -36,9 +36,11 @@ from pydantic import ValidationError
 
 from app import metrics
 from app.errors import GatewayError, UpstreamError
+from app.overhead import clock
 from app.protocol import ChatCompletion, ChatCompletionChunk, Completion
 from app.quota import Reservation
 from app.serving.front.http1 import Response, TransportError
+from app.serving.front.relay import ChunkRelay, RelayedChunk
 from app.serving.front.upstream import Upstream, refusal, transport_error
 from app.serving.lifecycle.runs import RunBase, fault_of
 from app.serving.preparation.generation import Generation
@@ -140,10 +142,13 @@ class UpstreamRun(RunBase):
         self.finished = True
         return answer
 
-    async def chunks(self, model: type[ReadT]) -> AsyncGenerator[ReadT]:
-        """The upstream's stream, one chunk (a ``data:`` payload read as ``model``) at a time,
-        until ``[DONE]``; an error it streams is raised as the gateway's. Closing this
-        generator closes the connection: the upstream aborts the request."""
+    async def chunks(
+        self, model: type[ReadT], relay: ChunkRelay | None = None
+    ) -> AsyncGenerator[ReadT | RelayedChunk]:
+        """The upstream's stream, one chunk (a ``data:`` payload read as ``model``, or
+        relayed by ``relay`` where it can be) at a time, until ``[DONE]``; an error it
+        streams is raised as the gateway's. Closing this generator closes the connection:
+        the upstream aborts the request."""
         self._send_once()
         call = self.call
         try:
@@ -153,12 +158,19 @@ class UpstreamRun(RunBase):
                 raise refusal(response.status, said, call.names, retry_after)
             async with aclosing(response.events()) as events:
                 async for data in events:
+                    arrived = clock()
                     if data == b"[DONE]":
                         break
-                    chunk = read_answer(model, data, call.names)
+                    chunk: ReadT | RelayedChunk | None = None
+                    if relay is not None:
+                        chunk = relay.read(data)
+                    if chunk is None:
+                        chunk = read_answer(model, data, call.names)
                     self._observe(chunk)
                     self._time_tokens(chunk)
                     yield chunk
+                    # Back once the reader has answered with it, and asks for the next one.
+                    self.gateway_seconds += clock() - arrived
                 else:
                     self.fail("version")
                     raise UpstreamError("The upstream ended the stream early.")
@@ -175,7 +187,9 @@ class UpstreamRun(RunBase):
 
     async def _post(self) -> Response:
         call = self.call
+        began = clock()
         body = json.dumps(call.body, separators=(",", ":"), ensure_ascii=False).encode()
+        self.gateway_seconds += clock() - began
         return await self._upstream.client.post(call.path, body, call.headers)
 
     def _send_once(self) -> None:
@@ -183,7 +197,9 @@ class UpstreamRun(RunBase):
             raise RuntimeError("a request is forwarded once")
         self._sent = True
 
-    def _observe(self, answer: ChatCompletion | ChatCompletionChunk | Completion) -> None:
+    def _observe(
+        self, answer: ChatCompletion | ChatCompletionChunk | Completion | RelayedChunk
+    ) -> None:
         usage = answer.usage
         if usage is None:
             return
@@ -197,7 +213,9 @@ class UpstreamRun(RunBase):
             # The answer's usage, or a stream's final usage chunk (no choices): the total.
             self._total = usage.completion_tokens
 
-    def _time_tokens(self, answer: ChatCompletion | ChatCompletionChunk | Completion) -> None:
+    def _time_tokens(
+        self, answer: ChatCompletion | ChatCompletionChunk | Completion | RelayedChunk
+    ) -> None:
         """Note the first choice's finish reason and, in a stream, a chunk that carries output
         (chat's opening role chunk does not): the first one is the time to first token. A
         whole answer says nothing of when its tokens came."""

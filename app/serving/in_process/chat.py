@@ -23,7 +23,7 @@ from app.protocol import (
 )
 from app.protocol.responses import FinishReason, FunctionCallDelta, ToolCallDelta
 from app.quota import Reservation
-from app.serving.in_process.chunk_encoding import StreamChunks, chat_choice
+from app.serving.chunk_encoding import StreamChunks, chat_choice
 from app.serving.in_process.engine_run import EngineRun
 from app.serving.in_process.logprobs import chat_logprobs
 from app.serving.preparation import generation as gen
@@ -95,9 +95,14 @@ class ChatService(gen.Prepared[ChatCompletionRequest]):
 
         chunks = StreamChunks(chunk([]), chat_choice, request.n)
 
+        num_logprobs = request.num_logprobs
+
         def delta(out: CompletionOutput) -> str:
+            reason = out.finish_reason
+            if reason is None and num_logprobs is None:  # most chunks: text alone
+                return chunks(out.index, out.text, None, None)
             logprobs = self._logprobs(request, out)
-            return chunks(out.index, out.text, logprobs, gen.finish_reason(out.finish_reason))
+            return chunks(out.index, out.text, logprobs, gen.finish_reason(reason))
 
         opening = [
             chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])

@@ -17,7 +17,7 @@ from app.protocol import (
     Usage,
 )
 from app.quota import Reservation
-from app.serving.in_process.chunk_encoding import StreamChunks, completion_choice
+from app.serving.chunk_encoding import StreamChunks, completion_choice
 from app.serving.in_process.engine_run import EngineRun
 from app.serving.in_process.logprobs import completion_logprobs
 from app.serving.preparation import generation as gen

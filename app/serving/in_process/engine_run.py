@@ -10,6 +10,7 @@ from vllm import RequestOutput
 
 from app.engine.base import AdapterLoadFailed, Engine
 from app.errors import AdapterUnservableError, GenerationFailedError
+from app.overhead import clock
 from app.quota import Reservation
 from app.serving.in_process.token_meter import TokenMeter
 from app.serving.lifecycle.runs import RunBase, fault_of
@@ -62,8 +63,8 @@ class EngineRun(RunBase):
         )
         try:
             async for output in self._stream:
-                self._observe(output)
-                if any(choice.finish_reason == "error" for choice in output.outputs):
+                arrived = clock()
+                if self._observe(output):
                     # As vLLM's own server: an end the engine calls an error is a 500, not
                     # "stop" (e.g. a grammar llguidance gave up on mid-way). The request's
                     # doing: a tenant must not fail its own split's version at will.
@@ -73,6 +74,8 @@ class EngineRun(RunBase):
                         "until then is charged."
                     )
                 yield output
+                # Back once the reader has answered with it, and asks for the next one.
+                self.gateway_seconds += clock() - arrived
         except AdapterLoadFailed as exc:
             self.fail("version")
             raise AdapterUnservableError(generation.target.model, str(exc)) from exc
@@ -83,10 +86,15 @@ class EngineRun(RunBase):
     def when_ended(self, callback: Callable[[], None]) -> None:
         self._ended = callback
 
-    def _observe(self, output: RequestOutput) -> None:
-        self.meter.observe(output)
-        if self.meter.last_token_at is not None:
-            self.timing.token_seen(self.meter.last_token_at)
+    def _observe(self, output: RequestOutput) -> bool:
+        """Count ``output``; whether the engine ended a choice of it with an error."""
+        meter = self.meter
+        if meter.observe(output):
+            self.timing.token_seen(meter.last_token_at)  # type: ignore[arg-type]
+        failed = False
+        for choice in output.outputs:
+            if choice.finish_reason == "error":
+                failed = True
         if output.finished:
             self.finished = True
             if output.outputs:
@@ -94,6 +102,7 @@ class EngineRun(RunBase):
             if self._ended is not None:
                 ended, self._ended = self._ended, None
                 ended()
+        return failed
 
     def _abandoned(self, output: RequestOutput) -> None:
         """The last output of a request aborted as its stream was closed or a read of it

@@ -36,7 +36,8 @@ class TokenMeter:
     _gaps: metrics.HistogramTally | None = field(default=None, init=False, repr=False)
     _flushed_at: float = field(default=0.0, init=False, repr=False)
 
-    def observe(self, output: RequestOutput) -> None:
+    def observe(self, output: RequestOutput) -> bool:
+        """Count ``output``'s tokens; whether it held any (then ``last_token_at`` is now)."""
         new = 0
         for choice in output.outputs:
             new += len(choice.token_ids)
@@ -54,6 +55,7 @@ class TokenMeter:
             self.last_token_at = now
         if output.finished:
             self.flush()
+        return new > 0
 
     def flush(self) -> None:
         """Write the inter-token gaps counted so far to the histogram."""

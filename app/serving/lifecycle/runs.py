@@ -44,6 +44,9 @@ class Run(Protocol):
 
     generation: Generation
     reservation: Reservation | None
+    gateway_seconds: float
+    """Wall time spent on its outputs in the gateway's own code: from each one's arrival to
+    its answer written (app/overhead.py's ``engine`` phase)."""
 
     @property
     def headers(self) -> dict[str, str]:
@@ -119,6 +122,7 @@ class RunBase:
         self.failed = False
         self.fault: Fault | None = None
         self.timing = RunTiming()
+        self.gateway_seconds = 0.0
 
     def fail(self, fault: Fault) -> None:
         """It failed, by ``fault``'s doing (the first failure seen is the one that counts)."""

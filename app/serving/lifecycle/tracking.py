@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from app import metrics
 from app.errors import AdapterUnservableError, GatewayError
 from app.inside_vllm.objectives import Objectives
+from app.overhead import RequestOverhead
 from app.protocol import SamplingFields
 from app.quota import Limits, QuotaBackend, QuotaExceeded, QuotaTooLarge, Reservation
 from app.scheduling import Admission, AdmissionRefused, FcfsAdmission, Slot, Ticket
@@ -142,6 +143,7 @@ class RequestTracker:
         shadow_wait_seconds: float = 30.0,
         on_unservable: Callable[[Adapter, str], Coroutine[Any, Any, None]] | None = None,
         objectives: ClassObjectives | None = None,
+        role: str = "all",
     ) -> None:
         """``held_copy`` gives this host's copy of an adapter's content (by digest) for an
         engine in this process to load, kept in place while the request runs; ``None`` where
@@ -153,7 +155,9 @@ class RequestTracker:
         the engine, and ``on_unservable`` is told once (the version and the engine's reason).
         Each request carries its latency ``objectives`` (its tenant's own, else its class's)
         to the engine's slot turns, and is counted by its outcome against them.
+        ``role``: the deployment role its requests' overhead is observed under.
         """
+        self._role = role
         self._on_unservable = on_unservable
         # lora_id -> why the engine could not load it
         self.unservable: dict[int, str] = {}
@@ -190,18 +194,31 @@ class RequestTracker:
         prechecked: bool = False,
         pinned: Pin | None = None,
         batch: BatchLine | None = None,
+        overhead: RequestOverhead | None = None,
     ) -> AsyncIterator[RunT]:
         """Admit the request and yield its :class:`Run`; settle and record it on exit.
         ``body_bytes``, the size of the request's body where it is known, bounds the work of
         tokenising it; ``prechecked`` says :meth:`precheck` passed before it was read;
         ``pinned``, the adapter version it must run on (a Responses chain's or a batch's);
         ``batch``, the batch line it is, whose usage record goes to the line's own sink
-        rather than the ledger's queue (the line commits it with its output)."""
+        rather than the ledger's queue (the line commits it with its output); ``overhead``,
+        where the request's time in the gateway's own code is counted (app/overhead.py):
+        observed once it is settled."""
+        overhead = overhead or RequestOverhead(self._role)
         # This host's copy of the request's adapter stays in place until the request ended.
         with ExitStack() as holds:
             generation, reservation = await self._admit(
-                service, request, principal, request_id, holds, body_bytes, prechecked, pinned
+                service,
+                request,
+                principal,
+                request_id,
+                holds,
+                body_bytes,
+                prechecked,
+                pinned,
+                overhead,
             )
+            overhead.begin("engine")
             run = service.start(request, generation, reservation)
             began = time.monotonic()
             adapter = generation.target.adapter
@@ -217,6 +234,7 @@ class RequestTracker:
                     ticket, tenant=f"{ticket.tenant}:batch", interactive=False, batch_line=True
                 )
             slot = self._admission.admit(ticket)
+            overhead.end("engine")
             refused: AdmissionRefused | None = None
             outcome: Outcome = "error"
             with self.in_flight.hold(adapter):
@@ -245,7 +263,7 @@ class RequestTracker:
                         lease.cancel()
                     # Shielded: a shutdown that cancels this request still settles and records it.
                     finish = (
-                        self._finish(run, outcome, began, started_at, request.user, batch)
+                        self._finish(run, outcome, began, started_at, request.user, overhead, batch)
                         if refused is None
                         else self._refused(run, refused)
                     )
@@ -263,13 +281,15 @@ class RequestTracker:
         holds: ExitStack,
         body_bytes: int | None,
         prechecked: bool,
-        pinned: Pin | None = None,
+        pinned: Pin | None,
+        overhead: RequestOverhead,
     ) -> tuple[Generation, Reservation | None]:
         """Resolve, pre-check, tokenise and reserve, or raise; a refusal holds nothing (what
         ``holds`` holds is the caller's to let go)."""
         tenant = principal.tenant
         model = metrics.UNKNOWN_MODEL  # until resolved: refused names stay out of the labels
         try:
+            overhead.begin("resolution")
             target = self._registry().resolve(
                 tenant, request.model, sticky_key=sticky_key(request, principal), pinned=pinned
             )
@@ -283,6 +303,8 @@ class RequestTracker:
             if subjects and not prechecked:
                 # The limits that need no token count, before the prompt is tokenised.
                 await self._checked(self._quota.precheck(subjects), tenant)
+            overhead.end("resolution")
+            overhead.begin("preparation")
             generation = await self._prepare(
                 service, request, principal, target, request_id, body_bytes
             )
@@ -295,6 +317,7 @@ class RequestTracker:
                 )
                 if reservation.unchecked:
                     metrics.QUOTA_UNCHECKED.labels(tenant.id).inc()
+            overhead.end("preparation")
         except GatewayError as exc:
             status = exc.code or exc.error_type
             metrics.REQUESTS.labels(tenant.id, model, service.endpoint, status).inc()
@@ -440,9 +463,13 @@ class RequestTracker:
         began: float,
         started_at: datetime,
         user: str | None,
+        overhead: RequestOverhead,
         batch: BatchLine | None = None,
     ) -> None:
-        """Close the run, then settle and record with what it produced."""
+        """Close the run, then settle and record with what it produced; then observe the
+        request's overhead."""
+        overhead.add("engine", run.gateway_seconds)
+        overhead.begin("settlement")
         await run.close()
         generation = run.generation
         prompt_tokens, completion_tokens = run.prompt_tokens, run.completion_tokens
@@ -471,6 +498,8 @@ class RequestTracker:
             if record.ttft_ms is not None:
                 ttft = record.ttft_ms / 1000
                 metrics.SPLIT_TIME_TO_FIRST_TOKEN.labels(tenant, model, version).observe(ttft)
+        overhead.end("settlement")
+        overhead.observe()
 
     def _record(
         self,

@@ -16,7 +16,7 @@ from app.protocol import (
     CompletionLogprobs,
 )
 from app.protocol.responses import TokenLogprob, TopLogprob
-from app.serving.in_process.chunk_encoding import StreamChunks, chat_choice, completion_choice
+from app.serving.chunk_encoding import StreamChunks, chat_choice, completion_choice
 
 TEXTS = ["", "a", 'quote " and \\ backslash', "line\nbreak\ttab\r", "é ✓ 日本 🙂", "\x00\x1f\u2028"]
 FINISHES = [None, "stop", "length"]
