@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from app.api.completion_response import CompletionResponse
 from app.api.deps import CurrentPrincipal, GatewayDep, RequestId
+from app.api.errors import PRECHECKED
 from app.api.openai import ERROR_RESPONSES, GENERATION_RESPONSES
 from app.errors import BadRequestError, NotFoundError
 from app.protocol.responses_api import (
@@ -36,6 +37,7 @@ async def create_response(
     gateway: GatewayDep,
     principal: CurrentPrincipal,
     request_id: RequestId,
+    http: Request,
 ) -> Response:
     if body.store:
         # A stored response counts against the tenant's storage cap, with its files.
@@ -44,6 +46,16 @@ async def create_response(
     chain = await continued(gateway.responses, principal.tenant.uid, body)
     translated = translate(body, chain.context, response_id=f"resp_{request_id}")
     service = ResponsesService(gateway.backend.chat, translated, gateway.responses)
+    if body.background:
+        queued = await gateway.background_responses.start(
+            service,
+            translated,
+            principal,
+            request_id,
+            chain.pinned,
+            prechecked=PRECHECKED in http.scope.get("state", {}),
+        )
+        return JSONResponse(queued)
     return CompletionResponse(
         gateway.tracker, service, translated.chat, principal, request_id, pinned=chain.pinned
     )
@@ -63,6 +75,20 @@ async def retrieve_response(
     response_id: str, gateway: GatewayDep, principal: CurrentPrincipal
 ) -> Response:
     return JSONResponse((await _stored(gateway, principal, response_id)).body)
+
+
+@router.post(
+    "/responses/{response_id}/cancel", response_model=ResponseObject, responses=ERROR_RESPONSES
+)
+async def cancel_response(
+    response_id: str, gateway: GatewayDep, principal: CurrentPrincipal
+) -> Response:
+    """Cancel a background response: aborted on the engine and settled with what it produced;
+    one that has ended is returned unchanged."""
+    stored = await _stored(gateway, principal, response_id)
+    if not stored.body.get("background"):
+        raise BadRequestError("Cannot cancel a synchronous response.")
+    return JSONResponse(await gateway.background_responses.cancel(stored))
 
 
 @router.delete(
