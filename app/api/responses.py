@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from app.api.completion_response import CompletionResponse
+from app.api.completion_response import CompletionResponse, EventStreamResponse
 from app.api.deps import CurrentPrincipal, GatewayDep, RequestId
 from app.api.errors import PRECHECKED
 from app.api.openai import ERROR_RESPONSES, GENERATION_RESPONSES
@@ -21,6 +21,7 @@ from app.protocol.responses_api import (
 )
 from app.serving.preparation.responses import translate
 from app.serving.responses.chain import continued
+from app.serving.responses.replay import replayed
 from app.serving.responses.service import ResponsesService
 from app.store.responses import StoredResponse, page
 
@@ -72,9 +73,27 @@ async def _stored(
 
 @router.get("/responses/{response_id}", response_model=ResponseObject, responses=ERROR_RESPONSES)
 async def retrieve_response(
-    response_id: str, gateway: GatewayDep, principal: CurrentPrincipal
+    response_id: str,
+    gateway: GatewayDep,
+    principal: CurrentPrincipal,
+    stream: bool = False,
+    starting_after: Annotated[int | None, Query(ge=0)] = None,
 ) -> Response:
-    return JSONResponse((await _stored(gateway, principal, response_id)).body)
+    """The stored Response; with ``stream``, a background response's events after
+    ``starting_after``, derived from its row (:mod:`app.serving.responses.replay`)."""
+    stored = await _stored(gateway, principal, response_id)
+    if not stream:
+        if starting_after is not None:
+            raise BadRequestError(
+                "starting_after is read with stream=true.", param="starting_after"
+            )
+        return JSONResponse(stored.body)
+    if not stored.body.get("background"):
+        raise BadRequestError(
+            "Only a background response's events can be streamed again.", param="stream"
+        )
+    events = replayed(gateway.responses, principal.tenant.uid, response_id, starting_after)
+    return EventStreamResponse(events)
 
 
 @router.post(

@@ -11,6 +11,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
 from sqlalchemy import select
 
 from app.serving.responses.background import lease_name
@@ -21,6 +23,8 @@ from tests.serving.responses.test_stored import other_tenants_key
 from tests.support.responses import client, strict
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.serving import TENANT, Served, ServeFactory, eventually, quota_usage
+
+STREAM_EVENT: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
 
 
 async def polled(served: Served, response_id: str, *statuses: str) -> Any:
@@ -216,3 +220,55 @@ async def test_a_response_whose_replica_died_is_failed_by_a_sweep(serve: ServeFa
         assert failed.error is not None and failed.error.code == "server_error"
         assert "stopped before it finished" in failed.error.message
         assert await leases_held(served) == []
+
+
+async def typed_events(served: Served, response_id: str, **query: Any) -> list[Any]:
+    """The response's stream, read by the SDK into its typed events."""
+    stream = await client(served).responses.retrieve(response_id, stream=True, **query)
+    events = [event async for event in stream]
+    return [STREAM_EVENT.validate_python(event.to_dict()) for event in events]
+
+
+async def test_a_background_responses_stream_resumes_from_a_sequence_number(
+    serve: ServeFactory,
+) -> None:
+    engine = ScriptedEngine(step_seconds=0.02)
+    async with serve(engine) as served:
+        created = await client(served).responses.create(
+            model=served.model, input="hi", max_output_tokens=30, background=True
+        )
+        # Read while it runs: the stream waits for it to end.
+        events = await typed_events(served, created.id)
+        done = strict(await client(served).responses.retrieve(created.id))
+        assert done.status == "incomplete"
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert [e.type for e in events] == [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.incomplete",
+        ]
+        assert events[0].response.status == "queued"
+        assert events[4].delta == done.output_text  # type: ignore[union-attr]
+        assert events[-1].response == done  # type: ignore[union-attr]
+        # Resumed after any event: the same events, from the next one on.
+        for after in (0, 4, 7):
+            assert (
+                await typed_events(served, created.id, starting_after=after) == events[after + 1 :]
+            )
+        assert await typed_events(served, created.id, starting_after=8) == []
+
+        # A foreground response has no stream to resume; starting_after needs stream=true.
+        foreground = await client(served).responses.create(
+            model=served.model, input="hi", max_output_tokens=2
+        )
+        async with served.client() as http:
+            answer = await http.get(f"/v1/responses/{foreground.id}", params={"stream": "true"})
+            assert (answer.status_code, answer.json()["error"]["param"]) == (400, "stream")
+            answer = await http.get(f"/v1/responses/{created.id}", params={"starting_after": 1})
+            assert (answer.status_code, answer.json()["error"]["param"]) == (400, "starting_after")
