@@ -30,6 +30,7 @@ from app.serving.lifecycle.objectives import ClassObjectives
 from app.serving.lifecycle.tracking import RequestTracker
 from app.serving.preparation.structured import OutputConstraints
 from app.serving.preparation.tools import tool_parser_class
+from app.serving.responses.background import BackgroundResponses
 from app.settings import Settings
 from app.store.batches import BatchStore
 from app.store.file_contents import open_file_contents, spool_directory
@@ -131,6 +132,13 @@ class Gateway:
             lease_seconds=settings.batch_lease_seconds,
             poll_seconds=settings.batch_poll_seconds,
         )
+        self.background_responses = BackgroundResponses(
+            self.responses,
+            self.leases,
+            self.tracker,
+            self.background,
+            lease_seconds=settings.response_lease_seconds,
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self.startup_error: str | None = None
         self._backend: Backend | None = None
@@ -154,13 +162,16 @@ class Gateway:
         watcher = asyncio.create_task(self.watch_store(stop))
         writer = asyncio.create_task(self.ledger.run())
         batches = asyncio.create_task(self.batch_runner.run(stop))
+        sweeper = asyncio.create_task(
+            self.background_responses.run(stop, lambda: self.settings.response_lease_seconds / 3)
+        )
         try:
             yield
         finally:
             # The batches stop first: their lines in flight are aborted (pending still, they
             # run again on whichever replica takes the batches over) and leases given back.
             stop.set()
-            await asyncio.gather(batches, return_exceptions=True)
+            await asyncio.gather(batches, sweeper, return_exceptions=True)
             # The watcher stops between polls, not inside a query: cancelled inside one, the
             # store's connection can keep its transaction open (a SQLite read lock that the
             # ledger's last write below would wait on) until it is garbage collected.

@@ -325,6 +325,13 @@ class Settings(BaseSettings):
         description="How often each replica purges expired stored responses and files, in "
         "small batches.",
     )
+    response_lease_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="How long a replica's hold on a running background response lasts "
+        "unrenewed: this long after its replica died, any live replica marks it failed. It is "
+        "renewed, and a cancel sent to another replica is noticed, every third of this.",
+    )
 
     # Files and batches (docs/batches.md)
     max_file_bytes: int = Field(

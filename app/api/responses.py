@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from app.api.completion_response import CompletionResponse
+from app.api.completion_response import CompletionResponse, EventStreamResponse
 from app.api.deps import CurrentPrincipal, GatewayDep, RequestId
+from app.api.errors import PRECHECKED
 from app.api.openai import ERROR_RESPONSES, GENERATION_RESPONSES
 from app.errors import BadRequestError, NotFoundError
 from app.protocol.responses_api import (
@@ -20,6 +21,7 @@ from app.protocol.responses_api import (
 )
 from app.serving.preparation.responses import translate
 from app.serving.responses.chain import continued
+from app.serving.responses.replay import replayed
 from app.serving.responses.service import ResponsesService
 from app.store.responses import StoredResponse, page
 
@@ -36,6 +38,7 @@ async def create_response(
     gateway: GatewayDep,
     principal: CurrentPrincipal,
     request_id: RequestId,
+    http: Request,
 ) -> Response:
     if body.store:
         # A stored response counts against the tenant's storage cap, with its files.
@@ -44,6 +47,16 @@ async def create_response(
     chain = await continued(gateway.responses, principal.tenant.uid, body)
     translated = translate(body, chain.context, response_id=f"resp_{request_id}")
     service = ResponsesService(gateway.backend.chat, translated, gateway.responses)
+    if body.background:
+        queued = await gateway.background_responses.start(
+            service,
+            translated,
+            principal,
+            request_id,
+            chain.pinned,
+            prechecked=PRECHECKED in http.scope.get("state", {}),
+        )
+        return JSONResponse(queued)
     return CompletionResponse(
         gateway.tracker, service, translated.chat, principal, request_id, pinned=chain.pinned
     )
@@ -60,9 +73,41 @@ async def _stored(
 
 @router.get("/responses/{response_id}", response_model=ResponseObject, responses=ERROR_RESPONSES)
 async def retrieve_response(
+    response_id: str,
+    gateway: GatewayDep,
+    principal: CurrentPrincipal,
+    stream: bool = False,
+    starting_after: Annotated[int | None, Query(ge=0)] = None,
+) -> Response:
+    """The stored Response; with ``stream``, a background response's events after
+    ``starting_after``, derived from its row (:mod:`app.serving.responses.replay`)."""
+    stored = await _stored(gateway, principal, response_id)
+    if not stream:
+        if starting_after is not None:
+            raise BadRequestError(
+                "starting_after is read with stream=true.", param="starting_after"
+            )
+        return JSONResponse(stored.body)
+    if not stored.body.get("background"):
+        raise BadRequestError(
+            "Only a background response's events can be streamed again.", param="stream"
+        )
+    events = replayed(gateway.responses, principal.tenant.uid, response_id, starting_after)
+    return EventStreamResponse(events)
+
+
+@router.post(
+    "/responses/{response_id}/cancel", response_model=ResponseObject, responses=ERROR_RESPONSES
+)
+async def cancel_response(
     response_id: str, gateway: GatewayDep, principal: CurrentPrincipal
 ) -> Response:
-    return JSONResponse((await _stored(gateway, principal, response_id)).body)
+    """Cancel a background response: aborted on the engine and settled with what it produced;
+    one that has ended is returned unchanged."""
+    stored = await _stored(gateway, principal, response_id)
+    if not stored.body.get("background"):
+        raise BadRequestError("Cannot cancel a synchronous response.")
+    return JSONResponse(await gateway.background_responses.cancel(stored))
 
 
 @router.delete(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from app.protocol.common import Flag, JsonNumber, OpenAIModel, TokenCount
@@ -27,14 +27,12 @@ from app.protocol.requests import (
 from app.protocol.tools import FunctionName
 
 # Fields of OpenAI's Responses API this server does not honour yet, each with the values besides
-# null that mean "off". Any other value is a 400 naming the field. ``background`` comes with
-# background responses (issue #51's next increment).
+# null that mean "off". Any other value is a 400 naming the field.
 REFUSED_FIELDS: Mapping[str, tuple[object, ...]] = {
     "reasoning": ({},),
     "conversation": (),
     "prompt": (),
     "include": ([],),
-    "background": (False,),
     "truncation": ("disabled",),
     "service_tier": ("auto", "default"),
     "max_tool_calls": (),
@@ -197,6 +195,23 @@ class ResponsesRequest(OpenAIModel):
     previous_response_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     metadata: dict[str, str] | None = None
     stream: Flag = False
+    background: Flag = False
+
+    @field_validator("background")
+    @classmethod
+    def _stored_and_polled(cls, background: bool, info: ValidationInfo) -> bool:
+        # A background response is read by polling its stored row; its event stream is not
+        # kept, so it cannot be streamed (nor resumed) yet.
+        if background and info.data.get("store") is False:
+            raise PydanticCustomError(
+                "background_not_stored", "background responses must be stored: `store` must be true"
+            )
+        if background and info.data.get("stream"):
+            raise PydanticCustomError(
+                "background_streamed",
+                "background responses cannot be streamed; poll GET /v1/responses/{id}",
+            )
+        return background
 
     @model_validator(mode="before")
     @classmethod
@@ -338,7 +353,7 @@ class ResponseObject(BaseModel):
     object: Literal["response"] = "response"
     created_at: int
     completed_at: int | None = None
-    status: Literal["completed", "incomplete", "failed", "in_progress"]
+    status: Literal["completed", "incomplete", "failed", "in_progress", "queued", "cancelled"]
     error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
     model: str

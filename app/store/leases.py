@@ -1,4 +1,4 @@
-"""Leases in the shared store: a named piece of work (a batch; later, a background response)
+"""Leases in the shared store: a named piece of work (a batch, a background response)
 that one holder does at a time, whichever replica it runs on.
 
 A holder takes a lease for a while and renews it (:meth:`Leases.take` again, well before it
@@ -15,7 +15,7 @@ import socket
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from sqlalchemy import delete, insert, or_, update
+from sqlalchemy import delete, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -63,3 +63,13 @@ class Leases:
             await session.execute(
                 delete(LeaseRow).where(LeaseRow.name == name, LeaseRow.holder == self.holder)
             )
+
+    async def expired(self, prefix: str) -> list[str]:
+        """The names starting with ``prefix`` whose lease has expired: work whose holder
+        stopped renewing it (died) without letting it go."""
+        now = datetime.now(timezone.utc)
+        query = select(LeaseRow.name).where(
+            LeaseRow.name.startswith(prefix, autoescape=True), LeaseRow.expires_at <= now
+        )
+        async with self._sessions() as session:
+            return list((await session.scalars(query)).all())

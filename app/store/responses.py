@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.store.db import store_is_down
@@ -89,6 +89,7 @@ class ResponseStore:
             "adapter": response.adapter,
             "adapter_version": response.adapter_version,
             "body": response.body,
+            "status": response.body["status"],
             "input_items": response.input_items,
             "context": response.context,
             "size_bytes": size,
@@ -153,6 +154,54 @@ class ResponseStore:
             input_items=row.input_items,
             context=row.context,
         )
+
+    async def finish(
+        self,
+        response_id: str,
+        body: dict[str, Any],
+        *,
+        only_from: Sequence[str],
+        answered_by: tuple[str | None, int | None] | None = None,
+    ) -> bool:
+        """Replace a background response's body (and its status, the body's) with ``body``,
+        where its status is one of ``only_from``; ``answered_by``, the adapter and version that
+        answered it (a chain continues on them). Whether it was replaced."""
+        read = select(StoredResponseRow.body).where(
+            StoredResponseRow.id == response_id, StoredResponseRow.status.in_(only_from)
+        )
+        async with self._sessions.begin() as session:
+            before = (await session.execute(read)).scalar_one_or_none()
+            if before is None:
+                return False
+            values: dict[str, Any] = {
+                "body": body,
+                "status": body["status"],
+                "size_bytes": StoredResponseRow.size_bytes
+                + len(json.dumps(body))
+                - len(json.dumps(before)),
+            }
+            if answered_by is not None:
+                values["adapter"], values["adapter_version"] = answered_by
+            # Conditional again: another replica may have moved it since the read.
+            query = (
+                update(StoredResponseRow)
+                .where(StoredResponseRow.id == response_id, StoredResponseRow.status.in_(only_from))
+                .values(**values)
+            )
+            result = await session.execute(query)
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    async def status(self, response_id: str) -> str | None:
+        """The status of response ``response_id``, whoever's it is; None where there is none."""
+        query = select(StoredResponseRow.status).where(StoredResponseRow.id == response_id)
+        async with self._sessions() as session:
+            return (await session.execute(query)).scalar_one_or_none()
+
+    async def body(self, response_id: str) -> dict[str, Any] | None:
+        """The body of response ``response_id``, whoever's it is; None where there is none."""
+        query = select(StoredResponseRow.body).where(StoredResponseRow.id == response_id)
+        async with self._sessions() as session:
+            return (await session.execute(query)).scalar_one_or_none()
 
     async def delete(self, tenant_uid: str, response_id: str) -> bool:
         """Delete the tenant's response ``response_id``; whether it had one. Responses that

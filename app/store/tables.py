@@ -327,8 +327,11 @@ class StoredResponseRow(Base):
     model: Mapped[str] = mapped_column(String(100))
     adapter: Mapped[str | None] = mapped_column(String(100))
     adapter_version: Mapped[int | None]
-    # The Response object as it was returned.
+    # The Response object as it was returned; a background response's, as it stands now.
     body: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # The body's status, where a conditional write can read it: a background response moves
+    # from queued or in_progress to its end once (app/serving/responses/background.py).
+    status: Mapped[str] = mapped_column(String(16), server_default="completed")
     # This response's input items, and the chain's items before them.
     input_items: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     context: Mapped[list[dict[str, Any]]] = mapped_column(JSON)

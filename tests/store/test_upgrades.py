@@ -80,7 +80,7 @@ ROWS: dict[str, list[dict[str, Any]]] = {
     "quotas": [
         {"tenant_id": "acme", "requests_per_minute": 600, "tokens_per_minute": 100_000,
          "max_concurrent_requests": 8, "token_budget": 5_000_000_000, "budget_period": "month",
-         "updated_at": DAY},
+         "updated_at": DAY, "storage_bytes": 1 << 30, "batch_tokens_enqueued": 10_000},
     ],
     "key_quotas": [
         {"key_id": "key_acme", "requests_per_minute": 60, "tokens_per_minute": None,
@@ -98,7 +98,8 @@ ROWS: dict[str, list[dict[str, Any]]] = {
          "prompt_tokens": 11, "completion_tokens": 5 if status == "ok" else 0,
          "status": status, "latency_ms": 120, "finish_reason": finish, "ttft_ms": 40,
          "itl_ms": 2.5, "shadow": False, "fault": None if status == "ok" else "version",
-         "started_at": LATER, "finished_at": LATER + timedelta(seconds=1)}
+         "started_at": LATER, "finished_at": LATER + timedelta(seconds=1),
+         "batch_id": "batch_upgrade" if status == "ok" else None}
         for status, finish in (("ok", "stop"), ("error", "error"))
     ],
     "version_minutes": [
@@ -123,6 +124,28 @@ ROWS: dict[str, list[dict[str, Any]]] = {
          "context": [{"role": "user", "content": "hi"}], "size_bytes": 200,
          "created_at": LATER},
     ],
+    "files": [
+        {"id": "file_upgrade", "tenant_uid": ACME_UID, "purpose": "batch",
+         "filename": "in.jsonl", "bytes": 120, "created_at": DAY, "expires_at": LATER},
+    ],
+    "leases": [
+        {"name": "batch:batch_upgrade", "holder": "replica-1", "expires_at": LATER},
+    ],
+    "batches": [
+        {"id": "batch_upgrade", "tenant_uid": ACME_UID, "tenant_id": "acme",
+         "key_id": "key_acme", "endpoint": "/v1/chat/completions",
+         "input_file_id": "file_upgrade", "completion_window": "24h", "metadata": {"a": "b"},
+         "status": "in_progress", "errors": None, "pins": {"support": [1]}, "total": 2,
+         "completed": 1, "failed": 0, "output_file_id": None, "error_file_id": None,
+         "created_at": DAY, "expires_at": LATER, "in_progress_at": DAY, "finalizing_at": None,
+         "completed_at": None, "failed_at": None, "expired_at": None, "cancelling_at": None,
+         "cancelled_at": None},
+    ],
+    "batch_lines": [
+        {"batch_id": "batch_upgrade", "line": line, "custom_id": f"c{line}",
+         "body": {"model": "support"}, "cost": 40, "status": status, "output": output}
+        for line, status, output in ((1, "ok", {"id": "x"}), (2, "pending", None))
+    ],
 }  # fmt: skip
 NATURAL_KEYS = {
     "tenants": ("id",),
@@ -137,6 +160,10 @@ NATURAL_KEYS = {
     "refusals": ("tenant_uid", "minute", "limit"),
     "console_sessions": ("id",),
     "stored_responses": ("id",),
+    "files": ("id",),
+    "leases": ("name",),
+    "batches": ("id",),
+    "batch_lines": ("batch_id", "line"),
 }
 INSERT_ORDER = list(NATURAL_KEYS)
 NOT_FILLED = {"alembic_version", "revision"}  # Alembic's own; the one counter 0001 inserts
@@ -257,6 +284,8 @@ async def test_an_earlier_store_upgrades_with_nothing_lost(
     assert sum(m["requests"] for m in counted) == len(ledger)
     assert sum(m["errors"] for m in counted) == sum(u["status"] == "error" for u in ledger)
     assert rows["revision"] == [{"id": 1, "value": REVISION_VALUE}]
+    # Responses stored before background ones were finished ones.
+    assert {row["status"] for row in rows["stored_responses"]} <= {"completed"}
 
     # The in-memory view a gateway serves from, loaded from the result.
     registry = found["registry"]

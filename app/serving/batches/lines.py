@@ -81,6 +81,11 @@ def parsed_body(endpoint: str, body: dict[str, Any]) -> BaseModel:
         raise BadRequestError(
             "A batch line cannot continue a stored response.", param="body.previous_response_id"
         )
+    if isinstance(request, ResponsesRequest) and request.background:
+        raise BadRequestError(
+            "A batch line cannot be a background response: a batch runs in the background already.",
+            param="body.background",
+        )
     return request
 
 

@@ -233,6 +233,7 @@ def echoed_fields(request: ResponsesRequest) -> Mapping[str, Any]:
         },
         "previous_response_id": request.previous_response_id,
         "store": request.store,
+        "background": request.background,
         "metadata": request.metadata or {},
         "user": request.user,
     }

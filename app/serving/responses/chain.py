@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.errors import NotFoundError
+from app.errors import BadRequestError, NotFoundError
 from app.protocol.responses_api import ResponsesRequest
 from app.serving.preparation.responses import Item
 from app.store.responses import ResponseStore
@@ -30,6 +30,10 @@ async def continued(store: ResponseStore, tenant_uid: str, request: ResponsesReq
     previous = await store.get(tenant_uid, previous_id)
     if previous is None:
         raise NotFoundError(f"Previous response with id '{previous_id}' not found.", param=PARAM)
+    if previous.body.get("status") in ("queued", "in_progress"):
+        raise BadRequestError(
+            f"Previous response with id '{previous_id}' has not finished yet.", param=PARAM
+        )
     pinned = None
     if (
         previous.adapter is not None

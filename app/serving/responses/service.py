@@ -95,6 +95,15 @@ class ResponsesService:
             input_items=self._translated.input_items,
             context=self._translated.context,
         )
+        if self._translated.request.background:
+            # Its row was stored when it was queued (app/serving/responses/background.py).
+            await self._store.finish(
+                response.id,
+                stored.body,
+                only_from=("queued", "in_progress"),
+                answered_by=(stored.adapter, stored.adapter_version),
+            )
+            return
         await self._store.save(generation.principal.tenant.uid, stored)
 
 

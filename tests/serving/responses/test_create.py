@@ -237,7 +237,6 @@ async def test_a_streamed_function_call(serve: ServeFactory) -> None:
         ("conversation", "conv_1"),
         ("prompt", {"id": "pmpt_1"}),
         ("include", ["file_search_call.results"]),
-        ("background", True),
         ("tools", [{"type": "web_search"}]),
         ("tools", [{"type": "file_search", "vector_store_ids": ["vs_1"]}]),
         ("input", [{"type": "message", "role": "user", "content": [{"type": "input_image"}]}]),
