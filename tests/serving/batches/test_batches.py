@@ -14,6 +14,7 @@ import openai
 import pytest
 from openai.types import Batch
 
+from app.quota import Limits
 from app.store.batches import BatchStore
 from tests.support.batches import FAST_BATCHES, FINAL, chat_line, finished, read_jsonl, submitted
 from tests.support.responses import client
@@ -389,3 +390,41 @@ async def test_lines_skip_the_per_minute_limits_but_pay_the_token_budget(
             await api.chat.completions.create(
                 model=served.model, messages=[{"role": "user", "content": "hi"}], max_tokens=1
             )
+
+
+async def test_a_line_cut_off_runs_again_and_its_lost_attempt_is_charged_nothing(
+    serve: ServeFactory,
+) -> None:
+    engine = ScriptedEngine(step_seconds=0.05)
+    # No poll comes by itself: the test drives the batch.
+    async with serve(engine, batch_concurrency=2, batch_poll_seconds=3600) as served:
+        budget = Limits(token_budget=10**6, budget_period="day")
+        await served.set_quota(token_budget=budget.token_budget, budget_period="day")
+        api = client(served)
+        lines = [chat_line(f"req-{i}", served.model, max_tokens=6) for i in range(4)]
+        created = await submitted(api, lines)
+        # A replica killed while it ran line 1 left its reservation open (a quota store
+        # outlives the replica): its worst case stays charged, and it is in no one's way.
+        tenant = served.gateway.registry.tenant(TENANT)
+        assert tenant is not None
+        killed = [(tenant.quota_subject, budget)]
+        await served.gateway.quota.reserve(killed, 50, f"{created.id}-1")
+        runner = served.gateway.batch_runner
+        await runner.take_new()
+        # This replica's drive of the batch stops with lines in flight (as when its lease is
+        # lost): they are not committed, and run again once the batch is driven again.
+        await eventually(lambda: bool(served.engine.requests))
+        runner._driven[created.id].cancel()
+        await eventually(lambda: created.id not in runner._driven)
+        assert (await api.batches.retrieve(created.id)).status == "in_progress"
+        await runner.take_new()
+        batch = await finished(api, created.id)
+        assert batch.status == "completed", batch
+        assert batch.request_counts is not None
+        assert (batch.request_counts.completed, batch.request_counts.failed) == (4, 0)
+        await served.settled()
+        records = await served.usage_records()
+        assert sorted(r.request_id for r in records) == [f"{batch.id}-{n}" for n in range(1, 5)]
+        used = await quota_usage(served)
+        billed = sum(r.prompt_tokens + r.completion_tokens for r in records)
+        assert used.budget_used == billed + 50, "the attempts cut off here are charged nothing"
