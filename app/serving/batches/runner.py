@@ -16,7 +16,8 @@ Every store call is shielded: a call cancelled halfway (the replica stops, the l
 finishes its transaction rather than leave it open holding the store's write lock.
 
 A line cut off by a crash (or by losing the lease) was never committed: it is pending still
-and runs again, and its lost attempt is billed nothing.
+and runs again, and its lost attempt is billed nothing (and, cut off here rather than killed,
+charged nothing to the token budget: :class:`BatchLine`).
 """
 
 from __future__ import annotations
@@ -334,7 +335,7 @@ class BatchRunner:
         batch ends, it is settled as such (what it produced billed); aborted otherwise (the
         replica stops), nothing is committed and it runs again later."""
         request_id = f"{batch.id}-{line.line}"
-        sink = BatchLine(batch.id)
+        sink = BatchLine(batch.id, ending=ending)
         status: Literal["ok", "error", "cancelled", "expired"] = "error"
         try:
             request = parsed_body(batch.endpoint, line.body)

@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import AbstractContextManager, ExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -76,6 +77,20 @@ class BatchLine:
 
     batch_id: str
     records: list[UsageRecord] = field(default_factory=list)
+    ending: Sequence[str] = ()
+    """The batch's ending, once it ends (the runner's list, set before it aborts the lines in
+    flight). A line cancelled while it is empty was cut off (its replica stops, or lost the
+    batch): it is not billed, runs again, and so charges its token budget nothing."""
+    attempt: str = field(default_factory=lambda: uuid.uuid4().hex)
+    """This attempt's own: a line's request id is the same at every attempt, and a reservation
+    an attempt cut off by a kill left open must not stand in the way of the next."""
+
+    def reservation_id(self, request_id: str) -> str:
+        return f"{request_id}.{self.attempt}"
+
+    def cut_off(self, outcome: str) -> bool:
+        """Whether a line that ended with ``outcome`` was cut off, not ended by its batch."""
+        return outcome == "cancelled" and not self.ending
 
 
 def ticket_of(generation: Generation) -> Ticket:
@@ -200,7 +215,15 @@ class RequestTracker:
         # This host's copy of the request's adapter stays in place until the request ended.
         with ExitStack() as holds:
             generation, reservation = await self._admit(
-                service, request, principal, request_id, holds, body_bytes, prechecked, pinned
+                service,
+                request,
+                principal,
+                request_id,
+                holds,
+                body_bytes,
+                prechecked,
+                pinned,
+                reservation_id=batch.reservation_id(request_id) if batch else request_id,
             )
             run = service.start(request, generation, reservation)
             began = time.monotonic()
@@ -264,9 +287,11 @@ class RequestTracker:
         body_bytes: int | None,
         prechecked: bool,
         pinned: Pin | None = None,
+        *,
+        reservation_id: str,
     ) -> tuple[Generation, Reservation | None]:
-        """Resolve, pre-check, tokenise and reserve, or raise; a refusal holds nothing (what
-        ``holds`` holds is the caller's to let go)."""
+        """Resolve, pre-check, tokenise and reserve (as ``reservation_id``), or raise; a
+        refusal holds nothing (what ``holds`` holds is the caller's to let go)."""
         tenant = principal.tenant
         model = metrics.UNKNOWN_MODEL  # until resolved: refused names stay out of the labels
         try:
@@ -290,7 +315,7 @@ class RequestTracker:
             reservation = None
             if subjects:
                 reservation = await self._checked(
-                    self._quota.reserve(subjects, generation.worst_case_tokens, request_id),
+                    self._quota.reserve(subjects, generation.worst_case_tokens, reservation_id),
                     tenant,
                 )
                 if reservation.unchecked:
@@ -448,6 +473,8 @@ class RequestTracker:
         prompt_tokens, completion_tokens = run.prompt_tokens, run.completion_tokens
         if run.reservation is not None:
             actual = prompt_tokens + completion_tokens
+            if batch is not None and batch.cut_off(outcome):
+                actual = 0  # not billed: charged nothing (docs/batches.md)
             self._spawn(self._quota.reconcile(run.reservation, actual))
         tenant, model, endpoint = (
             generation.principal.tenant.id,
