@@ -31,6 +31,9 @@ router = APIRouter(prefix="/tenants", route_class=ConsoleRoute)
 
 PAGE_SIZE = 50
 USAGE_DAYS = 31
+BATCHES_SHOWN = 20
+ACTIVE_BATCH_STATUSES = ("validating", "in_progress")
+"""The statuses a batch can be cancelled from."""
 
 
 def _tenant_url(tenant_id: str, notice: str = "") -> str:
@@ -173,6 +176,8 @@ async def tenant_page(
         comparisons=comparisons,
         adapters=await admin.adapters_page(limit=None),
         charts=await _usage_charts(gateway, row.uid, {key.id: key.name or key.id for key in keys}),
+        batches=await gateway.batches.latest(row.uid, BATCHES_SHOWN),
+        cancellable=ACTIVE_BATCH_STATUSES,
         notice=notice,
         error=error,
         created_key=created_key,
@@ -288,6 +293,20 @@ async def revoke_key(
         await gateway.admin.revoke_key(session.actor, tenant_id, key_id)
 
     return await _mutate(request, tenant_id, session, gateway, "keys", "key.revoke", change)
+
+
+@router.post("/{tenant_id}/batches/{batch_id}/cancel")
+async def cancel_batch(
+    request: Request, tenant_id: str, batch_id: str, session: Mutation, gateway: GatewayDep
+) -> Response:
+    """Cancel one of the tenant's batches, as its own ``POST /v1/batches/{id}/cancel`` does."""
+
+    async def change(_: Any) -> None:
+        tenant = await gateway.admin.get_tenant(tenant_id)
+        await gateway.batches.cancel_of(tenant.uid, batch_id)
+        await gateway.admin.audit(session.actor, "batch.cancel", f"{tenant_id}/{batch_id}", "ok")
+
+    return await _mutate(request, tenant_id, session, gateway, "batches", "batch.cancel", change)
 
 
 def _quota(form: Any) -> schemas.QuotaPut:

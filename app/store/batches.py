@@ -18,7 +18,8 @@ from typing import Any, Literal
 from sqlalchemy import and_, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.store.tables import BatchLineRow, BatchRow, QuotaRow
+from app.store.db import lock_tenant
+from app.store.tables import BatchLineRow, BatchRow, FileRow, QuotaRow
 
 ACTIVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
 LineStatus = Literal["pending", "ok", "error", "expired", "cancelled"]
@@ -38,6 +39,16 @@ def new_batch_id() -> str:
 class BatchPage:
     batches: list[BatchRow]
     has_more: bool
+
+
+class EnqueuedLimitPassed(Exception):
+    """A batch's lines, with the tenant's other batches' unrun lines, would pass its
+    ``batch_tokens_enqueued`` quota."""
+
+    def __init__(self, enqueued: int, limit: int) -> None:
+        super().__init__(f"{enqueued} tokens enqueued, the limit is {limit}")
+        self.enqueued = enqueued
+        self.limit = limit
 
 
 @dataclass(frozen=True)
@@ -98,17 +109,27 @@ class BatchStore:
             return list((await session.scalars(query)).all())
 
     async def move(
-        self, batch_id: str, status: str, *, only_from: Sequence[str], **values: Any
+        self,
+        batch_id: str,
+        status: str,
+        *,
+        only_from: Sequence[str],
+        files: Sequence[FileRow] = (),
+        **values: Any,
     ) -> bool:
         """Set the batch's ``status`` (and its time, ``<status>_at``, and ``values``) where it
-        is in one of ``only_from``; whether it was."""
+        is in one of ``only_from``, and record ``files`` (its results, named by ``values``)
+        in the same transaction: none is recorded unless it moved. Whether it moved."""
         query = (
             update(BatchRow)
             .where(BatchRow.id == batch_id, BatchRow.status.in_(only_from))
             .values(status=status, **{f"{status}_at": now()}, **values)
         )
         async with self._sessions.begin() as session:
-            return bool((await session.execute(query)).rowcount)  # type: ignore[attr-defined]
+            if not (await session.execute(query)).rowcount:  # type: ignore[attr-defined]
+                return False
+            session.add_all(files)
+        return True
 
     async def clear_lines(self, batch_id: str) -> None:
         """Forget the batch's lines (a validation that starts again, or failed)."""
@@ -133,15 +154,30 @@ class BatchStore:
             async with self._sessions.begin() as session:
                 await session.execute(insert(BatchLineRow), rows)
 
-    async def start(self, batch_id: str, total: int, pins: dict[str, Any]) -> bool:
+    async def start(
+        self, batch_id: str, total: int, pins: dict[str, Any], *, cost: int = 0
+    ) -> bool:
         """Move the batch, its ``total`` lines recorded, to ``in_progress``; whether it was
-        still validating."""
-        started = (
-            update(BatchRow)
-            .where(BatchRow.id == batch_id, BatchRow.status == "validating")
-            .values(status="in_progress", in_progress_at=now(), pins=pins, total=total)
-        )
+        still validating. Its lines' worst-case ``cost``, with the tenant's other batches'
+        unrun lines, must be within its ``batch_tokens_enqueued`` quota, else
+        :class:`EnqueuedLimitPassed` and it stays validating. Exact: counted and started in
+        one transaction under the tenant's lock, so batches started at once never pass the
+        quota together."""
         async with self._sessions.begin() as session:
+            batch = await session.get(BatchRow, batch_id)
+            if batch is None or batch.status != "validating":
+                return False
+            await lock_tenant(session, batch.tenant_uid)
+            limit = await self._enqueued_limit(session, batch.tenant_id)
+            if limit is not None:
+                enqueued = await self._tokens_enqueued(session, batch.tenant_uid)
+                if enqueued + cost > limit:
+                    raise EnqueuedLimitPassed(enqueued, limit)
+            started = (
+                update(BatchRow)
+                .where(BatchRow.id == batch_id, BatchRow.status == "validating")
+                .values(status="in_progress", in_progress_at=now(), pins=pins, total=total)
+            )
             return bool((await session.execute(started)).rowcount)  # type: ignore[attr-defined]
 
     async def pending(
@@ -219,6 +255,16 @@ class BatchStore:
 
     async def tokens_enqueued(self, tenant_uid: str) -> int:
         """The worst-case tokens of the tenant's lines still to run."""
+        async with self._sessions() as session:
+            return await self._tokens_enqueued(session, tenant_uid)
+
+    async def enqueued_limit(self, tenant_id: str) -> int | None:
+        """The tenant's ``batch_tokens_enqueued`` quota; None where it has none."""
+        async with self._sessions() as session:
+            return await self._enqueued_limit(session, tenant_id)
+
+    @staticmethod
+    async def _tokens_enqueued(session: AsyncSession, tenant_uid: str) -> int:
         query = (
             select(func.coalesce(func.sum(BatchLineRow.cost), 0))
             .join(BatchRow, BatchRow.id == BatchLineRow.batch_id)
@@ -228,11 +274,9 @@ class BatchStore:
                 BatchLineRow.status == "pending",
             )
         )
-        async with self._sessions() as session:
-            return int((await session.execute(query)).scalar_one())
+        return int((await session.execute(query)).scalar_one())
 
-    async def enqueued_limit(self, tenant_id: str) -> int | None:
-        """The tenant's ``batch_tokens_enqueued`` quota; None where it has none."""
+    @staticmethod
+    async def _enqueued_limit(session: AsyncSession, tenant_id: str) -> int | None:
         query = select(QuotaRow.batch_tokens_enqueued).where(QuotaRow.tenant_id == tenant_id)
-        async with self._sessions() as session:
-            return (await session.execute(query)).scalar_one_or_none()
+        return (await session.execute(query)).scalar_one_or_none()

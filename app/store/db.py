@@ -20,14 +20,20 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, event
+from sqlalchemy import Connection, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 15_000
 MIGRATION_LOCK_ID = 0x4C47_5753  # "LGWS": one advisory lock id for every replica's migration
+TENANT_LOCK_SPACE = 0x4C47_5454  # "LGTT": the advisory locks of tenants' exact caps
 UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57")
 """PostgreSQL's error classes that say the server cannot serve now, whatever was sent: a
 connection exception, insufficient resources (too many connections, disk full), operator
@@ -94,6 +100,20 @@ def use_write_ahead_log(path: str) -> None:
 
 def _begin_immediate(connection: Connection) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+async def lock_tenant(session: AsyncSession, tenant_uid: str) -> None:
+    """Hold the tenant's lock until ``session``'s transaction ends, so that a cap checked
+    (what is used, read) and then taken (a row written) in that transaction is exact: no
+    other transaction holding the lock reads in between. On PostgreSQL an advisory lock keyed
+    by the uid (every replica's transactions wait on it); on SQLite every transaction is
+    begun IMMEDIATE, holding the one write lock from its start, which serialises them
+    already."""
+    if session.get_bind().dialect.name == "postgresql":
+        await session.execute(
+            text("SELECT pg_advisory_xact_lock(CAST(:space AS integer), hashtext(:uid))"),
+            {"space": TENANT_LOCK_SPACE, "uid": tenant_uid},
+        )
 
 
 def sqlite_file(url: str) -> Path | None:

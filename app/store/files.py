@@ -13,6 +13,8 @@ from typing import Literal
 from sqlalchemy import and_, delete, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.errors import StorageLimitError
+from app.store.db import lock_tenant
 from app.store.tables import FileRow, QuotaRow, StoredResponseRow
 
 PURGE_BATCH = 500
@@ -45,19 +47,12 @@ class FileStore:
         self.retention = retention
         self.default_storage_bytes = default_storage_bytes
 
-    async def add(
-        self,
-        tenant_uid: str,
-        file_id: str,
-        *,
-        purpose: str,
-        filename: str,
-        size: int,
-        session: AsyncSession | None = None,
+    def row(
+        self, tenant_uid: str, file_id: str, *, purpose: str, filename: str, size: int
     ) -> FileRow:
-        """Record a file whose bytes are stored; in ``session``'s transaction where given."""
+        """The record of a file whose bytes are stored, created now, to be added."""
         created = _now()
-        row = FileRow(
+        return FileRow(
             id=file_id,
             tenant_uid=tenant_uid,
             purpose=purpose,
@@ -66,11 +61,28 @@ class FileStore:
             created_at=created,
             expires_at=created + self.retention,
         )
-        if session is not None:
+
+    async def add_within_cap(
+        self,
+        tenant_id: str,
+        tenant_uid: str,
+        file_id: str,
+        *,
+        purpose: str,
+        filename: str,
+        size: int,
+    ) -> FileRow:
+        """Record a file whose bytes are stored, where the tenant's storage has room for it;
+        else :class:`StorageLimitError`, nothing recorded. Exact: the room is counted and the
+        file recorded in one transaction under the tenant's lock, so uploads at once never
+        pass the cap together."""
+        row = self.row(tenant_uid, file_id, purpose=purpose, filename=filename, size=size)
+        async with self._sessions.begin() as session:
+            await lock_tenant(session, tenant_uid)
+            cap = await self._cap(session, tenant_id)
+            if await self._used(session, tenant_uid) + size > cap:
+                raise StorageLimitError(cap)
             session.add(row)
-            return row
-        async with self._sessions.begin() as own:
-            own.add(row)
         return row
 
     async def get(self, tenant_uid: str, file_id: str) -> FileRow | None:
@@ -143,21 +155,28 @@ class FileStore:
 
     async def storage_cap(self, tenant_id: str) -> int:
         """What the tenant's files and stored responses may hold together, in bytes."""
-        query = select(QuotaRow.storage_bytes).where(QuotaRow.tenant_id == tenant_id)
         async with self._sessions() as session:
-            cap = (await session.execute(query)).scalar_one_or_none()
-        return self.default_storage_bytes if cap is None else cap
+            return await self._cap(session, tenant_id)
 
     async def storage_used(self, tenant_uid: str) -> int:
         """What the tenant's files and stored responses hold, in bytes (expired ones count
         until they are purged)."""
+        async with self._sessions() as session:
+            return await self._used(session, tenant_uid)
+
+    async def _cap(self, session: AsyncSession, tenant_id: str) -> int:
+        query = select(QuotaRow.storage_bytes).where(QuotaRow.tenant_id == tenant_id)
+        cap = (await session.execute(query)).scalar_one_or_none()
+        return self.default_storage_bytes if cap is None else cap
+
+    @staticmethod
+    async def _used(session: AsyncSession, tenant_uid: str) -> int:
         files = select(func.coalesce(func.sum(FileRow.bytes), 0)).where(
             FileRow.tenant_uid == tenant_uid
         )
         responses = select(func.coalesce(func.sum(StoredResponseRow.size_bytes), 0)).where(
             StoredResponseRow.tenant_uid == tenant_uid
         )
-        async with self._sessions() as session:
-            used_by_files = (await session.execute(files)).scalar_one()
-            used_by_responses = (await session.execute(responses)).scalar_one()
+        used_by_files = (await session.execute(files)).scalar_one()
+        used_by_responses = (await session.execute(responses)).scalar_one()
         return int(used_by_files) + int(used_by_responses)

@@ -4,6 +4,7 @@ newest first; the usage rows of batch lines told from online ones."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -12,7 +13,10 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.store.batches import BatchStore, PendingLine, new_batch_id
+from app.admin import schemas
+from app.admin.service import AdminService
+from app.errors import StorageLimitError
+from app.store.batches import BatchStore, EnqueuedLimitPassed, PendingLine, new_batch_id
 from app.store.files import FileStore, new_file_id
 from app.store.tables import BatchRow, UsageRow
 from app.usage import UsageRecord, usage_by_bucket
@@ -21,11 +25,11 @@ from app.usage.ledger import write_records
 NOW = datetime.now(timezone.utc)
 
 
-def batch_row(tenant_uid: str = "uid-a") -> BatchRow:
+def batch_row(tenant_uid: str = "uid-a", tenant_id: str = "a") -> BatchRow:
     return BatchRow(
         id=new_batch_id(),
         tenant_uid=tenant_uid,
-        tenant_id="a",
+        tenant_id=tenant_id,
         key_id="key",
         endpoint="/v1/chat/completions",
         input_file_id=new_file_id(),
@@ -106,8 +110,8 @@ async def test_batches_and_files_page_newest_first_per_tenant(
     files = FileStore(sessions, timedelta(days=1), 1 << 20)
     made = [new_file_id() for _ in range(3)]
     for file_id in made:
-        await files.add("uid-a", file_id, purpose="batch", filename="f.jsonl", size=10)
-    await files.add("uid-b", new_file_id(), purpose="batch", filename="f.jsonl", size=7)
+        await files.add_within_cap("a", "uid-a", file_id, purpose="batch", filename="f", size=10)
+    await files.add_within_cap("b", "uid-b", new_file_id(), purpose="batch", filename="f", size=7)
     first = await files.page("uid-a", after=None, limit=2, order="desc", purpose=None)
     assert first is not None and first.has_more and len(first.files) == 2
     rest = await files.page("uid-a", after=first.files[-1].id, limit=2, order="desc", purpose=None)
@@ -142,3 +146,74 @@ async def test_usage_tells_batch_lines_from_online_requests(
     assert sorted((t.batch, t.requests) for t in grouped) == [(False, 1), (True, 1)]
     async with sessions() as session:
         assert (await session.execute(select(func.count(UsageRow.id)))).scalar_one() == 2
+
+
+async def tenant_with_quota(admin: AdminService, **quota: int) -> tuple[str, str]:
+    """A tenant with ``quota``: its id and uid."""
+    row = await admin.create_tenant("test", schemas.TenantCreate(id="acme", name="ACME"))
+    await admin.put_quota("test", row.id, schemas.TenantQuotaPut(**quota))
+    return row.id, row.uid
+
+
+async def test_files_recorded_at_once_never_pass_the_storage_cap_together(
+    sessions: async_sessionmaker[AsyncSession], admin: AdminService
+) -> None:
+    tenant_id, uid = await tenant_with_quota(admin, storage_bytes=1000)
+    files = FileStore(sessions, timedelta(days=1), 1 << 20)
+
+    async def add(size: int) -> bool:
+        try:
+            await files.add_within_cap(
+                tenant_id, uid, new_file_id(), purpose="batch", filename="f", size=size
+            )
+        except StorageLimitError as refused:
+            assert refused.param == "storage_bytes"
+            return False
+        return True
+
+    await asyncio.gather(*(files.storage_used(uid) for _ in range(6)))  # connections open
+    assert sum(await asyncio.gather(*(add(600) for _ in range(6)))) == 1
+    assert await files.storage_used(uid) == 600
+    assert await add(400), "up to the cap exactly"
+    assert not await add(1)
+
+
+async def test_batches_started_at_once_never_pass_the_enqueued_limit_together(
+    sessions: async_sessionmaker[AsyncSession], admin: AdminService
+) -> None:
+    tenant_id, uid = await tenant_with_quota(admin, batch_tokens_enqueued=1000)
+    store = BatchStore(sessions)
+    batches = [await store.create(batch_row(uid, tenant_id)) for _ in range(6)]
+    for batch in batches:
+        await store.add_lines(batch.id, [PendingLine(1, "c", {}, cost=600)])
+
+    async def start(batch_id: str) -> bool:
+        try:
+            return await store.start(batch_id, 1, {}, cost=600)
+        except EnqueuedLimitPassed as passed:
+            assert (passed.enqueued, passed.limit) == (600, 1000)
+            return False
+
+    await asyncio.gather(*(store.tokens_enqueued(uid) for _ in batches))  # connections open
+    assert sum(await asyncio.gather(*(start(b.id) for b in batches))) == 1
+    assert await store.tokens_enqueued(uid) == 600
+    [running] = [b for b in batches if (await store.by_id(b.id)).status == "in_progress"]  # type: ignore[union-attr]
+    assert not await store.start(running.id, 1, {}, cost=600), "started once"
+
+
+async def test_result_files_are_recorded_only_with_the_batch_they_finish(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    store = BatchStore(sessions)
+    files = FileStore(sessions, timedelta(days=1), 1 << 20)
+    batch = await store.create(batch_row())
+    output = files.row("uid-a", new_file_id(), purpose="batch_output", filename="o", size=9)
+    assert not await store.move(
+        batch.id, "completed", only_from=("finalizing",), files=[output], output_file_id=output.id
+    )
+    assert await files.storage_used("uid-a") == 0, "a batch that did not move records nothing"
+    assert await store.move(
+        batch.id, "completed", only_from=("validating",), files=[output], output_file_id=output.id
+    )
+    assert await files.storage_used("uid-a") == 9
+    assert (await store.by_id(batch.id)).output_file_id == output.id  # type: ignore[union-attr]

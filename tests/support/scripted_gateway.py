@@ -1,13 +1,17 @@
-"""A gateway over a scripted engine in a process of its own, for the tests that kill it:
+"""A gateway over a scripted engine in a process of its own, for the tests that kill it.
 
-    python -m tests.support.scripted_gateway STATE_DIR MODEL_DIR PORT [SETTING=VALUE ...]
+:func:`gateway_processes` starts them: each is forked from one server process that imported
+the gateway (vLLM and torch among it: most of a process's start) once, so a test that kills
+and starts its gateway again pays that import once, not at every start. Each gateway is
+still a process of its own, killed for real (SIGKILL) and started afresh on the same store.
 
-Its store and adapters are in STATE_DIR (kept from one process to the next, as the harness's
-settings keep them); each scripted request makes a token every 10 ms."""
+Its store and adapters are in ``state_dir`` (kept from one process to the next, as the
+harness's settings keep them); each scripted request makes a token every 10 ms."""
 
 from __future__ import annotations
 
-import sys
+import multiprocessing
+from multiprocessing.context import ForkServerContext
 from pathlib import Path
 
 from app.main import create_app
@@ -17,13 +21,16 @@ from tests.support.scripted_engine import ScriptedEngine
 STEP_SECONDS = 0.01
 
 
-def main() -> None:
-    state_dir, model_dir, port, *pairs = sys.argv[1:]
-    overrides = dict(pair.split("=", 1) for pair in pairs)
-    settings = app_settings(Path(state_dir), model=model_dir, port=int(port), **overrides)
+def run_gateway(state_dir: Path, model_dir: Path, port: int, overrides: dict[str, str]) -> None:
+    """Serve a scripted gateway on ``port`` until killed (a forked process's target)."""
+    settings = app_settings(state_dir, model=str(model_dir), port=port, **overrides)
     app = create_app(settings, engine_factory=scripted(ScriptedEngine(step_seconds=STEP_SECONDS)))
     uvicorn_server(app, settings).run()
 
 
-if __name__ == "__main__":
-    main()
+def gateway_processes() -> ForkServerContext:
+    """Where to start :func:`run_gateway` processes: a fork server that has this module (so
+    the gateway) imported before it forks each of them."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context

@@ -52,12 +52,21 @@ class Files:
     ) -> FileRow:
         """Keep the bytes of ``chunks`` as a new file of the tenant. Refused, with nothing
         kept: past ``max_bytes`` (413, as soon as it passes), past ``max_lines`` (400), or
-        past the tenant's storage cap (429)."""
+        past the tenant's storage cap (429; checked before the bytes are stored, and again,
+        exactly, as the file is recorded)."""
         path = self.spool_path()
         try:
             size = await self._spooled(chunks, path)
             await self.check_room(tenant, size)
-            return await self.keep(tenant, path, filename=filename, purpose=purpose, size=size)
+            file_id = new_file_id()
+            await asyncio.to_thread(self.contents.put, file_id, path)
+            try:
+                return await self.store.add_within_cap(
+                    tenant.id, tenant.uid, file_id, purpose=purpose, filename=filename, size=size
+                )
+            except BaseException:
+                await asyncio.to_thread(self.contents.delete, file_id)
+                raise
         finally:
             path.unlink(missing_ok=True)
 
@@ -86,25 +95,13 @@ class Files:
 
     async def check_room(self, tenant: Tenant, size: int) -> None:
         """Refuse (429) ``size`` more bytes past the tenant's storage cap; ``size`` 0 asks
-        whether anything more fits."""
+        whether anything more fits. A check before the work, not a claim: what is then
+        recorded is checked again in its own transaction (an upload), or may pass the cap
+        by its own size (a stored response, whose size is known only once it ran)."""
         cap = await self.store.storage_cap(tenant.id)
         used = await self.store.storage_used(tenant.uid)
         if used + size > cap or (size == 0 and used >= cap):
             raise StorageLimitError(cap)
-
-    async def keep(
-        self, tenant: Tenant, path: Path, *, filename: str, purpose: str, size: int
-    ) -> FileRow:
-        """Put the local file ``path`` (consumed) in storage, then record it for the tenant."""
-        file_id = new_file_id()
-        await asyncio.to_thread(self.contents.put, file_id, path)
-        try:
-            return await self.store.add(
-                tenant.uid, file_id, purpose=purpose, filename=filename, size=size
-            )
-        except BaseException:
-            await asyncio.to_thread(self.contents.delete, file_id)
-            raise
 
     async def get(self, tenant: Tenant, file_id: str) -> FileRow:
         row = await self.store.get(tenant.uid, file_id)

@@ -16,7 +16,8 @@ Every store call is shielded: a call cancelled halfway (the replica stops, the l
 finishes its transaction rather than leave it open holding the store's write lock.
 
 A line cut off by a crash (or by losing the lease) was never committed: it is pending still
-and runs again, and its lost attempt is billed nothing.
+and runs again, and its lost attempt is billed nothing (and, cut off here rather than killed,
+charged nothing to the token budget: :class:`BatchLine`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import uuid
 from asyncio import shield
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -40,9 +42,9 @@ from app.scheduling import AdmissionRefused
 from app.serving.batches.files import Files
 from app.serving.batches.lines import Services, as_pin, check_lines, parsed_body
 from app.serving.lifecycle.tracking import BatchLine, RequestTracker
-from app.store.batches import BatchStore, PendingLine
+from app.store.batches import BatchStore, EnqueuedLimitPassed, PendingLine
 from app.store.leases import Leases
-from app.store.tables import BatchRow
+from app.store.tables import BatchRow, FileRow
 from app.tenancy.registry import TenantRegistry
 from app.tenancy.tenants import ApiKey, Principal
 from app.usage.ledger import write_records
@@ -65,6 +67,11 @@ PENDING_PAGE = 256
 
 def lease_name(batch_id: str) -> str:
     return f"batch:{batch_id}"
+
+
+def result_file_id(batch_id: str, name: str) -> str:
+    """The id of the batch's ``name`` (output or error) file: the same on every try."""
+    return f"file-{uuid.uuid5(uuid.NAMESPACE_URL, f'{batch_id}/{name}').hex}"
 
 
 def batch_principal(registry: TenantRegistry, batch: BatchRow) -> Principal | None:
@@ -237,14 +244,15 @@ class BatchRunner:
                 prepare=self.tracker.prepare,
                 keep=keep,
             )
-        limit = await shield(self.store.enqueued_limit(batch.tenant_id))
-        if limit is not None and not checked.error_count:
-            enqueued = await shield(self.store.tokens_enqueued(batch.tenant_uid))
-            if enqueued + checked.cost > limit:
+        if not checked.error_count:
+            start = self.store.start(batch.id, checked.valid, checked.pins, cost=checked.cost)
+            try:
+                return await shield(start)
+            except EnqueuedLimitPassed as passed:
                 message = (
                     f"This batch's lines may use {checked.cost} tokens at worst; with your "
-                    f"other batches' unrun lines ({enqueued}) that passes your limit, "
-                    f"`batch_tokens_enqueued` ({limit})."
+                    f"other batches' unrun lines ({passed.enqueued}) that passes your limit, "
+                    f"`batch_tokens_enqueued` ({passed.limit})."
                 )
                 checked.error_count = 1
                 checked.errors.append(
@@ -252,14 +260,10 @@ class BatchRunner:
                         code="token_limit_exceeded", message=message, param="batch_tokens_enqueued"
                     )
                 )
-        if checked.error_count:
-            await shield(self.store.clear_lines(batch.id))
-            errors = {"object": "list", "data": [e.model_dump() for e in checked.errors]}
-            await shield(
-                self.store.move(batch.id, "failed", only_from=("validating",), errors=errors)
-            )
-            return False
-        return await shield(self.store.start(batch.id, checked.valid, checked.pins))
+        await shield(self.store.clear_lines(batch.id))
+        errors = {"object": "list", "data": [e.model_dump() for e in checked.errors]}
+        await shield(self.store.move(batch.id, "failed", only_from=("validating",), errors=errors))
+        return False
 
     async def _run_lines(self, batch: BatchRow, principal: Principal) -> Ending | None:
         """Run the pending lines, ``concurrency`` at once, until none is left (None), or the
@@ -331,7 +335,7 @@ class BatchRunner:
         batch ends, it is settled as such (what it produced billed); aborted otherwise (the
         replica stops), nothing is committed and it runs again later."""
         request_id = f"{batch.id}-{line.line}"
-        sink = BatchLine(batch.id)
+        sink = BatchLine(batch.id, ending=ending)
         status: Literal["ok", "error", "cancelled", "expired"] = "error"
         try:
             request = parsed_body(batch.endpoint, line.body)
@@ -398,9 +402,14 @@ class BatchRunner:
         )
 
     async def _finalize(self, batch: BatchRow, status: str, *, only_from: tuple[str, ...]) -> None:
-        """Write the output and error files, then move the batch to ``status`` with them."""
+        """Write the output and error files, then move the batch to ``status`` with them,
+        their records added in the same transaction. Their ids are the batch's own: a replica
+        cut off between storing them and that transaction leaves nothing recorded (nothing
+        counted against the tenant's storage), and the one that finalizes the batch again
+        stores them over the same ids."""
         tenant = self.registry().tenant(batch.tenant_id)
         file_ids: dict[str, str | None] = {"output_file_id": None, "error_file_id": None}
+        rows: list[FileRow] = []
         for field, statuses, name in (
             ("output_file_id", ("ok",), "output"),
             ("error_file_id", ("error", "expired", "cancelled"), "error"),
@@ -408,13 +417,25 @@ class BatchRunner:
             lines = await shield(self.store.outputs(batch.id, statuses))
             if not lines or tenant is None or tenant.uid != batch.tenant_uid:
                 continue
+            file_id = result_file_id(batch.id, name)
             path = await asyncio.to_thread(self._written, lines)
-            size = path.stat().st_size
-            row = await self.files.keep(
-                tenant, path, filename=f"{batch.id}_{name}.jsonl", purpose="batch_output", size=size
+            try:
+                size = path.stat().st_size
+                await asyncio.to_thread(self.files.contents.put, file_id, path)
+            finally:
+                path.unlink(missing_ok=True)
+            rows.append(
+                self.files.store.row(
+                    batch.tenant_uid,
+                    file_id,
+                    purpose="batch_output",
+                    filename=f"{batch.id}_{name}.jsonl",
+                    size=size,
+                )
             )
-            file_ids[field] = row.id
-        await shield(self.store.move(batch.id, status, only_from=only_from, **file_ids))
+            file_ids[field] = file_id
+        moved = self.store.move(batch.id, status, only_from=only_from, files=rows, **file_ids)
+        await shield(moved)
 
     def _written(self, lines: list[dict[str, Any]]) -> Path:
         path = self.files.spool_path()

@@ -74,13 +74,27 @@ class Batches:
         """Ask the batch's runner to stop it: ``cancelling`` now, ``cancelled`` once its lines
         in flight are settled. A batch already finished is a 400 (cancelling one twice is
         not)."""
-        row = await self.get(principal, batch_id)
+        return await self.cancel_of(principal.tenant.uid, batch_id)
+
+    async def cancel_of(self, tenant_uid: str, batch_id: str) -> BatchRow:
+        """:meth:`cancel` for the tenant ``tenant_uid`` (an operator's, in the console)."""
+        row = await self.store.get(tenant_uid, batch_id)
+        if row is None:
+            raise not_found(batch_id)
         if row.status in TERMINAL_STATUSES and row.status != "cancelled":
             raise BadRequestError(
                 f"Batch {batch_id} is {row.status}: it cannot be cancelled.", param="batch_id"
             )
         await self.store.move(batch_id, "cancelling", only_from=("validating", "in_progress"))
-        return await self.get(principal, batch_id)
+        cancelled = await self.store.get(tenant_uid, batch_id)
+        assert cancelled is not None
+        return cancelled
+
+    async def latest(self, tenant_uid: str, limit: int) -> list[BatchRow]:
+        """The tenant's ``limit`` newest batches."""
+        found = await self.store.page(tenant_uid, after=None, limit=limit)
+        assert found is not None  # no cursor: always a page
+        return found.batches
 
 
 def unix(moment: Any) -> int | None:

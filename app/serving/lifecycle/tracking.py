@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import AbstractContextManager, ExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -77,6 +78,20 @@ class BatchLine:
 
     batch_id: str
     records: list[UsageRecord] = field(default_factory=list)
+    ending: Sequence[str] = ()
+    """The batch's ending, once it ends (the runner's list, set before it aborts the lines in
+    flight). A line cancelled while it is empty was cut off (its replica stops, or lost the
+    batch): it is not billed, runs again, and so charges its token budget nothing."""
+    attempt: str = field(default_factory=lambda: uuid.uuid4().hex)
+    """This attempt's own: a line's request id is the same at every attempt, and a reservation
+    an attempt cut off by a kill left open must not stand in the way of the next."""
+
+    def reservation_id(self, request_id: str) -> str:
+        return f"{request_id}.{self.attempt}"
+
+    def cut_off(self, outcome: str) -> bool:
+        """Whether a line that ended with ``outcome`` was cut off, not ended by its batch."""
+        return outcome == "cancelled" and not self.ending
 
 
 def ticket_of(generation: Generation) -> Ticket:
@@ -217,6 +232,7 @@ class RequestTracker:
                 prechecked,
                 pinned,
                 overhead,
+                reservation_id=batch.reservation_id(request_id) if batch else request_id,
             )
             overhead.begin("engine")
             run = service.start(request, generation, reservation)
@@ -283,9 +299,11 @@ class RequestTracker:
         prechecked: bool,
         pinned: Pin | None,
         overhead: RequestOverhead,
+        *,
+        reservation_id: str,
     ) -> tuple[Generation, Reservation | None]:
-        """Resolve, pre-check, tokenise and reserve, or raise; a refusal holds nothing (what
-        ``holds`` holds is the caller's to let go)."""
+        """Resolve, pre-check, tokenise and reserve (as ``reservation_id``), or raise; a
+        refusal holds nothing (what ``holds`` holds is the caller's to let go)."""
         tenant = principal.tenant
         model = metrics.UNKNOWN_MODEL  # until resolved: refused names stay out of the labels
         try:
@@ -312,7 +330,7 @@ class RequestTracker:
             reservation = None
             if subjects:
                 reservation = await self._checked(
-                    self._quota.reserve(subjects, generation.worst_case_tokens, request_id),
+                    self._quota.reserve(subjects, generation.worst_case_tokens, reservation_id),
                     tenant,
                 )
                 if reservation.unchecked:
@@ -475,6 +493,8 @@ class RequestTracker:
         prompt_tokens, completion_tokens = run.prompt_tokens, run.completion_tokens
         if run.reservation is not None:
             actual = prompt_tokens + completion_tokens
+            if batch is not None and batch.cut_off(outcome):
+                actual = 0  # not billed: charged nothing (docs/batches.md)
             self._spawn(self._quota.reconcile(run.reservation, actual))
         tenant, model, endpoint = (
             generation.principal.tenant.id,

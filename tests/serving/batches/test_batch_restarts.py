@@ -4,18 +4,18 @@ lease has lapsed, and resumes it where it stopped. The output then has every ``c
 exactly once, and the ledger one record for each line, marked with the batch: no line lost,
 none run into the output twice, none billed twice.
 
-The gateway runs in a process of its own over a scripted engine
-(tests/support/scripted_gateway.py)."""
+The gateway runs in a process of its own over a scripted engine, forked from a server that
+imported it once (tests/support/scripted_gateway.py)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +25,14 @@ from sqlalchemy import create_engine, select
 from app.store.tables import UsageRow
 from tests.support.batches import chat_line, jsonl
 from tests.support.harness import admin_client_options
-from tests.support.servers import free_port, stop, wait_until_ready
+from tests.support.scripted_gateway import gateway_processes, run_gateway
+from tests.support.servers import free_port, wait_until_ready
 
 LINES = 40
 # Progress (lines finished) at which each of the three kills comes.
 KILL_POINTS = (4, 16, 28)
 START_TIMEOUT_S = 120
+STOP_TIMEOUT_S = 30
 SETTINGS = {
     "batch_poll_seconds": "0.05",
     "batch_lease_seconds": "1.0",
@@ -42,28 +44,32 @@ SETTINGS = {
 def gateway_process(state_dir: Path, model_dir: Path) -> Iterator[Gateway]:
     """A gateway process on the store in ``state_dir``, and a client of the tenant's."""
     port = free_port()
-    settings = [f"{name}={value}" for name, value in SETTINGS.items()]
-    arguments = [str(state_dir), str(model_dir), str(port), *settings]
-    process = subprocess.Popen([sys.executable, "-m", "tests.support.scripted_gateway", *arguments])
+    process = gateway_processes().Process(
+        target=run_gateway, args=(state_dir, model_dir, port, SETTINGS), daemon=True
+    )
+    process.start()
     base_url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_ready(
-            f"{base_url}/readyz", alive=lambda: process.poll() is None, timeout=START_TIMEOUT_S
-        )
+        wait_until_ready(f"{base_url}/readyz", alive=process.is_alive, timeout=START_TIMEOUT_S)
         yield Gateway(base_url, process)
     finally:
-        if process.poll() is None:
-            stop(process)
+        if process.is_alive():
+            process.terminate()
+            process.join(STOP_TIMEOUT_S)
+            if process.is_alive():
+                process.kill()
+                process.join()
 
 
 @dataclass
 class Gateway:
     base_url: str
-    process: subprocess.Popen[bytes]
+    process: BaseProcess
 
     def kill(self) -> None:
-        self.process.kill()
-        self.process.wait()
+        self.process.kill()  # SIGKILL: nothing of the gateway runs after it
+        self.process.join()
+        assert self.process.exitcode == -signal.SIGKILL
 
 
 def wait_for(http: httpx.Client, batch_id: str, done: Any, timeout: float = 120) -> dict[str, Any]:

@@ -6,6 +6,7 @@ another tenant's batch is a 404; cancel and expiry settle what ran."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -13,7 +14,9 @@ import openai
 import pytest
 from openai.types import Batch
 
-from tests.support.batches import FAST_BATCHES, chat_line, finished, read_jsonl, submitted
+from app.quota import Limits
+from app.store.batches import BatchStore
+from tests.support.batches import FAST_BATCHES, FINAL, chat_line, finished, read_jsonl, submitted
 from tests.support.responses import client
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.serving import TENANT, Served, ServeFactory, eventually, quota_usage
@@ -267,6 +270,61 @@ async def test_enqueued_batch_tokens_are_capped_by_the_tenants_quota(
         assert (await finished(api, running.id)).status == "cancelled"
 
 
+async def test_batches_validated_at_once_never_pass_the_enqueued_limit_together(
+    serve: ServeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start = BatchStore.start
+
+    async def slow_start(self: BatchStore, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.5)  # a loaded store: the other batch's check comes meanwhile
+        return await start(self, *args, **kwargs)
+
+    monkeypatch.setattr(BatchStore, "start", slow_start)
+    engine = ScriptedEngine(step_seconds=0.05)
+    # The runner looks for batches seldom: both are validated in the same turn.
+    async with serve(engine, batch_concurrency=1, batch_poll_seconds=2.0) as served:
+        api = client(served)
+        await served.admin("PUT", f"/tenants/{TENANT}/quota", {"batch_tokens_enqueued": 150_000})
+        lines = [chat_line(f"long-{i}", served.model, max_tokens=50_000) for i in range(2)]
+        ids = [(await submitted(api, lines)).id for _ in range(2)]
+        batches = [await finished(api, i, FINAL | {"in_progress"}) for i in ids]
+        assert sorted(b.status for b in batches) == ["failed", "in_progress"], "each fits alone"
+        [refused] = [b for b in batches if b.status == "failed"]
+        assert refused.errors is not None
+        assert [e.code for e in refused.errors.data or []] == ["token_limit_exceeded"]
+        for batch in batches:
+            if batch.status == "in_progress":
+                await api.batches.cancel(batch.id)
+                assert (await finished(api, batch.id)).status == "cancelled"
+
+
+async def test_a_crash_between_keeping_and_recording_the_output_leaves_nothing_counted(
+    serve: ServeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    crashes: list[str] = []
+    move = BatchStore.move
+
+    async def crashing_once(self: BatchStore, batch_id: str, status: str, **kw: Any) -> bool:
+        if status == "completed" and not crashes:
+            crashes.append(batch_id)
+            raise RuntimeError("the replica dies after keeping the output file")
+        return await move(self, batch_id, status, **kw)
+
+    monkeypatch.setattr(BatchStore, "move", crashing_once)
+    async with serve(ScriptedEngine(), **FAST_BATCHES) as served:
+        api = client(served)
+        lines = [chat_line(f"req-{i}", served.model, max_tokens=3) for i in range(3)]
+        batch = await finished(api, (await submitted(api, lines)).id)
+        assert crashes == [batch.id] and batch.status == "completed"
+        assert batch.output_file_id is not None
+        files = [f async for f in api.files.list()]
+        assert sorted(f.id for f in files) == sorted([batch.input_file_id, batch.output_file_id])
+        tenant = served.gateway.registry.tenant(TENANT)
+        assert tenant is not None
+        used = await served.gateway.files.store.storage_used(tenant.uid)
+        assert used == sum(f.bytes for f in files), "no orphan output file is counted"
+
+
 async def test_a_batch_whose_input_file_was_deleted_fails(serve: ServeFactory) -> None:
     # No poll comes by itself: the runner looks once the file is deleted.
     async with serve(ScriptedEngine(), batch_poll_seconds=3600) as served:
@@ -332,3 +390,41 @@ async def test_lines_skip_the_per_minute_limits_but_pay_the_token_budget(
             await api.chat.completions.create(
                 model=served.model, messages=[{"role": "user", "content": "hi"}], max_tokens=1
             )
+
+
+async def test_a_line_cut_off_runs_again_and_its_lost_attempt_is_charged_nothing(
+    serve: ServeFactory,
+) -> None:
+    engine = ScriptedEngine(step_seconds=0.05)
+    # No poll comes by itself: the test drives the batch.
+    async with serve(engine, batch_concurrency=2, batch_poll_seconds=3600) as served:
+        budget = Limits(token_budget=10**6, budget_period="day")
+        await served.set_quota(token_budget=budget.token_budget, budget_period="day")
+        api = client(served)
+        lines = [chat_line(f"req-{i}", served.model, max_tokens=6) for i in range(4)]
+        created = await submitted(api, lines)
+        # A replica killed while it ran line 1 left its reservation open (a quota store
+        # outlives the replica): its worst case stays charged, and it is in no one's way.
+        tenant = served.gateway.registry.tenant(TENANT)
+        assert tenant is not None
+        killed = [(tenant.quota_subject, budget)]
+        await served.gateway.quota.reserve(killed, 50, f"{created.id}-1")
+        runner = served.gateway.batch_runner
+        await runner.take_new()
+        # This replica's drive of the batch stops with lines in flight (as when its lease is
+        # lost): they are not committed, and run again once the batch is driven again.
+        await eventually(lambda: bool(served.engine.requests))
+        runner._driven[created.id].cancel()
+        await eventually(lambda: created.id not in runner._driven)
+        assert (await api.batches.retrieve(created.id)).status == "in_progress"
+        await runner.take_new()
+        batch = await finished(api, created.id)
+        assert batch.status == "completed", batch
+        assert batch.request_counts is not None
+        assert (batch.request_counts.completed, batch.request_counts.failed) == (4, 0)
+        await served.settled()
+        records = await served.usage_records()
+        assert sorted(r.request_id for r in records) == [f"{batch.id}-{n}" for n in range(1, 5)]
+        used = await quota_usage(served)
+        billed = sum(r.prompt_tokens + r.completion_tokens for r in records)
+        assert used.budget_used == billed + 50, "the attempts cut off here are charged nothing"

@@ -159,3 +159,21 @@ async def test_an_upload_must_be_multipart_with_a_file(serve: ServeFactory) -> N
         answer = await http.post("/v1/files", data={"purpose": "batch"}, files={})
         assert answer.status_code == 400
         assert isinstance(answer, httpx.Response)
+
+
+async def test_concurrent_uploads_never_pass_the_storage_cap_together(serve: ServeFactory) -> None:
+    async with serve(ScriptedEngine()) as served:
+        await served.admin("PUT", f"/tenants/{TENANT}/quota", {"storage_bytes": 1000})
+        api = client(served)
+
+        async def upload(n: int) -> FileObject | None:
+            try:
+                return await api.files.create(file=(f"{n}.jsonl", b"x" * 600), purpose="batch")
+            except openai.RateLimitError:
+                return None
+
+        kept = [f for f in await asyncio.gather(*(upload(n) for n in range(4))) if f is not None]
+        assert len(kept) == 1, "each upload fits alone, no two together"
+        tenant = served.gateway.registry.tenant(TENANT)
+        assert tenant is not None
+        assert await served.gateway.files.store.storage_used(tenant.uid) == 600
