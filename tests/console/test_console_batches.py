@@ -22,7 +22,9 @@ async def test_an_operator_sees_a_tenants_batches_and_cancels_one(serve: ServeFa
         console(served.base_url) as ui,
     ):
         api = client(served)
-        done = await finished(api, (await submitted(api, [chat_line("a", served.model, max_tokens=2)])).id)
+        done = await finished(
+            api, (await submitted(api, [chat_line("a", served.model, max_tokens=2)])).id
+        )
         assert done.status == "completed"
         long = [chat_line(f"long-{i}", served.model, max_tokens=100_000) for i in range(3)]
         running = await finished(api, (await submitted(api, long)).id, frozenset({"in_progress"}))
