@@ -13,6 +13,14 @@ from vllm import CompletionOutput, RequestOutput
 from tests.support.scripted_engine import ScriptedEngine, ScriptedRequest
 from tests.support.serving import Served
 
+OTHER = "tenant-b"
+
+
+async def other_tenants_key(served: Served) -> str:
+    """A key of a second tenant, created on ``served``."""
+    await served.admin("POST", "/tenants", {"id": OTHER, "name": "B", "allow_base_model": True})
+    return str((await served.admin("POST", f"/tenants/{OTHER}/keys", {"name": "k"}))["key"])
+
 
 def client(served: Served) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{served.base_url}/v1", api_key=served.key, max_retries=0)

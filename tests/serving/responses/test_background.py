@@ -19,8 +19,7 @@ from app.serving.responses.background import lease_name
 from app.store.leases import Leases
 from app.store.responses import StoredResponse
 from app.store.tables import LeaseRow
-from tests.serving.responses.test_stored import other_tenants_key
-from tests.support.responses import client, strict
+from tests.support.responses import client, other_tenants_key, strict
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.serving import TENANT, Served, ServeFactory, eventually, quota_usage
 

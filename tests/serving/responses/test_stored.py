@@ -14,11 +14,9 @@ import pytest
 from sqlalchemy import event
 
 from bench.random_adapters import make_random_adapter
-from tests.support.responses import client, strict
+from tests.support.responses import client, other_tenants_key, strict
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.serving import TENANT, Served, ServeFactory
-
-OTHER = "tenant-b"
 
 
 def register_versions(served_root: Path, model_dir: Path) -> None:
@@ -26,11 +24,6 @@ def register_versions(served_root: Path, model_dir: Path) -> None:
         make_random_adapter(
             model_dir, served_root / f"helper-{seed}", rank=4, target_modules=("q_proj",), seed=seed
         )
-
-
-async def other_tenants_key(served: Served) -> str:
-    await served.admin("POST", "/tenants", {"id": OTHER, "name": "B", "allow_base_model": True})
-    return str((await served.admin("POST", f"/tenants/{OTHER}/keys", {"name": "k"}))["key"])
 
 
 async def create(served: Served, **fields: Any) -> dict[str, Any]:
