@@ -211,8 +211,10 @@ class SignedIn:
     target: FuzzTarget
 
     def path(self, route: APIRoute, values: dict[str, str] | None = None) -> str:
-        """``route``'s path, its parameters the seeds' objects unless ``values`` says."""
-        known = {**KNOWN_PATH_PARAMETERS, "version": KNOWN_VERSION, **(values or {})}
+        """``route``'s path, its parameters the seeds' objects unless ``values`` says (one
+        that names no seed, say a batch's id: an object that does not exist)."""
+        missing = dict.fromkeys(path_parameters(route), "none")
+        known = {**missing, **KNOWN_PATH_PARAMETERS, "version": KNOWN_VERSION, **(values or {})}
         return route.path.format(**{name: quote(known[name], safe="") for name in known})
 
     def send(

@@ -27,7 +27,11 @@ def stored(response_id: str) -> StoredResponse:
         model="notes",
         adapter="scribe",
         adapter_version=3,
-        body={"id": response_id, "output": [{"type": "message", "content": [{"text": "é"}]}]},
+        body={
+            "id": response_id,
+            "status": "completed",
+            "output": [{"type": "message", "content": [{"text": "é"}]}],
+        },
         input_items=[{"id": "msg_1", "type": "message"}],
         context=[{"id": "msg_0", "type": "message"}],
     )
