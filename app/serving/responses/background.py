@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 from asyncio import shield
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -116,26 +116,16 @@ class BackgroundResponses:
         except BaseException:
             await shield(self.leases.release(lease_name(response_id)))
             raise
-        work = self._run(service, translated, principal, request_id, pinned, queued, prechecked)
-        self._running[response_id] = _Running(self.spawn(work))
+        execution = self._execute(
+            service, translated, principal, request_id, pinned, queued, prechecked
+        )
+        self._running[response_id] = _Running(self.spawn(self._run(response_id, execution)))
         return queued
 
-    async def _run(
-        self,
-        service: ResponsesService,
-        translated: Translated,
-        principal: Principal,
-        request_id: str,
-        pinned: Pin | None,
-        queued: dict[str, Any],
-        prechecked: bool,
-    ) -> None:
-        """Run the response while renewing its lease; stop it once the lease is lost (a sweep
-        elsewhere has failed it) or it was cancelled on another replica."""
-        response_id = translated.response_id
-        work = asyncio.create_task(
-            self._execute(service, translated, principal, request_id, pinned, queued, prechecked)
-        )
+    async def _run(self, response_id: str, execution: Coroutine[Any, Any, None]) -> None:
+        """Run the response (``execution``) while renewing its lease; stop it once the lease is
+        lost (a sweep elsewhere has failed it) or it was cancelled on another replica."""
+        work = asyncio.create_task(execution)
         watch = asyncio.create_task(self._renew(response_id))
         try:
             done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
