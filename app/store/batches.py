@@ -12,23 +12,18 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any, Literal
 
 from sqlalchemy import and_, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.store.db import lock_tenant
+from app.store.db import lock_tenant, now
 from app.store.tables import BatchLineRow, BatchRow, FileRow, QuotaRow
 
 ACTIVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
 LineStatus = Literal["pending", "ok", "error", "expired", "cancelled"]
 INSERT_CHUNK = 500
 """Lines one write records, or one read takes."""
-
-
-def now() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def new_batch_id() -> str:

@@ -16,6 +16,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 
 from alembic import command
@@ -38,6 +39,11 @@ UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57")
 """PostgreSQL's error classes that say the server cannot serve now, whatever was sent: a
 connection exception, insufficient resources (too many connections, disk full), operator
 intervention (shutting down, or starting up and recovering after a crash)."""
+
+
+def now() -> datetime:
+    """The time the store's rows are stamped with, and compared against: UTC."""
+    return datetime.now(timezone.utc)
 
 
 def store_is_down(exc: BaseException) -> bool:

@@ -7,21 +7,17 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from typing import Literal
 
 from sqlalchemy import and_, delete, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.errors import StorageLimitError
-from app.store.db import lock_tenant
+from app.store.db import lock_tenant, now
 from app.store.tables import FileRow, QuotaRow, StoredResponseRow
 
 PURGE_BATCH = 500
-
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def new_file_id() -> str:
@@ -51,7 +47,7 @@ class FileStore:
         self, tenant_uid: str, file_id: str, *, purpose: str, filename: str, size: int
     ) -> FileRow:
         """The record of a file whose bytes are stored, created now, to be added."""
-        created = _now()
+        created = now()
         return FileRow(
             id=file_id,
             tenant_uid=tenant_uid,
@@ -87,7 +83,7 @@ class FileStore:
 
     async def get(self, tenant_uid: str, file_id: str) -> FileRow | None:
         query = select(FileRow).where(
-            FileRow.id == file_id, FileRow.tenant_uid == tenant_uid, FileRow.expires_at > _now()
+            FileRow.id == file_id, FileRow.tenant_uid == tenant_uid, FileRow.expires_at > now()
         )
         async with self._sessions() as session:
             return (await session.execute(query)).scalar_one_or_none()
@@ -103,7 +99,7 @@ class FileStore:
     ) -> FilePage | None:
         """The tenant's files by creation time, at most ``limit`` after the file ``after``;
         None where ``after`` is not one of its files."""
-        query = select(FileRow).where(FileRow.tenant_uid == tenant_uid, FileRow.expires_at > _now())
+        query = select(FileRow).where(FileRow.tenant_uid == tenant_uid, FileRow.expires_at > now())
         if purpose is not None:
             query = query.where(FileRow.purpose == purpose)
         newest_first = order == "desc"
@@ -139,7 +135,7 @@ class FileStore:
         """Up to ``batch`` ids of files past their expiry, oldest first."""
         query = (
             select(FileRow.id)
-            .where(FileRow.expires_at <= _now())
+            .where(FileRow.expires_at <= now())
             .order_by(FileRow.expires_at)
             .limit(batch)
         )

@@ -16,13 +16,13 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from typing import Any, Literal
 
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.store.db import store_is_down
+from app.store.db import now, store_is_down
 from app.store.tables import StoredResponseRow
 
 logger = logging.getLogger(__name__)
@@ -61,10 +61,6 @@ SAVE_BATCH = 256
 _Pending = tuple[dict[str, Any], "asyncio.Future[None]"]
 
 
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
 class ResponseStore:
     def __init__(self, sessions: async_sessionmaker[AsyncSession], retention: timedelta) -> None:
         """Responses are kept for ``retention``: an older one is not found, and
@@ -93,7 +89,7 @@ class ResponseStore:
             "input_items": response.input_items,
             "context": response.context,
             "size_bytes": size,
-            "created_at": _now(),
+            "created_at": now(),
         }
         stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append((row, stored))
@@ -139,7 +135,7 @@ class ResponseStore:
         query = select(StoredResponseRow).where(
             StoredResponseRow.id == response_id,
             StoredResponseRow.tenant_uid == tenant_uid,
-            StoredResponseRow.created_at >= _now() - self.retention,
+            StoredResponseRow.created_at >= now() - self.retention,
         )
         async with self._sessions() as session:
             row = (await session.execute(query)).scalar_one_or_none()
@@ -216,7 +212,7 @@ class ResponseStore:
     async def purge(self, batch: int = PURGE_BATCH) -> int:
         """Delete the responses older than the retention, ``batch`` rows a transaction, oldest
         first; how many were deleted."""
-        cutoff = _now() - self.retention
+        cutoff = now() - self.retention
         purged = 0
         while True:
             oldest = (

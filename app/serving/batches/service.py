@@ -9,7 +9,8 @@ from typing import Any
 from app.errors import BadRequestError, BatchTokensLimitError, NotFoundError
 from app.protocol.batches import TERMINAL_STATUSES, BatchCreate
 from app.serving.batches.files import Files
-from app.store.batches import BatchPage, BatchStore, new_batch_id, now
+from app.store.batches import BatchPage, BatchStore, new_batch_id
+from app.store.db import now
 from app.store.tables import BatchRow
 from app.tenancy.tenants import Principal
 
