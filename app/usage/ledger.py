@@ -132,7 +132,11 @@ class UsageLedger:
         self._dropped: tuple[UsageRecord, UsageRecord] | None = None
         self._dropped_count = 0
         self._last_drop_log = 0.0
-        self._report()
+        # What this ledger last added to the gauge: it adds its changes, so that ledgers
+        # sharing a process (tests serving gateways side by side) sum rather than overwrite.
+        self._queued_gauge = metrics.USAGE_PENDING.labels("queued")
+        self._writing_gauge = metrics.USAGE_PENDING.labels("writing")
+        self._reported = (0, 0)
 
     @property
     def pending(self) -> int:
@@ -337,5 +341,8 @@ class UsageLedger:
             )
 
     def _report(self) -> None:
-        metrics.USAGE_PENDING.labels("queued").set(len(self._pending))
-        metrics.USAGE_PENDING.labels("writing").set(self._writing)
+        queued, writing = len(self._pending), self._writing
+        if (queued, writing) != self._reported:
+            self._queued_gauge.inc(queued - self._reported[0])
+            self._writing_gauge.inc(writing - self._reported[1])
+            self._reported = (queued, writing)

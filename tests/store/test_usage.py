@@ -129,6 +129,8 @@ async def test_while_the_store_is_down_the_backlog_is_kept_bounded_and_logged(
     down_sessions: async_sessionmaker[AsyncSession], caplog: pytest.LogCaptureFixture
 ) -> None:
     ledger = UsageLedger(down_sessions, backlog_max=3, close_timeout=5)
+    # Another ledger in this process (a gateway served on a thread) adds its own.
+    others = pending_gauge()
     dropped = counted("dropped")
     with caplog.at_level(logging.ERROR, logger="app.usage"):
         for n in range(5):
@@ -136,7 +138,7 @@ async def test_while_the_store_is_down_the_backlog_is_kept_bounded_and_logged(
         for _ in range(2):
             with pytest.raises(Exception):  # noqa: B017 - whatever the driver raises
                 await ledger.flush()
-        assert (ledger.pending, pending_gauge()) == (3, 3)
+        assert (ledger.pending, pending_gauge() - others) == (3, 3)
         assert counted("dropped") == dropped + 2  # the two oldest
         logged = counted("logged")
         await ledger.close()  # still down at shutdown: what is left goes to the log
@@ -157,7 +159,22 @@ async def test_while_the_store_is_down_the_backlog_is_kept_bounded_and_logged(
         "r4",
     ]
     assert counted("logged") == logged + 3
-    assert (ledger.pending, pending_gauge()) == (0, 0)
+    assert (ledger.pending, pending_gauge() - others) == (0, 0)
+
+
+async def test_ledgers_in_one_process_add_up_in_the_pending_gauge(
+    down_sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    before = pending_gauge()
+    first, second = UsageLedger(down_sessions), UsageLedger(down_sessions)
+    first.record(record(1, model="b", key="k", day=DAY, prompt=1, completion=1))
+    second.record(record(2, model="b", key="k", day=DAY, prompt=1, completion=1))
+    second.record(record(3, model="b", key="k", day=DAY, prompt=1, completion=1))
+    assert pending_gauge() - before == 3
+    await first.close()  # the store is down: its one record goes to the log
+    assert pending_gauge() - before == 2
+    await second.close()
+    assert pending_gauge() == before
 
 
 async def test_records_wait_while_postgres_starts_up() -> None:
