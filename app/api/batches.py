@@ -56,13 +56,7 @@ async def list_batches(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> BatchList:
     found = await gateway.batches.page(principal, after=after, limit=limit)
-    data = [batch_object(row) for row in found.batches]
-    return BatchList(
-        data=data,
-        first_id=data[0].id if data else None,
-        last_id=data[-1].id if data else None,
-        has_more=found.has_more,
-    )
+    return BatchList(data=[batch_object(row) for row in found.batches], has_more=found.has_more)
 
 
 @router.get("/batches/{batch_id}", response_model=Batch, responses=ERROR_RESPONSES)

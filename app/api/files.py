@@ -101,13 +101,7 @@ async def list_files(
     found = await gateway.files.page(
         principal.tenant, after=after, limit=limit, order=order, purpose=purpose
     )
-    data = [file_object(row) for row in found.files]
-    return FileList(
-        data=data,
-        first_id=data[0].id if data else None,
-        last_id=data[-1].id if data else None,
-        has_more=found.has_more,
-    )
+    return FileList(data=[file_object(row) for row in found.files], has_more=found.has_more)
 
 
 @router.get("/files/{file_id}", response_model=FileObject, responses=ERROR_RESPONSES)

@@ -138,10 +138,4 @@ async def list_input_items(
     found = page(stored.input_items, after=after, limit=limit, order=order)
     if found is None:
         raise BadRequestError(f"No input item with id '{after}' in this response.", param="after")
-    items = found.items
-    return InputItemList(
-        data=items,
-        first_id=items[0]["id"] if items else None,
-        last_id=items[-1]["id"] if items else None,
-        has_more=found.has_more,
-    )
+    return InputItemList(data=found.items, has_more=found.has_more)

@@ -6,6 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from app.protocol.common import ObjectList
+
 BatchEndpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]
 BatchStatus = Literal[
     "validating",
@@ -75,9 +77,5 @@ class Batch(BaseModel):
     metadata: Metadata | None = None
 
 
-class BatchList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[Batch]
-    first_id: str | None
-    last_id: str | None
-    has_more: bool
+class BatchList(ObjectList[Batch]):
+    pass

@@ -1,10 +1,11 @@
-"""What every request model shares: the base model and JSON's types, strictly."""
+"""What every request model shares: the base model and JSON's types, strictly; and the
+shape of a page of a list, as every list endpoint answers."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, computed_field
 from pydantic_core import PydanticCustomError
 
 
@@ -38,3 +39,28 @@ Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX), JsonNumber]
 
 
 TokenCount = Annotated[int, Field(ge=1, le=INT64_MAX), JsonNumber]
+
+
+Item = TypeVar("Item")
+
+
+class ObjectList(BaseModel, Generic[Item]):
+    """One page of a list, as OpenAI pages lists: ``last_id`` is the next page's ``after``."""
+
+    object: Literal["list"] = "list"
+    data: list[Item]
+    has_more: bool
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def first_id(self) -> str | None:
+        return _id(self.data[0]) if self.data else None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def last_id(self) -> str | None:
+        return _id(self.data[-1]) if self.data else None
+
+
+def _id(item: Any) -> str:
+    return str(item["id"] if isinstance(item, dict) else item.id)

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from app.protocol.common import ObjectList
+
 FilePurpose = Literal["batch", "batch_output"]
 
 
@@ -21,12 +23,8 @@ class FileObject(BaseModel):
     status_details: str | None = None
 
 
-class FileList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[FileObject]
-    first_id: str | None
-    last_id: str | None
-    has_more: bool
+class FileList(ObjectList[FileObject]):
+    pass
 
 
 class DeletedFile(BaseModel):

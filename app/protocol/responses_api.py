@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from app.protocol.common import Flag, JsonNumber, OpenAIModel, TokenCount
+from app.protocol.common import Flag, JsonNumber, ObjectList, OpenAIModel, TokenCount
 from app.protocol.requests import (
     MAX_MESSAGES,
     MAX_TOOLS,
@@ -380,11 +380,5 @@ class DeletedResponse(BaseModel):
     deleted: Literal[True] = True
 
 
-class InputItemList(BaseModel):
-    """One page of a stored response's input items, paged as OpenAI pages lists."""
-
-    object: Literal["list"] = "list"
-    data: list[dict[str, Any]]
-    first_id: str | None
-    last_id: str | None
-    has_more: bool
+class InputItemList(ObjectList[dict[str, Any]]):
+    """One page of a stored response's input items."""
