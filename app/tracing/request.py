@@ -25,9 +25,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import Token
 from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry import context, trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -177,13 +179,13 @@ class RequestTrace:
         self._closing = self._settling = self._failed = False
         self._engine_began = 0.0
 
-    def attach(self) -> object:
+    def attach(self) -> Token[Context]:
         """Make the request's span current in this context; the token to :meth:`detach`."""
         return context.attach(self._context)
 
     @staticmethod
-    def detach(token: object) -> None:
-        context.detach(token)  # type: ignore[arg-type]
+    def detach(token: Token[Context]) -> None:
+        context.detach(token)
 
     def begin(self, name: str, under: str | None = None) -> Span:
         """Open the child span ``name``, under the open span ``under`` or the request's."""
