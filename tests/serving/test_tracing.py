@@ -103,7 +103,7 @@ async def test_the_engine_is_handed_the_engine_spans_context_and_the_request_spa
     engine_span = tree["engine"].context
     handed = engine.started()[0].trace_headers
     assert handed is not None and set(handed) == {"traceparent"}
-    version, trace_id, span_id, flags = handed["traceparent"].split("-")
+    _, trace_id, span_id, flags = handed["traceparent"].split("-")
     assert (trace_id, span_id) == (f"{engine_span.trace_id:032x}", f"{engine_span.span_id:016x}")
     assert int(flags, 16) & 1, "sampled"
     assert seen == [f"{engine_span.trace_id:032x}"]
