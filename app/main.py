@@ -9,7 +9,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI
 
-from app import __version__
+from app import __version__, tracing
 from app.api import batches, files, health, metrics, openai, organization, responses
 from app.api.admin import router as admin_router
 from app.api.admin.failure_audit import AuthFailureThrottle
@@ -38,6 +38,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Before the engine: vLLM's in-process spans go to the gateway's tracer provider.
+        tracing.configure()
         async with AsyncExitStack() as stack:
             # First in, last out: the engine's processes, spawned below, inherit
             # the directory; it goes once they have shut down.

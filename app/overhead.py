@@ -27,7 +27,7 @@ clock reads.
 from __future__ import annotations
 
 import time
-from typing import Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from app import metrics
 
@@ -67,11 +67,14 @@ class RequestOverhead:
     """One request's time in the gateway's own code, phase by phase, in ``role``;
     ``header``: whether its response carries the ``x-gateway-overhead-ms`` header."""
 
-    __slots__ = ("_began", "_seconds", "header_wanted", "role")
+    __slots__ = ("_began", "_seconds", "header_wanted", "role", "trace")
 
     def __init__(self, role: str, *, header: bool = False) -> None:
         self.role = role
         self.header_wanted = header
+        self.trace: Any = None
+        """The request's trace, where it is traced (app.tracing's ``RequestTrace``, which a
+        hook finds here; this module knows nothing of it)."""
         self._seconds: dict[Phase, float] = dict.fromkeys(PHASES, 0.0)
         self._began = 0.0
 

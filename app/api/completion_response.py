@@ -14,11 +14,13 @@ import anyio
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from app import tracing
 from app.api.errors import PRECHECKED, render
 from app.api.streaming_app import SERVER_SEND, body_writer
 from app.errors import GatewayError
 from app.overhead import STATE as OVERHEAD_STATE
 from app.overhead import RequestOverhead
+from app.protocol import SamplingFields
 from app.serving.lifecycle.runs import ClientDisconnected, Request, Service
 from app.serving.lifecycle.tracking import RequestTracker
 from app.tenancy.grants import Pin
@@ -56,6 +58,16 @@ class CompletionResponse(Response, Generic[Request]):
         overhead: RequestOverhead | None = scope.get("state", {}).get(OVERHEAD_STATE)
         if overhead is not None:
             overhead.end("authentication")
+        request_trace = tracing.of(overhead)
+        if request_trace is not None:
+            principal = self._principal
+            request_trace.identified(
+                principal.tenant.id,
+                principal.key_id,
+                request.model,
+                _completion_limit(request),
+                request.stream,
+            )
         try:
             tracked = self._tracker.track(
                 service,
@@ -82,6 +94,8 @@ class CompletionResponse(Response, Generic[Request]):
         except ClientDisconnected:
             return
         except GatewayError as exc:
+            if request_trace is not None:
+                request_trace.failed(exc)
             if streamed is not None and streamed.started:
                 raise
             await render(exc)(scope, receive, send)
@@ -162,6 +176,13 @@ def _with_overhead(headers: dict[str, str], overhead: RequestOverhead | None) ->
         name, value = overhead.header()
         headers[name] = value
     return headers
+
+
+def _completion_limit(request: SamplingFields) -> int | None:
+    """The completion tokens ``request`` asks for at most (chat's ``max_completion_tokens``
+    first), as the client sent it."""
+    limit: int | None = getattr(request, "completion_limit", request.max_tokens)
+    return limit
 
 
 def _body_bytes(scope: Scope) -> int | None:

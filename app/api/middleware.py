@@ -9,6 +9,7 @@ from starlette._utils import get_route_path
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app import tracing
 from app.api.admin.deps import INVALID_ADMIN_TOKEN
 from app.api.admin.failure_audit import (
     AuthFailureThrottle,
@@ -118,11 +119,40 @@ class EarlyRefusalMiddleware:
             return
         path = get_route_path(scope)
         gateway: Gateway | None = getattr(getattr(scope.get("app"), "state", None), "gateway", None)
+        request_trace = None
         if gateway is not None and path in GENERATION_ENDPOINTS:
             settings = gateway.settings
             overhead = RequestOverhead(settings.role, header=settings.overhead_header)
+            state = scope.setdefault("state", {})
+            request_trace = tracing.start(
+                overhead, scope["headers"], GENERATION_ENDPOINTS[path], state.get("request_id")
+            )
             overhead.begin("authentication")  # ends as the route's response runs
-            scope.setdefault("state", {})[OVERHEAD_STATE] = overhead
+            state[OVERHEAD_STATE] = overhead
+        if request_trace is None:
+            await self._serve(scope, receive, send, path, gateway, None)
+            return
+        # Current for the request's lifetime: whatever it runs, logs or calls upstream
+        # happens in its trace.
+        token = request_trace.attach()
+        try:
+            await self._serve(scope, receive, send, path, gateway, request_trace)
+        except Exception as exc:
+            request_trace.failed(exc)
+            raise
+        finally:
+            request_trace.close()
+            request_trace.detach(token)
+
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        path: str,
+        gateway: Gateway | None,
+        request_trace: tracing.RequestTrace | None,
+    ) -> None:
         headers = Headers(scope=scope)
         refusal = await self._check_credentials(scope, path, headers, gateway)
         limit = self._body_limit(scope, path, headers)
@@ -131,6 +161,8 @@ class EarlyRefusalMiddleware:
             if is_admin_path(path):
                 await record_admin_failure(gateway, scope, path, "rejected", refusal.message)
         if refusal is not None:
+            if request_trace is not None:
+                request_trace.failed(refusal)
             await _refuse(refusal, scope, send)
             return
         if _declared_length_only(headers):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -31,6 +31,7 @@ class Engine(Protocol):
         adapter: Adapter | None,
         cache_salt: str | None = None,
         on_abandoned: Callable[[RequestOutput], None] | None = None,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream outputs of one request (deltas), as the engine hands them over: with a
         ``stream_interval`` of N, the first token, then every N, and the last.
@@ -42,7 +43,8 @@ class Engine(Protocol):
 
         Requests share prefix-cache entries only when their ``cache_salt``
         is equal (and their adapter version too). :class:`AdapterLoadFailed` when the
-        adapter failed to load, before any output.
+        adapter failed to load, before any output. ``trace_headers`` (``traceparent``): the
+        span the engine's own span of the request goes under, where it traces requests.
         """
 
     async def abort(self, request_id: str) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import platform
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -23,6 +23,7 @@ from vllm.v1.engine.output_processor import RequestOutputCollector
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
+from app import tracing
 from app.engine.base import AdapterLoadFailed, EngineLoad
 from app.errors import BadRequestError, EngineUnavailableError
 from app.inside_vllm import slot_sharing
@@ -39,9 +40,13 @@ X86 = ("x86_64", "AMD64")
 # vLLM's CPU attention takes KV blocks of a multiple of 32 tokens only (an engine asked for 16
 # fails to start): the smallest of them.
 CPU_KV_BLOCK_SIZE = 32
+VLLM_TRACES_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+VLLM_PROTOCOL_ENV = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 
 
-def engine_args(settings: Settings) -> AsyncEngineArgs:
+def engine_args(settings: Settings, otlp_traces_endpoint: str | None = None) -> AsyncEngineArgs:
+    """vLLM's arguments for ``settings``; with ``otlp_traces_endpoint``, vLLM traces each
+    request that comes with trace headers (app/tracing: under the gateway's span)."""
     return AsyncEngineArgs(
         model=settings.model,
         served_model_name=settings.base_model_id,
@@ -61,6 +66,7 @@ def engine_args(settings: Settings) -> AsyncEngineArgs:
         enforce_eager=settings.enforce_eager,
         seed=settings.seed,
         structured_outputs_config=structured_outputs_config(settings.structured_outputs_compact),
+        otlp_traces_endpoint=otlp_traces_endpoint,
         **slot_sharing_options(settings),
     )
 
@@ -180,6 +186,7 @@ class VLLMEngine:
         adapter: Adapter | None,
         cache_salt: str | None = None,
         on_abandoned: Callable[[RequestOutput], None] | None = None,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """The engine's outputs; its refusal of the request, before any output, is a
         :class:`BadRequestError` (400) naming the parameter where vLLM does; a dead engine is
@@ -191,7 +198,9 @@ class VLLMEngine:
         through that: cancelled, it aborts the request and drops the abort's last output,
         which carries the tokens a stream interval held back (vLLM's output processor hands
         them over only then). Here that output goes to ``on_abandoned``."""
-        collector = await self._added(prompt_token_ids, params, request_id, adapter, cache_salt)
+        collector = await self._added(
+            prompt_token_ids, params, request_id, adapter, cache_salt, trace_headers
+        )
         finished = False
         try:
             while not finished:
@@ -220,6 +229,7 @@ class VLLMEngine:
         request_id: str,
         adapter: Adapter | None,
         cache_salt: str | None,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> RequestOutputCollector:
         """The request, given to the engine; its output collector."""
         try:
@@ -228,6 +238,7 @@ class VLLMEngine:
                 tokens_input(list(prompt_token_ids), cache_salt=cache_salt),
                 params,
                 lora_request=lora_request(adapter) if adapter is not None else None,
+                trace_headers=trace_headers,
             )
         except EngineDeadError as exc:
             raise EngineUnavailableError("The inference engine is not running.") from exc
@@ -294,8 +305,12 @@ def _request_refusal(exc: BaseException) -> BadRequestError | None:
 
 
 @asynccontextmanager
-async def start_vllm_engine(settings: Settings) -> AsyncIterator[VLLMEngine]:
-    """The running engine; shut down (child processes included) on exit.
+async def start_vllm_engine(
+    settings: Settings, *, otlp_traces_endpoint: str | None = None
+) -> AsyncIterator[VLLMEngine]:
+    """The running engine; shut down (child processes included) on exit. vLLM traces the
+    requests the gateway traces where tracing is on (``OTEL_*``, app/tracing), or where
+    ``otlp_traces_endpoint`` is given.
 
     Refuses to start (:class:`~app.inside_vllm.plugin.IsolationFixUnavailable`) on CPU when
     the isolation fix would not be active in the engine's processes."""
@@ -309,18 +324,29 @@ async def start_vllm_engine(settings: Settings) -> AsyncIterator[VLLMEngine]:
     # process, later decides afresh.
     previous = os.environ.get(ISOLATION_FIX_ENV)
     os.environ[ISOLATION_FIX_ENV] = "1" if settings.isolation_fix else "0"
+    # vLLM's tracer writes its endpoint into the environment, for its processes' own tracers
+    # (which export with the gateway's OTLP protocol, not vLLM's default of gRPC): put back
+    # once they have spawned, so that it does not turn on tracing where the deployment did not
+    # (app/tracing reads it).
+    endpoint = otlp_traces_endpoint or tracing.traces_endpoint()
+    kept = {name: os.environ.get(name) for name in (VLLM_TRACES_ENV, VLLM_PROTOCOL_ENV)}
+    if endpoint is not None:
+        os.environ[VLLM_PROTOCOL_ENV] = tracing.protocol()
     # Building the engine blocks for as long as the model loads: keep the
     # event loop free meanwhile, so /healthz answers while /readyz says 503.
     reports = LoadReports()
     try:
         llm = await asyncio.to_thread(
-            AsyncLLMEngine.from_engine_args, engine_args(settings), stat_loggers=[reports.logger]
+            AsyncLLMEngine.from_engine_args,
+            engine_args(settings, endpoint),
+            stat_loggers=[reports.logger],
         )
     finally:
-        if previous is None:
-            os.environ.pop(ISOLATION_FIX_ENV, None)
-        else:
-            os.environ[ISOLATION_FIX_ENV] = previous
+        for name, value in ((ISOLATION_FIX_ENV, previous), *kept.items()):
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     try:
         yield VLLMEngine(llm, reports)
     finally:

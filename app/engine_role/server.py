@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from importlib import metadata
 from types import FrameType
 
+from app import tracing
 from app.engine_role.parent_death import dying_with_this_process
 from app.inside_vllm.plugin import ENV_VAR as ISOLATION_FIX_ENV
 from app.inside_vllm.plugin import (
@@ -44,8 +45,10 @@ GIB = 1 << 30
 PATHS_MIDDLEWARE = "app.engine_role.paths.EnginePathsOnly"
 
 
-def vllm_server_argv(settings: Settings) -> list[str]:
-    """The command line of vLLM's server for ``settings`` (the flags mirror ``engine_args``)."""
+def vllm_server_argv(settings: Settings, environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The command line of vLLM's server for ``settings`` (the flags mirror ``engine_args``);
+    where ``environ`` turns tracing on (app/tracing), vLLM exports its spans to the same
+    OTLP endpoint, under the front's span that each request's ``traceparent`` names."""
     from app.engine.vllm_engine import (
         engine_block_size,
         engine_dtype,
@@ -111,6 +114,9 @@ def vllm_server_argv(settings: Settings) -> list[str]:
     if settings.ssl_certfile is not None and settings.ssl_keyfile is not None:
         argv += ["--ssl-certfile", str(settings.ssl_certfile)]
         argv += ["--ssl-keyfile", str(settings.ssl_keyfile)]
+    traces = tracing.traces_endpoint(environ)
+    if traces is not None:
+        argv += ["--otlp-traces-endpoint", traces]
     return argv
 
 
@@ -118,8 +124,13 @@ def vllm_server_env(
     settings: Settings, metrics_dir: str, environ: Mapping[str, str] = os.environ
 ) -> dict[str, str]:
     """``environ`` plus what vLLM's server and our plugins need to act on ``settings``."""
+    traced = {}
+    if tracing.traces_endpoint(environ) is not None:
+        # vLLM's exporter defaults to gRPC; the gateway's, as OTLP's, to http/protobuf.
+        traced["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = tracing.protocol(environ)
     return {
         **environ,
+        **traced,
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
         "VLLM_PLUGINS": PLUGINS,
         "PROMETHEUS_MULTIPROC_DIR": metrics_dir,

@@ -155,3 +155,27 @@ def test_serve_refuses_before_starting_anything(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(engine_server, "_installed_plugins", lambda: [RESOLVER])
     monkeypatch.setattr(subprocess, "Popen", never)
     assert serve_engine(settings()) == 1
+
+
+def test_where_tracing_is_on_vllms_server_exports_to_the_same_endpoint_over_the_same_protocol() -> (
+    None
+):
+    environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}
+    args, _ = parsed(vllm_server_argv(settings(), environ))
+    assert args.otlp_traces_endpoint == "http://collector:4318/v1/traces"  # type: ignore[attr-defined]
+    # vLLM's exporter would default to gRPC.
+    env = vllm_server_env(settings(), "/tmp/metrics", environ=environ)
+    assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    grpc = {**environ, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    assert (
+        vllm_server_env(settings(), "/tmp/m", environ=grpc)["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"]
+        == "grpc"
+    )
+
+
+def test_without_tracing_vllms_server_traces_nothing() -> None:
+    args, _ = parsed(vllm_server_argv(settings(), {}))
+    assert args.otlp_traces_endpoint is None  # type: ignore[attr-defined]
+    assert "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL" not in vllm_server_env(
+        settings(), "/tmp/m", environ={}
+    )

@@ -4,7 +4,7 @@ unservable, and a later request pinned to it is refused before the engine."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
 from vllm import RequestOutput, SamplingParams
@@ -31,6 +31,7 @@ class BrokenVersionEngine(ScriptedEngine):
         adapter: Adapter | None,
         cache_salt: str | None = None,
         on_abandoned: Callable[[RequestOutput], None] | None = None,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         if adapter is not None and adapter.version == 2:
             self.load_failures += 1

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +51,8 @@ class ScriptedRequest:
     interval: int = 1
     # Tokens produced and held back until the output gathers ``interval`` of them.
     held: list[int] = field(default_factory=list)
+    # The trace context it came with (vLLM's span of it would go under it).
+    trace_headers: dict[str, str] | None = None
 
     def put(self, output: RequestOutput) -> None:
         if self.pending is None:
@@ -125,8 +127,10 @@ class ScriptedEngine:
         adapter: Adapter | None,
         cache_salt: str | None = None,
         on_abandoned: Callable[[RequestOutput], None] | None = None,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         request = ScriptedRequest(request_id, list(prompt_token_ids), params, adapter, cache_salt)
+        request.trace_headers = dict(trace_headers) if trace_headers is not None else None
         request.interval = max(self.stream_interval, params.stream_interval or 1)
         self.requests[request_id] = request
         producer = asyncio.create_task(self._produce(request))

@@ -30,7 +30,11 @@ Each round also measures, with the same client and the same two phases:
   can spend streaming these tokens. The all-in ratio is the gateway's CPU per token of long
   requests, all in, over the reference's (``--no-reference`` leaves it out);
 * Responses: the same requests on ``/v1/responses`` (streamed, ``store`` false), their CPU
-  per request and per token over chat's in the same round (``--no-responses``).
+  per request and per token over chat's in the same round (``--no-responses``);
+* with ``--tracing``, tracing: a second gateway with tracing on at full sampling (OTLP over
+  HTTP to a receiver in this process that counts the spans and drops them), its CPU per
+  request and per token less the untraced gateway's in the same round. Every span must reach
+  the receiver: a span the batch processor's queue dropped would cost less than one exported.
 
 Medians and the spread over rounds are printed and written to
 ``var/gateway-cost/<time>.json``. With ``--profile``, one long phase more runs under cProfile
@@ -77,6 +81,7 @@ from tools.gateway_cost.load import (
     run_phase,
 )
 from tools.gateway_cost.server import ADMIN_TOKEN
+from tools.gateway_cost.spans import SpanSink, span_sink, tracing_env
 
 HOST = "127.0.0.1"
 SETTLE_SECONDS = 0.5
@@ -153,7 +158,11 @@ def _paced_sse_server(
 
 @contextmanager
 def gateway(
-    workdir: Path, pacing: list[str], profile: Path | None = None, upstream_url: str | None = None
+    workdir: Path,
+    pacing: list[str],
+    profile: Path | None = None,
+    upstream_url: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Gateway]:
     workdir.mkdir(parents=True)
     port = free_port()
@@ -170,7 +179,9 @@ def gateway(
     if upstream_url is not None:
         command.append(f"--upstream-url={upstream_url}")
     log = (workdir / "gateway.log").open("ab")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+    )
     try:
         try:
             key, model = _set_up(port, process)
@@ -248,6 +259,9 @@ FIGURES = (
     "responses_token_us",
     "responses_request_ratio",
     "responses_token_ratio",
+    "traced_request_us",
+    "tracing_request_us",
+    "tracing_token_us",
 )
 
 
@@ -365,11 +379,14 @@ def profile_top(path: Path, limit: int) -> str:
 
 
 def measure_rounds(
-    gw: Gateway, args: argparse.Namespace, ref: Gateway | None = None
+    gw: Gateway,
+    args: argparse.Namespace,
+    ref: Gateway | None = None,
+    traced: Gateway | None = None,
 ) -> tuple[dict[int, dict[str, list[float]]], list[Phase]]:
     """Each round: a short and a long phase at each concurrency (and the engine alone's, the
-    reference's and Responses', as asked); per concurrency, each figure's value in every
-    round."""
+    reference's, Responses' and the traced gateway's, as asked); per concurrency, each
+    figure's value in every round."""
     phases: list[Phase] = []
     rows: dict[int, dict[str, list[float]]] = {
         n: {name: [] for name in FIGURES} for n in args.streams
@@ -384,6 +401,9 @@ def measure_rounds(
             measure(ref, streams, args.tokens, 1)
         if args.responses:
             measure(gw, streams, args.tokens, 1, RESPONSES)
+        if traced is not None:
+            measure(traced, streams, 1, 1)
+            measure(traced, streams, args.tokens, 1)
     for round_number in range(args.rounds):
         for streams in args.streams:
             each = max(1, args.requests // streams)
@@ -420,6 +440,17 @@ def measure_rounds(
                     ratio(resp_short.cpu_per_request_us, short.cpu_per_request_us)
                 )
                 row["responses_token_ratio"].append(ratio(resp_token, per_token_us(short, long)))
+            if traced is not None:
+                traced_short = measure(traced, streams, 1, each, of="traced")
+                traced_long = measure(traced, streams, args.tokens, each, of="traced")
+                phases += [traced_short, traced_long]
+                row["traced_request_us"].append(traced_short.cpu_per_request_us)
+                row["tracing_request_us"].append(
+                    traced_short.cpu_per_request_us - short.cpu_per_request_us
+                )
+                row["tracing_token_us"].append(
+                    per_token_us(traced_short, traced_long) - per_token_us(short, long)
+                )
             row["request_us"].append(short.cpu_per_request_us)
             row["request_system_us"].append(short.system_per_request_us)
             row["token_us"].append(per_token_us(short, long))
@@ -485,6 +516,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="leave out the Responses phases",
     )
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="measure a gateway with tracing on (full sampling, OTLP/HTTP) beside the untraced",
+    )
     parser.add_argument("--profile", action="store_true", help="profile one long phase more")
     parser.add_argument("--profile-streams", type=int, default=256)
     parser.add_argument("--top", type=int, default=30, help="profile entries to print")
@@ -495,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[int, dict[str, list[float]]] = {}
     phases: list[Phase] = []
     idle_us_per_s = 0.0
+    spans: SpanSink | None = None
     with (
         tempfile.TemporaryDirectory(prefix="gateway-cost-") as tmp,
         contextlib.ExitStack() as stack,
@@ -512,8 +549,19 @@ def main(argv: list[str] | None = None) -> int:
                 if args.reference
                 else None
             )
+            traced = None
+            if args.tracing:
+                spans = stack.enter_context(span_sink())
+                traced = stack.enter_context(
+                    gateway(
+                        workdir / "traced",
+                        pacing,
+                        upstream_url=upstream_url,
+                        env=tracing_env(spans.url),
+                    )
+                )
             with gateway(workdir / "measured", pacing, upstream_url=upstream_url) as gw:
-                rows, phases = measure_rounds(gw, args, ref)
+                rows, phases = measure_rounds(gw, args, ref, traced)
                 # After the rounds: just after start-up, the gateway is still settling.
                 idle_us_per_s = gw.idle_cpu_us_per_second(args.idle_seconds)
         top = ""
@@ -547,8 +595,11 @@ def main(argv: list[str] | None = None) -> int:
             "rounds": args.rounds,
             "reference": args.reference,
             "responses": args.responses,
+            "tracing": args.tracing,
         },
         "idle_us_per_second": idle_us_per_s,
+        "spans_received": spans.count if spans is not None else 0,
+        "traced_requests": sum(p.result.requests for p in phases if p.kind.startswith("traced")),
         "results": {
             str(n): {name: summary(values) for name, values in row.items() if values}
             for n, row in rows.items()
@@ -589,6 +640,7 @@ def format_table(report: dict[str, Any]) -> str:
             f"| {cell(row['long_token_us'], 1)} | {cell(row['tokens_per_event'], 2)} |"
         )
     lines += _beside_table(report)
+    lines += _tracing_table(report)
     lines += _verdicts(report)
     lines.append(
         f"\nMedian (min-max) of {report['settings']['rounds']} rounds; "
@@ -615,6 +667,34 @@ def _verdicts(report: dict[str, Any]) -> list[str]:
     for name, figure, limit, unit in checks:
         verdict = "met" if figure["median"] <= limit else "missed"
         lines.append(f"- {name}: {figure['median']:.2f} {unit} (<= {limit:g}): {verdict}")
+    return lines
+
+
+def _tracing_table(report: dict[str, Any]) -> list[str]:
+    """Tracing on (full sampling) against off, in the same rounds, where the run asked."""
+    if not report["settings"].get("tracing"):
+        return []
+    lines = [
+        "",
+        "| streams | traced: CPU per request (us) | tracing's CPU per request (us) "
+        "| tracing's CPU per token (us) |",
+        "|---:|---:|---:|---:|",
+    ]
+    for streams, row in report["results"].items():
+        cells = [
+            f"{row[name]['median']:.{digits}f} "
+            f"({row[name]['min']:.{digits}f}-{row[name]['max']:.{digits}f})"
+            for name, digits in (
+                ("traced_request_us", 0),
+                ("tracing_request_us", 1),
+                ("tracing_token_us", 2),
+            )
+        ]
+        lines.append(f"| {streams} | {' | '.join(cells)} |")
+    lines.append(
+        f"\nSpans the receiver decoded: {report['spans_received']}, for "
+        f"{report['traced_requests']} traced requests measured (and the warm-up's)."
+    )
     return lines
 
 

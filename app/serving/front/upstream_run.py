@@ -132,10 +132,11 @@ class UpstreamRun(RunBase):
                 raise refusal(response.status, content, call.names, retry_after)
             answer = read_answer(model, content, call.names)
         except TransportError as exc:
-            self.fail("version")
-            raise transport_error(exc) from exc
+            failure = transport_error(exc)
+            self.fail("version", failure)
+            raise failure from exc
         except GatewayError as exc:
-            self.fail(fault_of(exc))
+            self.fail(fault_of(exc), exc)
             raise
         self._observe(answer)
         self._time_tokens(answer)
@@ -172,15 +173,17 @@ class UpstreamRun(RunBase):
                     # Back once the reader has answered with it, and asks for the next one.
                     self.gateway_seconds += clock() - arrived
                 else:
-                    self.fail("version")
-                    raise UpstreamError("The upstream ended the stream early.")
+                    ended = UpstreamError("The upstream ended the stream early.")
+                    self.fail("version", ended)
+                    raise ended
             self.finished = True
             await response.finish(DONE_WITHIN_SECONDS)
         except TransportError as exc:
-            self.fail("version")
-            raise transport_error(exc) from exc
+            failure = transport_error(exc)
+            self.fail("version", failure)
+            raise failure from exc
         except GatewayError as exc:
-            self.fail(fault_of(exc))
+            self.fail(fault_of(exc), exc)
             raise
         finally:
             await self.close()
@@ -190,7 +193,11 @@ class UpstreamRun(RunBase):
         began = clock()
         body = json.dumps(call.body, separators=(",", ":"), ensure_ascii=False).encode()
         self.gateway_seconds += clock() - began
-        return await self._upstream.client.post(call.path, body, call.headers)
+        headers = call.headers
+        if self.trace_headers:
+            # The engine tier's server puts its own span under the front's (app/tracing).
+            headers = {**headers, **self.trace_headers}
+        return await self._upstream.client.post(call.path, body, headers)
 
     def _send_once(self) -> None:
         if self._sent:

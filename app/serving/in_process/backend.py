@@ -26,11 +26,15 @@ logger = logging.getLogger(__name__)
 EngineFactory = Callable[[Settings], AbstractAsyncContextManager[Engine]]
 
 
-def start_vllm_engine(settings: Settings) -> AbstractAsyncContextManager[Engine]:
-    """The production engine factory: vLLM's in-process engine."""
+def start_vllm_engine(
+    settings: Settings, *, otlp_traces_endpoint: str | None = None
+) -> AbstractAsyncContextManager[Engine]:
+    """The production engine factory: vLLM's in-process engine (tracing the requests that come
+    with trace headers where ``otlp_traces_endpoint`` is given or ``OTEL_*`` turns tracing
+    on)."""
     from app.engine.vllm_engine import start_vllm_engine as start  # imports vLLM: only when used
 
-    return start(settings)
+    return start(settings, otlp_traces_endpoint=otlp_traces_endpoint)
 
 
 class InProcessBackend:

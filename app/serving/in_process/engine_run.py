@@ -60,6 +60,7 @@ class EngineRun(RunBase):
             # the same id): no timing side channel reveals what others have asked.
             cache_salt=generation.principal.tenant.cache_salt,
             on_abandoned=self._abandoned,
+            trace_headers=self.trace_headers,
         )
         try:
             async for output in self._stream:
@@ -68,19 +69,21 @@ class EngineRun(RunBase):
                     # As vLLM's own server: an end the engine calls an error is a 500, not
                     # "stop" (e.g. a grammar llguidance gave up on mid-way). The request's
                     # doing: a tenant must not fail its own split's version at will.
-                    self.fail("request")
-                    raise GenerationFailedError(
+                    failure = GenerationFailedError(
                         "The engine ended this request with an error; what it produced "
                         "until then is charged."
                     )
+                    self.fail("request", failure)
+                    raise failure
                 yield output
                 # Back once the reader has answered with it, and asks for the next one.
                 self.gateway_seconds += clock() - arrived
         except AdapterLoadFailed as exc:
-            self.fail("version")
-            raise AdapterUnservableError(generation.target.model, str(exc)) from exc
+            unservable = AdapterUnservableError(generation.target.model, str(exc))
+            self.fail("version", unservable)
+            raise unservable from exc
         except Exception as exc:
-            self.fail(fault_of(exc))
+            self.fail(fault_of(exc), exc)
             raise
 
     def when_ended(self, callback: Callable[[], None]) -> None:

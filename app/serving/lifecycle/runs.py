@@ -64,9 +64,17 @@ class Run(Protocol):
     def outcome(self) -> Outcome:
         """``ok`` when the answer was complete, ``error`` when it failed, else ``cancelled``."""
 
+    trace_headers: dict[str, str] | None
+    """The trace context (``traceparent``) the engine's own spans go under, once admitted
+    where the request is traced (app/tracing)."""
+
     @property
     def fault(self) -> Fault | None:
         """Whose doing its failure was, once it failed (:func:`fault_of`)."""
+
+    @property
+    def failure(self) -> BaseException | None:
+        """What it failed with, where known."""
 
     @property
     def timing(self) -> RunTiming:
@@ -121,13 +129,16 @@ class RunBase:
         self.finished = False
         self.failed = False
         self.fault: Fault | None = None
+        self.failure: BaseException | None = None
         self.timing = RunTiming()
         self.gateway_seconds = 0.0
+        self.trace_headers: dict[str, str] | None = None
 
-    def fail(self, fault: Fault) -> None:
-        """It failed, by ``fault``'s doing (the first failure seen is the one that counts)."""
+    def fail(self, fault: Fault, failure: BaseException | None = None) -> None:
+        """It failed, by ``fault``'s doing, with ``failure`` where it is known (the first
+        failure seen is the one that counts)."""
         if not self.failed:
-            self.failed, self.fault = True, fault
+            self.failed, self.fault, self.failure = True, fault, failure
 
     @property
     def headers(self) -> dict[str, str]:

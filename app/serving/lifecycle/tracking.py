@@ -29,7 +29,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from app import metrics
+from app import metrics, tracing
 from app.errors import AdapterUnservableError, GatewayError
 from app.inside_vllm.objectives import Objectives
 from app.overhead import RequestOverhead
@@ -220,6 +220,7 @@ class RequestTracker:
         where the request's time in the gateway's own code is counted (app/overhead.py):
         observed once it is settled."""
         overhead = overhead or RequestOverhead(self._role)
+        request_trace = tracing.of(overhead)
         # This host's copy of the request's adapter stays in place until the request ended.
         with ExitStack() as holds:
             generation, reservation = await self._admit(
@@ -257,8 +258,13 @@ class RequestTracker:
                 try:
                     # Queued for an engine slot after the reservation, so the queue holds only
                     # requests the quotas allow, and before the run is read: a refusal is a status.
+                    if request_trace is not None:
+                        request_trace.begin(tracing.request.ADMISSION)
                     await slot.acquire()
-                    spend_wait(generation.params, time.monotonic() - began)
+                    waited = time.monotonic() - began
+                    spend_wait(generation.params, waited)
+                    if request_trace is not None:
+                        run.trace_headers = request_trace.admitted(waited)
                     # The slot goes back as the engine ends the request, not after its
                     # answer has been written, settled and recorded.
                     run.when_ended(partial(self._give_back, run, slot))
@@ -277,6 +283,8 @@ class RequestTracker:
                 finally:
                     if lease is not None:
                         lease.cancel()
+                    if request_trace is not None and refused is None:
+                        request_trace.expect_settlement()
                     # Shielded: a shutdown that cancels this request still settles and records it.
                     finish = (
                         self._finish(run, outcome, began, started_at, request.user, overhead, batch)
@@ -306,12 +314,21 @@ class RequestTracker:
         refusal holds nothing (what ``holds`` holds is the caller's to let go)."""
         tenant = principal.tenant
         model = metrics.UNKNOWN_MODEL  # until resolved: refused names stay out of the labels
+        request_trace = tracing.of(overhead)
         try:
             overhead.begin("resolution")
             target = self._registry().resolve(
                 tenant, request.model, sticky_key=sticky_key(request, principal), pinned=pinned
             )
             model = target.model
+            if request_trace is not None:
+                adapter = target.adapter
+                request_trace.resolved(
+                    adapter.engine_name if adapter is not None else model,
+                    adapter.name if adapter is not None else None,
+                    adapter.version if adapter is not None else None,
+                    tenant.priority,
+                )
             if target.adapter is not None and (reason := self.why_unservable(target.adapter)):
                 raise AdapterUnservableError(model, reason)
             if target.adapter is not None and self._held_copy is not None:
@@ -329,10 +346,12 @@ class RequestTracker:
             carry(generation.params, self._objectives.of(tenant))
             reservation = None
             if subjects:
-                reservation = await self._checked(
-                    self._quota.reserve(subjects, generation.worst_case_tokens, reservation_id),
-                    tenant,
-                )
+                # The quota backend's round trip (Redis's, where it is shared).
+                with tracing.step(request_trace, tracing.request.QUOTA, under="preparation"):
+                    reservation = await self._checked(
+                        self._quota.reserve(subjects, generation.worst_case_tokens, reservation_id),
+                        tenant,
+                    )
                 if reservation.unchecked:
                     metrics.QUOTA_UNCHECKED.labels(tenant.id).inc()
             overhead.end("preparation")
@@ -487,10 +506,22 @@ class RequestTracker:
         """Close the run, then settle and record with what it produced; then observe the
         request's overhead."""
         overhead.add("engine", run.gateway_seconds)
+        request_trace = tracing.of(overhead)
+        if request_trace is not None:
+            timing = run.timing
+            request_trace.ran(
+                timing.first_token_at,
+                timing.last_token_at,
+                timing.finish_reason,
+                outcome,
+                run.failure,
+            )
         overhead.begin("settlement")
         await run.close()
         generation = run.generation
         prompt_tokens, completion_tokens = run.prompt_tokens, run.completion_tokens
+        if request_trace is not None:
+            request_trace.used(prompt_tokens, completion_tokens)
         if run.reservation is not None:
             actual = prompt_tokens + completion_tokens
             if batch is not None and batch.cut_off(outcome):

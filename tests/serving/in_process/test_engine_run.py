@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import REGISTRY
@@ -41,6 +41,7 @@ class AbortFailsEngine:
         adapter: Adapter | None,
         cache_salt: str | None = None,
         on_abandoned: Callable[[RequestOutput], None] | None = None,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         for _ in range(4):
             await asyncio.sleep(0.001)
@@ -91,6 +92,7 @@ class FinishingEngine(AbortFailsEngine):
         adapter: Adapter | None,
         cache_salt: str | None = None,
         on_abandoned: Callable[[RequestOutput], None] | None = None,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         for number in range(3):
             last = output(1)
