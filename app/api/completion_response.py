@@ -14,6 +14,7 @@ import anyio
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from app.access_log import STATE as ACCESS_STATE
 from app.api.errors import PRECHECKED, render
 from app.api.streaming_app import SERVER_SEND, body_writer
 from app.errors import GatewayError
@@ -53,7 +54,8 @@ class CompletionResponse(Response, Generic[Request]):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         service, request = self._service, self._request
         streamed: EventStreamResponse | None = None
-        overhead: RequestOverhead | None = scope.get("state", {}).get(OVERHEAD_STATE)
+        state = scope.get("state", {})
+        overhead: RequestOverhead | None = state.get(OVERHEAD_STATE)
         if overhead is not None:
             overhead.end("authentication")
         try:
@@ -63,9 +65,10 @@ class CompletionResponse(Response, Generic[Request]):
                 self._principal,
                 self._request_id,
                 body_bytes=_body_bytes(scope),
-                prechecked=PRECHECKED in scope.get("state", {}),
+                prechecked=PRECHECKED in state,
                 pinned=self._pinned,
                 overhead=overhead,
+                access=state.get(ACCESS_STATE),
             )
             async with entered_unless_disconnected(receive, tracked) as run:
                 if request.stream:

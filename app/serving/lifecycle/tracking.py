@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from app import metrics
+from app.access_log import AccessRecord
 from app.errors import AdapterUnservableError, GatewayError
 from app.inside_vllm.objectives import Objectives
 from app.overhead import RequestOverhead
@@ -210,6 +211,7 @@ class RequestTracker:
         pinned: Pin | None = None,
         batch: BatchLine | None = None,
         overhead: RequestOverhead | None = None,
+        access: AccessRecord | None = None,
     ) -> AsyncIterator[RunT]:
         """Admit the request and yield its :class:`Run`; settle and record it on exit.
         ``body_bytes``, the size of the request's body where it is known, bounds the work of
@@ -218,7 +220,8 @@ class RequestTracker:
         ``batch``, the batch line it is, whose usage record goes to the line's own sink
         rather than the ledger's queue (the line commits it with its output); ``overhead``,
         where the request's time in the gateway's own code is counted (app/overhead.py):
-        observed once it is settled."""
+        observed once it is settled; ``access``, its access line's record
+        (app/access_log.py), given the alias, version, queue wait and what it used."""
         overhead = overhead or RequestOverhead(self._role)
         # This host's copy of the request's adapter stays in place until the request ended.
         with ExitStack() as holds:
@@ -238,6 +241,9 @@ class RequestTracker:
             run = service.start(request, generation, reservation)
             began = time.monotonic()
             adapter = generation.target.adapter
+            if access is not None:
+                access.model = generation.target.model
+                access.version = adapter.version if adapter is not None else None
             started_at = datetime.now(timezone.utc)
             if adapter is not None:
                 self.last_used[adapter.lora_id] = started_at
@@ -258,7 +264,10 @@ class RequestTracker:
                     # Queued for an engine slot after the reservation, so the queue holds only
                     # requests the quotas allow, and before the run is read: a refusal is a status.
                     await slot.acquire()
-                    spend_wait(generation.params, time.monotonic() - began)
+                    waited = time.monotonic() - began
+                    spend_wait(generation.params, waited)
+                    if access is not None:
+                        access.queue_wait = waited
                     # The slot goes back as the engine ends the request, not after its
                     # answer has been written, settled and recorded.
                     run.when_ended(partial(self._give_back, run, slot))
@@ -279,9 +288,11 @@ class RequestTracker:
                         lease.cancel()
                     # Shielded: a shutdown that cancels this request still settles and records it.
                     finish = (
-                        self._finish(run, outcome, began, started_at, request.user, overhead, batch)
+                        self._finish(
+                            run, outcome, began, started_at, request.user, overhead, batch, access
+                        )
                         if refused is None
-                        else self._refused(run, refused)
+                        else self._refused(run, refused, access)
                     )
                     await asyncio.shield(self._spawn(self._released_after(finish, run, slot)))
                     candidate = generation.target.shadow
@@ -447,7 +458,9 @@ class RequestTracker:
             except Exception:
                 logger.warning("could not renew lease %s", reservation.id, exc_info=True)
 
-    async def _refused(self, run: Run, refusal: AdmissionRefused) -> None:
+    async def _refused(
+        self, run: Run, refusal: AdmissionRefused, access: AccessRecord | None
+    ) -> None:
         """A request the scheduler refused never ran: its reservation is returned whole and
         it is counted as refused, with no usage record (like any refusal)."""
         await run.close()
@@ -458,6 +471,8 @@ class RequestTracker:
         metrics.REQUESTS.labels(
             generation.principal.tenant.id, generation.target.model, generation.endpoint, status
         ).inc()
+        if access is not None:
+            access.settled(status, 0, 0, None)
 
     @classmethod
     async def _released_after(cls, finish: Coroutine[Any, Any, None], run: Run, slot: Slot) -> None:
@@ -483,9 +498,10 @@ class RequestTracker:
         user: str | None,
         overhead: RequestOverhead,
         batch: BatchLine | None = None,
+        access: AccessRecord | None = None,
     ) -> None:
         """Close the run, then settle and record with what it produced; then observe the
-        request's overhead."""
+        request's overhead (and fill its access record)."""
         overhead.add("engine", run.gateway_seconds)
         overhead.begin("settlement")
         await run.close()
@@ -520,6 +536,8 @@ class RequestTracker:
                 metrics.SPLIT_TIME_TO_FIRST_TOKEN.labels(tenant, model, version).observe(ttft)
         overhead.end("settlement")
         overhead.observe()
+        if access is not None:
+            access.settled(outcome, prompt_tokens, completion_tokens, record.ttft_ms)
 
     def _record(
         self,
