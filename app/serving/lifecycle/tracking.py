@@ -63,6 +63,12 @@ T = TypeVar("T")
 Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
 
+# Every settlement's metrics, their children looked up once.
+_REQUESTS = metrics.Children(metrics.REQUESTS)
+_PROMPT_TOKENS = metrics.Children(metrics.PROMPT_TOKENS)
+_COMPLETION_TOKENS = metrics.Children(metrics.COMPLETION_TOKENS)
+_REQUEST_DURATION = metrics.Children(metrics.REQUEST_DURATION)
+
 SHADOW_OUTCOMES: dict[Outcome, str] = {"ok": "ok", "error": "error", "cancelled": "preempted"}
 
 INLINE_PREPARE_BYTES = 2048
@@ -544,10 +550,10 @@ class RequestTracker:
             generation.target.model,
             (generation.endpoint),
         )
-        metrics.REQUESTS.labels(tenant, model, endpoint, outcome).inc()
-        metrics.PROMPT_TOKENS.labels(tenant, model).inc(prompt_tokens)
-        metrics.COMPLETION_TOKENS.labels(tenant, model).inc(completion_tokens)
-        metrics.REQUEST_DURATION.labels(tenant, model, endpoint).observe(time.monotonic() - began)
+        _REQUESTS(tenant, model, endpoint, outcome).inc()
+        _PROMPT_TOKENS(tenant, model).inc(prompt_tokens)
+        _COMPLETION_TOKENS(tenant, model).inc(completion_tokens)
+        _REQUEST_DURATION(tenant, model, endpoint).observe(time.monotonic() - began)
         record = self._record(run, outcome, began, started_at, user, batch)
         objectives = Objectives.of(generation.params.extra_args)
         if outcome == "ok" and objectives is not None and objectives.any:
