@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import secrets
 import sys
@@ -18,7 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app import settings_reference
+from app import access_log, settings_reference
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -31,9 +30,7 @@ def serve(settings: Settings) -> None:
     from app import server
     from app.main import create_app
 
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
-    )
+    access_log.configure(settings.log_level, settings.log_format)
     if settings.role == "engine":  # vLLM's own server with our plugins, no gateway app
         from app.engine_role.server import serve_engine
 

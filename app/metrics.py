@@ -19,7 +19,7 @@ from bisect import bisect_left
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final, Generic, Literal, TypeVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -35,6 +35,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector
 
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
+M = TypeVar("M", bound=MetricWrapperBase)
 
 Tier = Literal["device", "host", "storage"]
 CacheTier = Literal["device", "host"]
@@ -356,6 +357,29 @@ METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
     SCHEDULER_SLOTS,
     CONNECTIONS_REFUSED,
 )
+
+
+# -- children looked up once ----------------------------------------------------
+
+
+class Children(Generic[M]):
+    """A labelled metric's children by their label values, each looked up through
+    ``labels()`` once: ``labels()`` takes a lock and formats its values on every call, several
+    times a request on the hot path. Follows the metric when its children are cleared (a new
+    multiprocess directory: :func:`multiprocess_dir`). Holds as many children as the metric."""
+
+    def __init__(self, metric: M) -> None:
+        self._metric = metric
+        self._of: object = metric._metrics
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        if self._metric._metrics is not self._of:  # cleared since
+            self._of, self._children = self._metric._metrics, {}
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
 
 
 # -- batched observations ------------------------------------------------------

@@ -44,6 +44,7 @@ STATE: Final = "overhead"
 """The key of a request's :class:`RequestOverhead` in its ASGI scope's ``state``."""
 
 clock = time.perf_counter
+_OVERHEAD = metrics.Children(metrics.OVERHEAD)
 
 
 class PhaseHook(Protocol):
@@ -108,4 +109,4 @@ class RequestOverhead:
     def observe(self) -> None:
         """Each phase into the histogram, once the request is settled."""
         for phase, seconds in self._seconds.items():
-            metrics.OVERHEAD.labels(self.role, phase).observe(seconds)
+            _OVERHEAD(self.role, phase).observe(seconds)

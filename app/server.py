@@ -185,6 +185,10 @@ def server_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
         ssl_certfile=settings.ssl_certfile,
         ssl_keyfile=settings.ssl_keyfile,
         log_level=settings.log_level,
+        # uvicorn's loggers write through the process's handler (app/access_log.py's
+        # configure: text or JSON), and the gateway's access line replaces uvicorn's.
+        log_config=None,
+        access_log=False,
         timeout_graceful_shutdown=30,
         # The parser GuardedHttpProtocol extends (llhttp refuses request smuggling's shapes).
         http="httptools",

@@ -404,6 +404,14 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level."
     )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="How log lines are written: text, or one JSON object a line (json). "
+        "Each HTTP request gets one access line at INFO (logger lora_gateway.access: ids, "
+        "tenant, key id, alias, version, status, tokens, queue wait, TTFT, total time; never "
+        "a key or a prompt); refusals without a valid key are logged once a minute per "
+        "address.",
+    )
     max_request_bytes: int = Field(
         8 << 20,
         ge=1024,

@@ -5,16 +5,14 @@ response that stops its work when the client goes away."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Generic, TypeVar
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Generic
 
-import anyio
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from app import tracing
+from app.access_log import STATE as ACCESS_STATE
 from app.api.errors import PRECHECKED, render
 from app.api.streaming_app import SERVER_SEND, body_writer
 from app.errors import GatewayError
@@ -25,8 +23,6 @@ from app.serving.lifecycle.runs import ClientDisconnected, Request, Service
 from app.serving.lifecycle.tracking import RequestTracker
 from app.tenancy.grants import Pin
 from app.tenancy.tenants import Principal
-
-T = TypeVar("T")
 
 
 class CompletionResponse(Response, Generic[Request]):
@@ -55,7 +51,8 @@ class CompletionResponse(Response, Generic[Request]):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         service, request = self._service, self._request
         streamed: EventStreamResponse | None = None
-        overhead: RequestOverhead | None = scope.get("state", {}).get(OVERHEAD_STATE)
+        state = scope.get("state", {})
+        overhead: RequestOverhead | None = state.get(OVERHEAD_STATE)
         if overhead is not None:
             overhead.end("authentication")
         request_trace = tracing.of(overhead)
@@ -68,6 +65,8 @@ class CompletionResponse(Response, Generic[Request]):
                 _completion_limit(request),
                 request.stream,
             )
+        # One watch for the whole request: the wait for a slot, the stream or the answer.
+        watch = DisconnectWatch(receive)
         try:
             tracked = self._tracker.track(
                 service,
@@ -75,37 +74,90 @@ class CompletionResponse(Response, Generic[Request]):
                 self._principal,
                 self._request_id,
                 body_bytes=_body_bytes(scope),
-                prechecked=PRECHECKED in scope.get("state", {}),
+                prechecked=PRECHECKED in state,
                 pinned=self._pinned,
                 overhead=overhead,
+                access=state.get(ACCESS_STATE),
             )
-            async with entered_unless_disconnected(receive, tracked) as run:
+            async with tracked as run:
                 if request.stream:
                     events = service.stream(request, run)
                     first = None
                     if service.fails_before_streaming:
-                        first = await _first(receive, events)
+                        first = await _first(events)
                     headers = _with_overhead(run.headers, overhead)
-                    streamed = EventStreamResponse(events, headers=headers, first=first)
+                    streamed = EventStreamResponse(
+                        events, headers=headers, first=first, watch=watch
+                    )
                     await streamed(scope, receive, send)
                     return
-                result = await cancel_on_disconnect(receive, service.complete(request, run))
+                try:
+                    result = await service.complete(request, run)
+                finally:
+                    watch.stop()
                 headers = _with_overhead(run.headers, overhead)
+        except asyncio.CancelledError:
+            if not watch.disconnected:
+                raise
+            watch.forgive()
+            return
         except ClientDisconnected:
             return
         except GatewayError as exc:
+            watch.stop()
             if request_trace is not None:
                 request_trace.failed(exc)
             if streamed is not None and streamed.started:
                 raise
             await render(exc)(scope, receive, send)
             return
+        finally:
+            watch.stop()
         await JSONResponse(result.model_dump(mode="json"), headers=headers)(scope, receive, send)
+
+
+class DisconnectWatch:
+    """Cancels the task that creates it as soon as the client disconnects, until
+    :meth:`stop`: a request waiting for a slot, for the engine or for the upstream stops its
+    work then, not at its next write. One task per request watches ``receive``; the work
+    itself runs in the request's own task (a task per piece of work cost more than the work).
+
+    The task is cancelled once, and :attr:`disconnected` set; whoever catches that
+    cancellation calls :meth:`forgive` and goes on (settles, returns). Stop it before the
+    response's end is sent: the server then answers ``receive`` with a disconnect too."""
+
+    def __init__(self, receive: Receive) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self.disconnected = False
+        self._watcher: asyncio.Task[None] | None = asyncio.ensure_future(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.disconnected = True
+                self._watcher = None
+                self._task.cancel()
+                return
+
+    def stop(self) -> None:
+        """Stop watching (the task is not cancelled from now on)."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
+
+    def forgive(self) -> None:
+        """The cancellation the disconnect caused has been caught: the task is not being
+        cancelled any more."""
+        self._task.uncancel()
 
 
 class EventStreamResponse(StreamingResponse):
     """An SSE response whose body iterator is cancelled as soon as the client
-    disconnects, not at the next write, and always closed before this returns.
+    disconnects, not at the next write, and always closed before this returns. A client that
+    leaves ends it (it returns), as one that reads it to its end does.
 
     It has no ``send`` wrapper of its own, and sends its events to the server's ``send``
     where :class:`StreamingApp` has kept it in the scope: each layer of the ``send`` chain
@@ -120,36 +172,36 @@ class EventStreamResponse(StreamingResponse):
         *,
         headers: Mapping[str, str] | None = None,
         first: str | None = None,
+        watch: DisconnectWatch | None = None,
     ) -> None:
-        """``first``: an event already read from ``content``, sent before the rest."""
+        """``first``: an event already read from ``content``, sent before the rest;
+        ``watch``: the request's, where it has one (else the response watches on its own)."""
         super().__init__(content, headers=headers)
         self._events = content
         self._first = first
-        self._connected = True
+        self._watch = watch
         self.started = False
         """Whether the response's start has been sent: from then on, a failure can only be
         reported in the stream."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watch = self._watch or DisconnectWatch(receive)
         try:
-            async with anyio.create_task_group() as group:
-
-                async def stream_then_stop() -> None:
-                    with contextlib.suppress(ClientDisconnected):
-                        await self._stream(send, scope.get(SERVER_SEND, send))
-                    group.cancel_scope.cancel()
-
-                group.start_soon(stream_then_stop)
-                await self.listen_for_disconnect(receive)
-                self._connected = False
-                group.cancel_scope.cancel()
+            await self._stream(send, scope.get(SERVER_SEND, send), watch)
+        except asyncio.CancelledError:
+            if not watch.disconnected:
+                raise
+            watch.forgive()
+        except ClientDisconnected:
+            pass
         finally:
+            watch.stop()
             # Cancelled mid-write, the generator is only suspended: close it now, not
             # whenever the garbage collector finds it.
             await self._events.aclose()  # type: ignore[attr-defined]
 
-    async def _stream(self, send: Send, send_body: Send) -> None:
-        if not self._connected:
+    async def _stream(self, send: Send, send_body: Send, watch: DisconnectWatch) -> None:
+        if watch.disconnected:
             raise ClientDisconnected
         self.started = True
         await send(
@@ -159,14 +211,14 @@ class EventStreamResponse(StreamingResponse):
         if self._first is not None:
             await write(self._first.encode())
         async for event in self._events:
-            # A cancelled scope only stops a task at a suspension point: a generator whose
-            # next output is always ready, writing to a closed connection (which returns at
-            # once), would never reach one.
-            if not self._connected:
+            # The watch cancels this task only at a suspension point: a generator whose next
+            # output is always ready, writing to a closed connection (which returns at once),
+            # would never reach one.
+            if watch.disconnected:
                 raise ClientDisconnected
             await write(event.encode())
-        if not self._connected:
-            raise ClientDisconnected
+        # The server answers ``receive`` with a disconnect once the response has ended.
+        watch.stop()
         await send_body({"type": "http.response.body", "body": b"", "more_body": False})
 
 
@@ -194,49 +246,14 @@ def _body_bytes(scope: Scope) -> int | None:
     return int(declared[0])
 
 
-async def _first(receive: Receive, events: AsyncIterator[str]) -> str:
+async def _first(events: AsyncIterator[str]) -> str:
     """The first event of ``events``, once it is ready. The response starts only then, so
     that a stream that fails before producing anything (in the front role: an upstream that
     refuses the request, or does not answer) is answered with its error's own status, not
-    with a 200 that carries an error event. A client that leaves meanwhile is noticed. The
-    rest is read from ``events`` itself: a generator around it would cost each token one
-    more step."""
+    with a 200 that carries an error event. The rest is read from ``events`` itself: a
+    generator around it would cost each token one more step."""
     try:
-        return await cancel_on_disconnect(receive, anext(events))
+        return await anext(events)
     except BaseException:
         await events.aclose()  # type: ignore[attr-defined]
         raise
-
-
-@asynccontextmanager
-async def entered_unless_disconnected(
-    receive: Receive, context: AbstractAsyncContextManager[T]
-) -> AsyncIterator[T]:
-    """``context``, entered unless the client disconnects first. Entering the tracker
-    includes the wait for an engine slot: a client that leaves while queued must leave the
-    queue then, not when a slot comes and the first write fails."""
-    async with contextlib.AsyncExitStack() as stack:
-        yield await cancel_on_disconnect(receive, stack.enter_async_context(context))
-
-
-async def cancel_on_disconnect(receive: Receive, work: Awaitable[T]) -> T:
-    """Await ``work`` unless the client disconnects first; then cancel it and raise
-    :class:`ClientDisconnected`."""
-    task = asyncio.ensure_future(work)
-
-    async def watch() -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                task.cancel()
-                return
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        return await task
-    except asyncio.CancelledError:
-        if watcher.done() and not watcher.cancelled():
-            raise ClientDisconnected from None
-        raise
-    finally:
-        watcher.cancel()

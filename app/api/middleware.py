@@ -9,7 +9,8 @@ from starlette._utils import get_route_path
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import tracing
+from app import access_log, tracing
+from app.access_log import AccessRecord
 from app.api.admin.deps import INVALID_ADMIN_TOKEN
 from app.api.admin.failure_audit import (
     AuthFailureThrottle,
@@ -40,29 +41,70 @@ GENERATION_ENDPOINTS = {
 }
 
 
+class AccessLog:
+    """Writes requests' access lines (app/access_log.py); a refusal without a valid key
+    (401, no tenant) only for the first from its address in each minute, as
+    :class:`AuthFailureThrottle` decides: a client cycling bad keys cannot flood the log."""
+
+    def __init__(self, throttle: AuthFailureThrottle | None = None) -> None:
+        self._throttle = throttle or AuthFailureThrottle()
+
+    def write(self, record: AccessRecord) -> None:
+        unauthenticated = record.status == 401 and record.tenant is None
+        if unauthenticated and not self._throttle.allow(record.client or "unknown"):
+            return
+        access_log.LOGGER.info(record.line())
+
+
 class RequestIdMiddleware:
     """Gives every HTTP request an id, ``request.state.request_id``, and
-    returns it in the ``x-request-id`` header of every response."""
+    returns it in the ``x-request-id`` header of every response; writes its access line
+    (``access_log``) once it has been answered, where the access log is enabled."""
 
     passes_bodies_through: ClassVar[bool] = True
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, log: AccessLog | None = None) -> None:
         self.app = app
+        self._log = log or AccessLog()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         request_id = uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
         header = (REQUEST_ID_HEADER, request_id.encode())
+        if not access_log.wanted():
 
-        async def send_with_id(message: Message) -> None:
+            async def send_with_id(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    message["headers"] = [*message.get("headers", []), header]
+                await send(message)
+
+            await self.app(scope, receive, send_with_id)
+            return
+        client = scope.get("client")
+        record = AccessRecord(
+            request_id, scope["method"], scope["path"], str(client[0]) if client else None
+        )
+        state[access_log.STATE] = record
+
+        async def send_with_id_noted(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), header]
+                record.status = message["status"]
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        try:
+            await self.app(scope, receive, send_with_id_noted)
+        except Exception:
+            # Answered by the server error handler, outside this middleware.
+            if record.status is None:
+                record.status = 500
+            raise
+        finally:
+            self._log.write(record)
 
 
 class EarlyRefusalMiddleware:
@@ -129,6 +171,9 @@ class EarlyRefusalMiddleware:
             )
             overhead.begin("authentication")  # ends as the route's response runs
             state[OVERHEAD_STATE] = overhead
+            record: AccessRecord | None = state.get(access_log.STATE)
+            if request_trace is not None and record is not None:
+                record.trace_id = request_trace.trace_id
         if request_trace is None:
             await self._serve(scope, receive, send, path, gateway, None)
             return
@@ -189,6 +234,9 @@ class EarlyRefusalMiddleware:
         if path.startswith("/v1/"):
             try:
                 principal = gateway.registry.authenticate(token)
+                record: AccessRecord | None = scope.get("state", {}).get(access_log.STATE)
+                if record is not None:
+                    record.tenant, record.key_id = principal.tenant.id, principal.key_id
                 endpoint = GENERATION_ENDPOINTS.get(path) if scope["method"] == "POST" else None
                 if endpoint is not None:
                     await gateway.tracker.precheck(principal, endpoint)

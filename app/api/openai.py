@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from app import protocol
 from app.api.completion_response import CompletionResponse
 from app.api.deps import CurrentPrincipal, GatewayDep, RequestId
+from app.api.generation_route import GenerationRoute
 from app.errors import BadRequestError
 from app.protocol import (
     ChatCompletion,
@@ -60,7 +61,6 @@ GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.post("/chat/completions", response_model=ChatCompletion, responses=GENERATION_RESPONSES)
 async def create_chat_completion(
     body: ChatCompletionRequest,
     gateway: GatewayDep,
@@ -75,7 +75,6 @@ async def create_chat_completion(
     return CompletionResponse(gateway.tracker, gateway.backend.chat, body, principal, request_id)
 
 
-@router.post("/completions", response_model=Completion, responses=GENERATION_RESPONSES)
 async def create_completion(
     body: CompletionRequest,
     gateway: GatewayDep,
@@ -86,6 +85,25 @@ async def create_completion(
     return CompletionResponse(
         gateway.tracker, gateway.backend.completions, body, principal, request_id
     )
+
+
+# The hot path: served by GenerationRoute, without FastAPI's per-request dependency solving.
+router.add_api_route(
+    "/chat/completions",
+    create_chat_completion,
+    methods=["POST"],
+    response_model=ChatCompletion,
+    responses=GENERATION_RESPONSES,
+    route_class_override=GenerationRoute,
+)
+router.add_api_route(
+    "/completions",
+    create_completion,
+    methods=["POST"],
+    response_model=Completion,
+    responses=GENERATION_RESPONSES,
+    route_class_override=GenerationRoute,
+)
 
 
 def refuse_long_chunks(body: ChatCompletionRequest | CompletionRequest, limit: int) -> None:

@@ -179,6 +179,11 @@ class RequestTrace:
         self._closing = self._settling = self._failed = False
         self._engine_began = 0.0
 
+    @property
+    def trace_id(self) -> str:
+        """The request's trace id, 32 hex digits (as the access log and the logs name it)."""
+        return format(self.root.get_span_context().trace_id, "032x")
+
     def attach(self) -> Token[Context]:
         """Make the request's span current in this context; the token to :meth:`detach`."""
         return context.attach(self._context)

@@ -6,6 +6,7 @@ engine handed the engine span's; and once over OTLP/HTTP to a receiver on loopba
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +14,8 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from app import tracing
+from app import access_log, tracing
+from app.access_log import AccessLine
 from app.tracing import request as names
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.serving import TENANT, Served, ServeFactory, chat, eventually
@@ -127,17 +129,29 @@ async def test_the_span_count_does_not_grow_with_the_tokens_streamed(
     assert dict(many[f"chat {served.model}"].attributes or {})["gen_ai.usage.output_tokens"] == 64
 
 
-async def test_an_incoming_traceparent_is_the_request_spans_parent(
-    serve: ServeFactory, spans: InMemorySpanExporter
+async def test_an_incoming_traceparent_is_the_request_spans_parent_and_the_access_lines(
+    serve: ServeFactory, spans: InMemorySpanExporter, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with serve(ScriptedEngine()) as served:
-        parent = f"00-{PARENT_TRACE}-{PARENT_SPAN}-01"
-        await stream(served, chat(served, max_tokens=2, stream=True), traceparent=parent)
-        (tree,) = await request_tree(spans)
+    parent = f"00-{PARENT_TRACE}-{PARENT_SPAN}-01"
+    with caplog.at_level(logging.INFO, logger=access_log.LOGGER.name):
+        async with serve(ScriptedEngine()) as served, served.client() as client:
+            await stream(served, chat(served, max_tokens=2, stream=True), traceparent=parent)
+            unknown = await client.post("/v1/chat/completions", json=chat(served, model="nope"))
+            assert unknown.status_code == 404
+            tree, refused = await request_tree(spans, 2)
     root = tree[f"chat {served.model}"]
     assert root.context.trace_id == int(PARENT_TRACE, 16)
     assert root.parent is not None and root.parent.span_id == int(PARENT_SPAN, 16)
     assert root.parent.is_remote
+    lines = [r.msg for r in caplog.records if isinstance(r.msg, AccessLine)]
+    assert [
+        (line["status"], line["trace_id"])
+        for line in lines
+        if line["path"] == "/v1/chat/completions"
+    ] == [
+        (200, PARENT_TRACE),
+        (404, format(refused["chat nope"].context.trace_id, "032x")),
+    ]
 
 
 async def test_a_refusal_sets_the_error_status_and_type_and_nothing_runs(

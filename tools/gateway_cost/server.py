@@ -29,6 +29,7 @@ from fastapi import FastAPI
 from safetensors.numpy import save_file
 from vllm import SamplingParams
 
+from app import access_log
 from app.engine.base import Engine
 from app.main import create_app
 from app.server import run
@@ -110,6 +111,9 @@ def main(argv: list[str] | None = None) -> None:
             await engine.close()
 
     settings = settings_for(args.workdir, args.port, args.upstream_url, args.stream_interval)
+    # Logging as `lora-gateway serve` sets it up: the access log at its default (INFO) costs
+    # what it costs in production.
+    access_log.configure(settings.log_level, settings.log_format)
     app = create_app(settings, engine_factory=paced)
     if not args.upstream_url:
         add_engine_alone_route(app, engines)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from app import metrics, tracing
+from app.access_log import AccessRecord
 from app.errors import AdapterUnservableError, GatewayError
 from app.inside_vllm.objectives import Objectives
 from app.overhead import RequestOverhead
@@ -61,6 +62,12 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
+
+# Every settlement's metrics, their children looked up once.
+_REQUESTS = metrics.Children(metrics.REQUESTS)
+_PROMPT_TOKENS = metrics.Children(metrics.PROMPT_TOKENS)
+_COMPLETION_TOKENS = metrics.Children(metrics.COMPLETION_TOKENS)
+_REQUEST_DURATION = metrics.Children(metrics.REQUEST_DURATION)
 
 SHADOW_OUTCOMES: dict[Outcome, str] = {"ok": "ok", "error": "error", "cancelled": "preempted"}
 
@@ -143,6 +150,39 @@ def _exit_once_entered(copy: AbstractContextManager[Path], entering: asyncio.Fut
         copy.__exit__(None, None, None)
 
 
+class LeaseRenewal:
+    """Renews ``reservation``'s lease every ``every`` seconds until :meth:`stop`. A timer
+    between renewals, not a task per request: most requests end before their first."""
+
+    def __init__(self, quota: QuotaBackend, reservation: Reservation, every: float) -> None:
+        self._quota = quota
+        self._reservation = reservation
+        self._every = every
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = self._loop.call_later(every, self._due)
+        self._renewing: asyncio.Task[None] | None = None
+
+    def _due(self) -> None:
+        self._timer = None
+        self._renewing = self._loop.create_task(self._renew())
+
+    async def _renew(self) -> None:
+        try:
+            await self._quota.renew(self._reservation)
+        except Exception:
+            logger.warning("could not renew lease %s", self._reservation.id, exc_info=True)
+        self._renewing = None
+        self._timer = self._loop.call_later(self._every, self._due)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._renewing is not None:
+            self._renewing.cancel()
+            self._renewing = None
+
+
 class RequestTracker:
     def __init__(
         self,
@@ -210,6 +250,7 @@ class RequestTracker:
         pinned: Pin | None = None,
         batch: BatchLine | None = None,
         overhead: RequestOverhead | None = None,
+        access: AccessRecord | None = None,
     ) -> AsyncIterator[RunT]:
         """Admit the request and yield its :class:`Run`; settle and record it on exit.
         ``body_bytes``, the size of the request's body where it is known, bounds the work of
@@ -218,7 +259,8 @@ class RequestTracker:
         ``batch``, the batch line it is, whose usage record goes to the line's own sink
         rather than the ledger's queue (the line commits it with its output); ``overhead``,
         where the request's time in the gateway's own code is counted (app/overhead.py):
-        observed once it is settled."""
+        observed once it is settled; ``access``, its access line's record
+        (app/access_log.py), given the alias, version, queue wait and what it used."""
         overhead = overhead or RequestOverhead(self._role)
         request_trace = tracing.of(overhead)
         # This host's copy of the request's adapter stays in place until the request ended.
@@ -239,10 +281,15 @@ class RequestTracker:
             run = service.start(request, generation, reservation)
             began = time.monotonic()
             adapter = generation.target.adapter
+            if access is not None:
+                access.model = generation.target.model
+                access.version = adapter.version if adapter is not None else None
             started_at = datetime.now(timezone.utc)
             if adapter is not None:
                 self.last_used[adapter.lora_id] = started_at
-            lease = asyncio.create_task(self._keep_lease(reservation)) if reservation else None
+            lease = (
+                LeaseRenewal(self._quota, reservation, self._renew_every) if reservation else None
+            )
             ticket = ticket_of(generation)
             if batch is not None:
                 # A batch's lines queue apart from their tenant's own requests, at the batch
@@ -265,6 +312,8 @@ class RequestTracker:
                     spend_wait(generation.params, waited)
                     if request_trace is not None:
                         run.trace_headers = request_trace.admitted(waited)
+                    if access is not None:
+                        access.queue_wait = waited
                     # The slot goes back as the engine ends the request, not after its
                     # answer has been written, settled and recorded.
                     run.when_ended(partial(self._give_back, run, slot))
@@ -282,14 +331,16 @@ class RequestTracker:
                     raise
                 finally:
                     if lease is not None:
-                        lease.cancel()
+                        lease.stop()
                     if request_trace is not None and refused is None:
                         request_trace.expect_settlement()
                     # Shielded: a shutdown that cancels this request still settles and records it.
                     finish = (
-                        self._finish(run, outcome, began, started_at, request.user, overhead, batch)
+                        self._finish(
+                            run, outcome, began, started_at, request.user, overhead, batch, access
+                        )
                         if refused is None
-                        else self._refused(run, refused)
+                        else self._refused(run, refused, access)
                     )
                     await asyncio.shield(self._spawn(self._released_after(finish, run, slot)))
                     candidate = generation.target.shadow
@@ -458,15 +509,9 @@ class RequestTracker:
             self._ledger.refused(tenant.uid, tenant.id, limit)
             raise
 
-    async def _keep_lease(self, reservation: Reservation) -> None:
-        while True:
-            await asyncio.sleep(self._renew_every)
-            try:
-                await self._quota.renew(reservation)
-            except Exception:
-                logger.warning("could not renew lease %s", reservation.id, exc_info=True)
-
-    async def _refused(self, run: Run, refusal: AdmissionRefused) -> None:
+    async def _refused(
+        self, run: Run, refusal: AdmissionRefused, access: AccessRecord | None
+    ) -> None:
         """A request the scheduler refused never ran: its reservation is returned whole and
         it is counted as refused, with no usage record (like any refusal)."""
         await run.close()
@@ -477,6 +522,8 @@ class RequestTracker:
         metrics.REQUESTS.labels(
             generation.principal.tenant.id, generation.target.model, generation.endpoint, status
         ).inc()
+        if access is not None:
+            access.settled(status, 0, 0, None)
 
     @classmethod
     async def _released_after(cls, finish: Coroutine[Any, Any, None], run: Run, slot: Slot) -> None:
@@ -502,9 +549,10 @@ class RequestTracker:
         user: str | None,
         overhead: RequestOverhead,
         batch: BatchLine | None = None,
+        access: AccessRecord | None = None,
     ) -> None:
         """Close the run, then settle and record with what it produced; then observe the
-        request's overhead."""
+        request's overhead (and fill its access record)."""
         overhead.add("engine", run.gateway_seconds)
         request_trace = tracing.of(overhead)
         if request_trace is not None:
@@ -532,10 +580,10 @@ class RequestTracker:
             generation.target.model,
             (generation.endpoint),
         )
-        metrics.REQUESTS.labels(tenant, model, endpoint, outcome).inc()
-        metrics.PROMPT_TOKENS.labels(tenant, model).inc(prompt_tokens)
-        metrics.COMPLETION_TOKENS.labels(tenant, model).inc(completion_tokens)
-        metrics.REQUEST_DURATION.labels(tenant, model, endpoint).observe(time.monotonic() - began)
+        _REQUESTS(tenant, model, endpoint, outcome).inc()
+        _PROMPT_TOKENS(tenant, model).inc(prompt_tokens)
+        _COMPLETION_TOKENS(tenant, model).inc(completion_tokens)
+        _REQUEST_DURATION(tenant, model, endpoint).observe(time.monotonic() - began)
         record = self._record(run, outcome, began, started_at, user, batch)
         objectives = Objectives.of(generation.params.extra_args)
         if outcome == "ok" and objectives is not None and objectives.any:
@@ -551,6 +599,8 @@ class RequestTracker:
                 metrics.SPLIT_TIME_TO_FIRST_TOKEN.labels(tenant, model, version).observe(ttft)
         overhead.end("settlement")
         overhead.observe()
+        if access is not None:
+            access.settled(outcome, prompt_tokens, completion_tokens, record.ttft_ms)
 
     def _record(
         self,
