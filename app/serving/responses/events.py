@@ -93,9 +93,10 @@ class _Events:
         return made.model_dump(mode="json")
 
     def opening(self) -> list[str]:
+        opened = self.response("in_progress")  # both events show the same Response
         return [
-            self.event("response.created", response=self.response("in_progress")),
-            self.event("response.in_progress", response=self.response("in_progress")),
+            self.event("response.created", response=opened),
+            self.event("response.in_progress", response=opened),
         ]
 
     def chunk(self, chunk: dict[str, Any]) -> list[str]:
