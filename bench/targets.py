@@ -388,7 +388,7 @@ DECLARED_TARGETS: tuple[DeclaredTarget, ...] = (
     ),
     DeclaredTarget(
         "responses.store",
-        "make gateway-cost",
+        "python -m tools.responses_store_bench",
         "store: true over store: false, 64 concurrent requests: <= 5 ms added at p99, "
         "SQLite and PostgreSQL",
         51,

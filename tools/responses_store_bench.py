@@ -125,7 +125,13 @@ def _typical(response_id: str) -> StoredResponse:
         model="base",
         adapter=None,
         adapter_version=None,
-        body={"id": response_id, "object": "response", "output": [message], "usage": usage},
+        body={
+            "id": response_id,
+            "object": "response",
+            "status": "completed",
+            "output": [message],
+            "usage": usage,
+        },
         input_items=[{"id": "msg_in", "type": "message", "role": "user", "content": [asked]}],
         context=[],
     )

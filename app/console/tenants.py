@@ -172,6 +172,8 @@ async def tenant_page(
         keys=keys,
         key_quotas=key_quotas,
         quota=await admin.get_quota(tenant_id),
+        storage_used=await gateway.files.store.storage_used(row.uid),
+        storage_cap=await gateway.files.store.storage_cap(tenant_id),
         grants=grants,
         comparisons=comparisons,
         adapters=await admin.adapters_page(limit=None),

@@ -10,10 +10,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
-from sqlalchemy import insert
+from sqlalchemy import insert, select
 
 from app.api.admin.deps import actor_name
-from app.store.tables import AdapterVersionRow, TenantRow
+from app.store.tables import AdapterVersionRow, StoredResponseRow, TenantRow
 from app.tenancy.manifests import MAX_OBJECTIVE_MS
 from tests.support.archives import tiny_adapter_archive
 from tests.support.console import Console, console
@@ -341,3 +341,43 @@ async def test_inputs_the_rest_api_refuses_are_400s_naming_the_field_in_the_cons
         assert deep.status_code == 400 and "`rollback`" in deep.text
         grants = await served.admin("GET", f"/tenants/{TENANT}/adapters")
         assert [(g["alias"], g["versions"]) for g in grants] == [("helper", {"1": 50, "2": 50})]
+
+
+async def test_the_tenant_page_shows_its_stored_bytes_against_its_storage_cap(
+    serve: ServeFactory,
+) -> None:
+    async with (
+        serve(ScriptedEngine(), default_storage_bytes=10**9) as served,
+        console(served.base_url) as ui,
+        served.client() as tenant,
+    ):
+        page = await ui.get(f"/tenants/{TENANT}")
+        assert stored_line(page.text) == ("0", "1,000,000,000", True)
+
+        line = '{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions"}\n'
+        upload = await tenant.post(
+            "/v1/files", data={"purpose": "batch"}, files={"file": ("in.jsonl", line)}
+        )
+        assert upload.status_code == 200, upload.text
+        body = {"model": served.model, "input": "hi", "max_output_tokens": 3}
+        answer = await tenant.post("/v1/responses", json=body)
+        assert answer.status_code == 200, answer.text
+        async with served.gateway.sessions() as session:
+            [response_bytes] = (await session.scalars(select(StoredResponseRow.size_bytes))).all()
+        await served.set_quota(storage_bytes=123_456_789)
+
+        page = await ui.get(f"/tenants/{TENANT}")
+        used = len(line.encode()) + response_bytes
+        assert response_bytes > 0
+        assert stored_line(page.text) == (f"{used:,}", "123,456,789", False)
+
+
+def stored_line(text: str) -> tuple[str, str, bool]:
+    """The tenant page's stored bytes, its cap, and whether the cap is the default."""
+    found = re.search(
+        r'<p id="storage">Stored: <strong>([\d,]+)</strong> of ([\d,]+) bytes'
+        r"\s*\(<code>storage_bytes</code>(, the default)?\)",
+        text,
+    )
+    assert found is not None, text
+    return found[1], found[2], found[3] is not None

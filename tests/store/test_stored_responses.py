@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.store.responses import ResponseStore, StoredResponse, page
 from app.store.tables import StoredResponseRow
+from tools.responses_store_bench import _typical
 
 DAY = timedelta(days=1)
 
@@ -121,3 +122,11 @@ def test_items_are_paged_after_an_id_in_either_order() -> None:
     assert exact is not None and [i["id"] for i in exact.items] == ["i3", "i4"]
     assert not exact.has_more
     assert page(items, after="unknown", limit=2, order="asc") is None
+
+
+async def test_the_store_benchmarks_timed_response_is_one_the_store_saves(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    store = ResponseStore(sessions, 30 * DAY)
+    await store.save("bench", _typical("resp_1"))
+    assert await store.get("bench", "resp_1") == _typical("resp_1")

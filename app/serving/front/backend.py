@@ -51,6 +51,7 @@ from app.serving.preparation.generation import (
 )
 from app.serving.preparation.structured import OutputConstraints
 from app.serving.sse import DONE, event
+from app.serving.text_stream import TextEnd, TextPiece, TextStream
 from app.settings import Settings
 from app.tenancy.adapters import Adapter
 from app.tenancy.tenants import ModelTarget, Principal
@@ -245,6 +246,17 @@ class FrontChatService(FrontEndpoint[ChatCompletionRequest]):
                 param="tool_choice",
             )
         return super().prepare(request, principal, target, request_id)
+
+    async def text_stream(self, request: ChatCompletionRequest, run: UpstreamRun) -> TextStream:
+        """The one choice's text as the upstream streams it (:mod:`app.serving.text_stream`):
+        each chunk read once, into the chunk model, and not written again."""
+        async with aclosing(run.chunks(ChatCompletionChunk)) as chunks:
+            async for chunk in chunks:
+                assert isinstance(chunk, ChatCompletionChunk)  # no relay: every chunk is read
+                if chunk.choices:
+                    choice = chunk.choices[0]
+                    yield TextPiece(choice.delta.content or "", choice.finish_reason)
+        yield TextEnd(run.prompt_tokens, run.completion_tokens)
 
 
 class FrontCompletionService(FrontEndpoint[CompletionRequest]):

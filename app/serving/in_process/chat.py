@@ -30,6 +30,7 @@ from app.serving.preparation import generation as gen
 from app.serving.preparation import tools
 from app.serving.preparation.chat import ChatPreparation
 from app.serving.sse import event_stream
+from app.serving.text_stream import TextEnd, TextPiece, TextStream
 
 
 class ChatService(gen.Prepared[ChatCompletionRequest]):
@@ -115,6 +116,15 @@ class ChatService(gen.Prepared[ChatCompletionRequest]):
             usage=partial(chunk, []) if request.include_usage else None,
             prompt_tokens=generation.prompt_tokens,
         )
+
+    async def text_stream(self, request: ChatCompletionRequest, run: EngineRun) -> TextStream:
+        """The one choice's text as the engine produces it (:mod:`app.serving.text_stream`)."""
+        completion_tokens = 0
+        async for output in run.outputs():
+            for out in output.outputs:
+                completion_tokens += len(out.token_ids)
+                yield TextPiece(out.text, gen.finish_reason(out.finish_reason))
+        yield TextEnd(run.generation.prompt_tokens, completion_tokens)
 
     def _stream_call(
         self,

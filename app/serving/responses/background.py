@@ -195,6 +195,11 @@ class BackgroundResponses:
                 logger.error("background response %s failed", response_id, exc_info=exc)
                 exc = GatewayError("The server had an error while processing your request.")
             await self._end(translated, queued, ran, "failed", error_of(exc.body()))
+        else:
+            # A cancel from another replica may have come after the engine's last token and
+            # before its answer was stored (which then left the row as the cancel wrote it):
+            # it stays cancelled, without that output, and gets the usage it was charged.
+            await self._end(translated, queued, ran, "cancelled", None, only_from=("cancelled",))
 
     async def _end(
         self,
@@ -203,14 +208,18 @@ class BackgroundResponses:
         ran: list[Run],
         status: str,
         error: ResponseError | None,
+        *,
+        only_from: tuple[str, ...] | None = None,
     ) -> None:
-        """Write the response's end: ``status``, with the usage of what the engine produced.
-        A cancel may already have written ``cancelled`` (from another replica): its usage is
-        completed here."""
+        """Write the response's end: ``status``, with no output and the usage of what the
+        engine produced, where its status is one of ``only_from`` (by default, one it moves on
+        from). A cancel may already have written ``cancelled`` (from another replica): its
+        usage is completed here."""
         made = response(translated, [], status=status, error=error)
         if ran:
             made.usage = usage(ran[0].prompt_tokens, ran[0].completion_tokens)
-        only_from = (*ACTIVE, "cancelled") if status == "cancelled" else ACTIVE
+        if only_from is None:
+            only_from = (*ACTIVE, "cancelled") if status == "cancelled" else ACTIVE
         body = {**queued, **made.model_dump(mode="json", include={"status", "error", "usage"})}
         body["completed_at"] = made.completed_at
         await shield(self.store.finish(translated.response_id, body, only_from=only_from))

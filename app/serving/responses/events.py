@@ -1,12 +1,16 @@
-"""A chat completion's stream, read back as the Responses API's events.
+"""A chat completion's stream as the Responses API's events.
 
-The chat service's server-sent events (``data: <chunk>``, then ``data: [DONE]``, or an error
-event before it) become OpenAI's sequence: ``response.created`` and ``response.in_progress``
-with the first chunk; per output item ``response.output_item.added``, its content
-(``response.content_part.added``, ``response.output_text.delta``... or
-``response.function_call_arguments.delta``...) and ``response.output_item.done``; then one of
-``response.completed``, ``response.incomplete`` or ``response.failed``. Every event carries a
-``sequence_number``, counted from 0.
+OpenAI's sequence: ``response.created`` and ``response.in_progress`` with the first output;
+per output item ``response.output_item.added``, its content (``response.content_part.added``,
+``response.output_text.delta``... or ``response.function_call_arguments.delta``...) and
+``response.output_item.done``; then one of ``response.completed``, ``response.incomplete`` or
+``response.failed``. Every event carries a ``sequence_number``, counted from 0.
+
+Two sources, one sequence. A request whose chat stream is plain text (most) is read from the
+chat service's typed pieces (:func:`text_events`, :mod:`app.serving.text_stream`): what the
+engine produced, with no chat chunk written to be parsed back, and each text delta one string
+formatted around its text. One with tools is read back from the chat service's server-sent
+events (:func:`response_events`), where its calls are assembled.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
+from app.errors import GatewayError
 from app.protocol.responses_api import (
     FunctionCallOutput,
     OutputItem,
@@ -29,6 +35,7 @@ from app.protocol.responses_api import (
 from app.serving.lifecycle.runs import ClientDisconnected
 from app.serving.preparation.responses import Translated, new_id
 from app.serving.responses import output
+from app.serving.text_stream import TextPiece, TextStream
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +62,8 @@ class _Events:
         self.open_calls: list[_Call] = []
         self.finish_reason: str | None = None
         self.usage: ResponseUsage | None = None
+        self.delta_template = ("", "", "")
+        """The open message's text delta event, cut where its sequence number and text go."""
         self.ended = False
         """Whether the final event has been made: nothing follows it."""
 
@@ -62,6 +71,15 @@ class _Events:
         body = json.dumps({"type": kind, "sequence_number": self.sequence, **fields})
         self.sequence += 1
         return f"event: {kind}\ndata: {body}\n\n"
+
+    def text_delta(self, text: str) -> str:
+        """The open message's next ``response.output_text.delta``, as :meth:`event` writes
+        it: the JSON around its sequence number and text is formatted once per message."""
+        self.text.append(text)
+        sequence = self.sequence
+        self.sequence += 1
+        head, middle, tail = self.delta_template
+        return f"{head}{sequence}{middle}{encode_basestring_ascii(text)}{tail}"
 
     def response(self, status: str, **extra: Any) -> dict[str, Any]:
         made = output.response(
@@ -75,9 +93,10 @@ class _Events:
         return made.model_dump(mode="json")
 
     def opening(self) -> list[str]:
+        opened = self.response("in_progress")  # both events show the same Response
         return [
-            self.event("response.created", response=self.response("in_progress")),
-            self.event("response.in_progress", response=self.response("in_progress")),
+            self.event("response.created", response=opened),
+            self.event("response.in_progress", response=opened),
         ]
 
     def chunk(self, chunk: dict[str, Any]) -> list[str]:
@@ -100,6 +119,7 @@ class _Events:
         if self.message is None:
             self.message = OutputMessage(id=new_id("msg"), status="in_progress", content=[])
             events.append(self._added(self.message))
+            self.delta_template = _delta_template(self.message.id, len(self.items) - 1)
             events.append(
                 self.event(
                     "response.content_part.added",
@@ -109,17 +129,8 @@ class _Events:
                     part=OutputText(text="").model_dump(),
                 )
             )
-        self.text.append(text)
-        events.append(
-            self.event(
-                "response.output_text.delta",
-                item_id=self.message.id,
-                output_index=len(self.items) - 1,
-                content_index=0,
-                delta=text,
-                logprobs=[],
-            )
-        )
+        if text:
+            events.append(self.text_delta(text))
         return events
 
     def _added(self, item: OutputItem) -> str:
@@ -198,7 +209,7 @@ class _Events:
         as a non-streamed Response would have."""
         events = []
         if not self.items:
-            events += self._text("")[:2]
+            events += self._text("")
         events += self._close_message()
         for call in self.open_calls:
             arguments = "".join(call.arguments)
@@ -232,6 +243,26 @@ class _Events:
         error: ResponseError = output.error_of(body)
         self.ended = True
         return self.event("response.failed", response=self.response("failed", error=error))
+
+
+_MARK = "\x00mark\x00"
+
+
+def _delta_template(item_id: str, output_index: int) -> tuple[str, str, str]:
+    """A ``response.output_text.delta`` event of message ``item_id`` as :meth:`_Events.event`
+    writes it, cut around its sequence number and its text."""
+    kind = "response.output_text.delta"
+    fields = {
+        "type": kind,
+        "sequence_number": _MARK,
+        "item_id": item_id,
+        "output_index": output_index,
+        "content_index": 0,
+        "delta": _MARK,
+        "logprobs": [],
+    }
+    head, middle, tail = f"event: {kind}\ndata: {json.dumps(fields)}\n\n".split(json.dumps(_MARK))
+    return head, middle, tail
 
 
 def _payloads(text: str) -> list[str]:
@@ -280,3 +311,49 @@ async def response_events(
         yield events.failed(failure)
     finally:
         await chat_events.aclose()  # type: ignore[attr-defined]
+
+
+async def text_events(
+    translated: Translated, pieces: TextStream, finish: Finish
+) -> AsyncIterator[str]:
+    """``pieces`` (a chat service's text stream) as the Response's events. ``finish`` is
+    awaited with the finished Response before its last event, as for :func:`response_events`.
+    A failure before the first piece is raised, for the response to get its own status; any
+    later one ends the stream with ``response.failed``."""
+    events = _Events(translated)
+    opened = False
+    try:
+        async for piece in pieces:
+            if not isinstance(piece, TextPiece):  # the end: its counts
+                events.usage = output.usage(piece.prompt_tokens, piece.completion_tokens)
+                continue
+            if opened and events.message is not None and piece.finish_reason is None:
+                if piece.text:  # most pieces: the message's next text
+                    yield events.text_delta(piece.text)
+                continue
+            out = [] if opened else events.opening()
+            opened = True
+            if piece.text or events.message is None:
+                out += events._text(piece.text)
+            if piece.finish_reason is not None:
+                events.finish_reason = piece.finish_reason
+            yield "".join(out)
+        out = [] if opened else events.opening()
+        opened = True
+        out += events.closing()
+        made, last = events.final()
+        await finish(made)
+        out.append(last)
+        yield "".join(out)
+    except ClientDisconnected:
+        raise
+    except Exception as exc:
+        if not opened or events.ended:
+            raise
+        if isinstance(exc, GatewayError):
+            yield events.failed(exc.body())
+        else:
+            logger.exception("responses stream failed")
+            yield events.failed({"error": {"message": "The server had an error while streaming."}})
+    finally:
+        await pieces.aclose()

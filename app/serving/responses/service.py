@@ -17,8 +17,9 @@ from app.quota import Reservation
 from app.serving.lifecycle.runs import Run, Service
 from app.serving.preparation.generation import Generation
 from app.serving.preparation.responses import Translated, as_responses_error
-from app.serving.responses.events import response_events
+from app.serving.responses.events import response_events, text_events
 from app.serving.responses.output import from_chat
+from app.serving.text_stream import TextStreaming, streams_as_text
 from app.store.responses import ResponseStore, StoredResponse
 from app.tenancy.tenants import ModelTarget, Principal
 
@@ -75,10 +76,16 @@ class ResponsesService:
         return response
 
     def stream(self, request: ChatCompletionRequest, run: Run) -> AsyncIterator[str]:
+        """The Response's events: from the chat service's text stream where it has one for
+        ``request`` (plain text), else read back from its chat stream (tools)."""
+
         async def finish(response: ResponseObject) -> None:
             await self._keep(run, response)
 
-        return response_events(self._translated, self._chat.stream(request, run), finish)
+        chat = self._chat
+        if isinstance(chat, TextStreaming) and streams_as_text(request):
+            return text_events(self._translated, chat.text_stream(request, run), finish)
+        return response_events(self._translated, chat.stream(request, run), finish)
 
     async def _keep(self, run: Run, response: ResponseObject) -> None:
         """Store ``response`` when its request asked for it (a shadow run's never)."""

@@ -5,6 +5,7 @@ died (its lease expired)."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -120,6 +121,8 @@ async def test_cancel_aborts_on_the_engine_and_settles_what_it_produced(
         await eventually(lambda: any(r.produced > 1 for r in engine.requests.values()))
         cancelled = strict(await tenant.responses.cancel(created.id))
         assert cancelled.status == "cancelled"
+        assert cancelled.output == [] and cancelled.error is None
+        assert cancelled.completed_at is None
         [request_id] = engine.requests
         assert engine.aborted == [request_id]
         assert cancelled.usage is not None and 0 < cancelled.usage.output_tokens < 500
@@ -171,7 +174,35 @@ async def test_a_cancel_on_another_replica_stops_it_where_it_runs(serve: ServeFa
         while settled.usage is None:
             settled = strict(await client(second).responses.retrieve(created.id))
         assert settled.usage.output_tokens == record.completion_tokens
+        assert settled.output == [] and settled.error is None
         assert other.requests == {}
+
+
+async def test_a_cancel_on_another_replica_after_its_last_token_keeps_no_output(
+    serve: ServeFactory,
+) -> None:
+    # The running replica would notice the cancel only at a renewal, long after the end: its
+    # answer finds the row cancelled, and fills in the usage alone.
+    running = ScriptedEngine(step_seconds=0.05)
+    async with serve(running) as first, serve(ScriptedEngine()) as second:
+        created = await client(first).responses.create(
+            model=first.model, input="hi", max_output_tokens=10, background=True
+        )
+        await polled(first, created.id, "in_progress")
+        cancelled = await client(second).responses.cancel(created.id)
+        assert cancelled.status == "cancelled" and cancelled.usage is None
+        await eventually(lambda: all(r.finished for r in running.requests.values()))
+        await first.settled()
+        [record] = await first.usage_records()
+        assert record.completion_tokens == 10 and running.aborted == []
+        settled = strict(await polled(second, created.id, "cancelled"))
+        async with asyncio.timeout(30):  # bounds only a hang: the usage is never filled in
+            while settled.usage is None:
+                settled = strict(await client(second).responses.retrieve(created.id))
+        assert settled.status == "cancelled"
+        assert settled.output == [] and settled.error is None
+        assert settled.usage.output_tokens == 10
+        assert await leases_held(first) == []
 
 
 async def test_another_tenants_background_response_is_not_found(serve: ServeFactory) -> None:
