@@ -33,6 +33,7 @@ import httpx
 import openai
 
 from app.settings import Settings
+from bench.__main__ import settings_pairs
 from bench.batch_workload import BatchSizes, batch_file, batch_records
 from bench.client import Call, RequestRecord, run_closed_loop, run_workload
 from bench.config import (
@@ -76,6 +77,8 @@ class BatchBenchConfig:
     draws: int = 2000
     timeout_seconds: float = 1800.0  # longest a batch, or a closed loop, may run
     out: Path = Path("bench/results")
+    # More LORA_GATEWAY_* settings for the gateway (name without the prefix -> value).
+    gateway_settings: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -306,6 +309,11 @@ def render(samples: Sequence[Sample], context: dict[str, Any]) -> tuple[str, lis
         f"- when (UTC): {context['started']}; wall time {context['wall_seconds']:.0f} s; "
         f"machine: {context['machine']}",
         f"- sizes: {context['sizes']}",
+        *(
+            [f"- gateway settings: {', '.join(settings)}"]
+            if (settings := context.get("gateway_settings"))
+            else []
+        ),
         f"- interactive rate: {context['rate']:.3f} req/s ({context['load']:.0%} of round 1's "
         "saturation)",
         f"- the batch's time, upload to `completed` (s), by round: alone "
@@ -343,7 +351,9 @@ async def run(config: BatchBenchConfig, settings: Settings, command: str) -> Pat
     adapters = await asyncio.to_thread(
         ensure_bench_adapters, Path(settings.model), bench.adapter_cache, config.sizes.adapters
     )
-    system = GatewaySystem(engine, bench.adapter_cache, work_dir, name=GATEWAY)
+    system = GatewaySystem(
+        engine, bench.adapter_cache, work_dir, name=GATEWAY, extra=dict(config.gateway_settings)
+    )
     tenant = BatchTenant(system, adapters)
     samples: list[Sample] = []
     rate: float | None = None
@@ -370,6 +380,7 @@ async def run(config: BatchBenchConfig, settings: Settings, command: str) -> Pat
         "wall_seconds": time.perf_counter() - clock,
         "machine": _machine(),
         "sizes": _sizes_text(config.sizes),
+        "gateway_settings": [f"LORA_GATEWAY_{n}={v}" for n, v in config.gateway_settings],
         "config": {**asdict(config.sizes), "rounds": config.rounds},
         "rate": rate,
         "load": config.sizes.load,
@@ -423,6 +434,10 @@ def parse(argv: Sequence[str] | None = None) -> BatchBenchConfig:
     parser.add_argument("--line-tokens", type=int, help="output tokens of each line (default 4)")
     parser.add_argument("--load", type=float, help="interactive load, share of saturation")
     parser.add_argument("--online-concurrency", type=int, help="the lines sent online")
+    parser.add_argument(
+        "--gateway-settings", type=settings_pairs, help="more LORA_GATEWAY_* settings, e.g. "
+        "BATCH_CONCURRENCY=32",
+    )  # fmt: skip
     parser.add_argument("--draws", type=int)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
@@ -437,7 +452,12 @@ def parse(argv: Sequence[str] | None = None) -> BatchBenchConfig:
     }  # fmt: skip
     top = {
         name: value
-        for name, value in (("rounds", args.rounds), ("draws", args.draws), ("out", args.out))
+        for name, value in (
+            ("rounds", args.rounds),
+            ("draws", args.draws),
+            ("out", args.out),
+            ("gateway_settings", args.gateway_settings),
+        )
         if value is not None
     }
     try:

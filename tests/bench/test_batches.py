@@ -227,6 +227,10 @@ def test_the_command_line_sets_the_sizes() -> None:
     assert parse(["--quick"]).sizes.lines == 200
     with pytest.raises(SystemExit):
         parse(["--load", "1.5"])
+    settings = parse(["--gateway-settings", "BATCH_CONCURRENCY=64"]).gateway_settings
+    assert settings == (("BATCH_CONCURRENCY", "64"),)
+    with pytest.raises(SystemExit):
+        parse(["--gateway-settings", "BATCH_CONCURRENCY"])
 
 
 async def test_an_open_loop_stops_sending_once_told() -> None:
