@@ -390,7 +390,8 @@ async def run(config: BatchBenchConfig, settings: Settings, command: str) -> Pat
         "draws": config.draws,
     }
     text, targets = render(samples, context)
-    write_requests(out_dir / "requests.jsonl", samples)
+    # The capacity left is the load's records again, under another point: written once.
+    write_requests(out_dir / "requests.jsonl", [s for s in samples if s.point != CAPACITY_LEFT])
     (out_dir / "summary.md").write_text(text)
     summary = {
         "context": context,
