@@ -21,9 +21,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -58,11 +60,13 @@ from bench.stats import (
     TPOT_P50,
     TTFT_P50,
     TTFT_P99,
+    Figure,
     Sample,
     median_of_rounds,
 )
 from bench.systems import ADMIN_HEADERS, GatewaySystem
 from bench.targets import evaluate_batches
+from bench.workload import PlannedRequest
 
 BATCH_TENANT = "tenant-batch"
 TERMINAL = ("completed", "failed", "expired", "cancelled")
@@ -135,10 +139,10 @@ class BatchTenant:
                 )  # fmt: skip
         await asyncio.sleep(2 * self.system.engine.settings.registry_poll_seconds)
 
-    def model_of(self, planned: Any) -> str:
+    def model_of(self, planned: PlannedRequest) -> str:
         return self.system.call_for(planned, self.adapters).model
 
-    def call_for(self, planned: Any) -> Call:
+    def call_for(self, planned: PlannedRequest) -> Call:
         return Call(self.model_of(planned), self.key)
 
     async def run(
@@ -239,7 +243,7 @@ async def one_round(
     round_: int,
     rate: float | None,
     load_seconds: float | None,
-    say: Any,
+    say: Callable[[str], None],
 ) -> tuple[list[Sample], float, float]:
     """One round's samples, the interactive rate (set by round 1's saturation) and how long
     the run with the batch took (the run without it lasts as long)."""
@@ -290,7 +294,7 @@ async def one_round(
     return [*samples, beside, load, without, left], rate, load_seconds
 
 
-def _ms(figure: Any, sample: Sample) -> str:
+def _ms(figure: Figure, sample: Sample) -> str:
     value = figure.of(sample)
     return "-" if value is None else f"{value * 1000:.0f}"
 
@@ -410,9 +414,6 @@ async def run(config: BatchBenchConfig, settings: Settings, command: str) -> Pat
 
 
 def _machine() -> str:
-    import os
-    import platform
-
     return f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
 
 
