@@ -65,7 +65,7 @@ from bench.stats import (
     median_of_rounds,
 )
 from bench.systems import ADMIN_HEADERS, GatewaySystem
-from bench.targets import evaluate_batches
+from bench.targets import TargetResult, evaluate_batches
 from bench.workload import PlannedRequest
 
 BATCH_TENANT = "tenant-batch"
@@ -302,7 +302,7 @@ def _ms(figure: Figure, sample: Sample) -> str:
 POINT_FIGURES = (OUTPUT_TPS, REQUESTS_PS, TTFT_P50, TTFT_P99, TPOT_P50)
 
 
-def render(samples: Sequence[Sample], context: dict[str, Any]) -> tuple[str, list[Any]]:
+def render(samples: Sequence[Sample], context: dict[str, Any]) -> tuple[str, list[TargetResult]]:
     """The report's markdown, and the targets' results."""
     targets = evaluate_batches(samples, context["seed"], context["draws"])
     points = list(dict.fromkeys(s.point for s in samples if s.point != CAPACITY_LEFT))
