@@ -21,11 +21,11 @@ DEMO_ADAPTERS := $(shell $(PYTHON) -c 'from tools.demo.training import DEMO_ADAP
 $(if $(DEMO_ADAPTERS),,$(error could not read the demo adapters' names from tools/demo/training.py with $(PYTHON)))
 
 
-.PHONY: install model adapters demo serve services test test-fast coverage console-screenshots bench bench-quick bench-grid bench-grid-quick bench-lora bench-shadow gateway-cost litellm-compare bench-api-cpu soak lint settings-doc clean help
+.PHONY: install model adapters demo serve services test test-fast coverage console-screenshots bench bench-quick bench-grid bench-grid-quick bench-lora bench-shadow bench-batches gateway-cost litellm-compare bench-api-cpu soak lint settings-doc clean help
 
 help:
 	@sed -n 's/^# \{0,1\}//p' Makefile | head -7
-	@echo "targets: install model adapters demo serve services test test-fast coverage console-screenshots bench bench-quick bench-grid bench-grid-quick bench-lora bench-shadow gateway-cost litellm-compare bench-api-cpu soak lint settings-doc clean"
+	@echo "targets: install model adapters demo serve services test test-fast coverage console-screenshots bench bench-quick bench-grid bench-grid-quick bench-lora bench-shadow bench-batches gateway-cost litellm-compare bench-api-cpu soak lint settings-doc clean"
 
 install: $(VENV)/.installed
 
@@ -144,6 +144,13 @@ bench-lora: install model
 # A tenant's TTFT with its alias shadowed at 100% against no shadow, at one load (bench/shadow.py)
 bench-shadow: install model
 	$(BIN)/python -m bench.shadow
+
+# Scenario (f): a batch through the Files and Batch APIs beside (a)'s interactive load at 50% of
+# saturation, and alone against its lines sent online (bench/batches.py; docs/performance.md,
+# the batches.* rows). Default: 3 rounds of a 2,000-line batch of 4-token lines; on a 2-core
+# CPU BENCH_ARGS="--batch-lines 800" keeps a round near 9 minutes, --quick is one round of 200.
+bench-batches: install model
+	$(BIN)/python -m bench.batches $(BENCH_ARGS)
 
 # The gateway's own CPU per request and per streamed token over an engine that costs nothing,
 # 16 and 256 concurrent streams (docs/performance.md, "The gateway's own cost").

@@ -21,7 +21,8 @@ def _list(kind: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
     return lambda text: tuple(kind(item) for item in text.split(",") if item)
 
 
-def _settings(text: str) -> tuple[tuple[str, str], ...]:
+def settings_pairs(text: str) -> tuple[tuple[str, str], ...]:
+    """``A=1,B=2`` as ``(("A", "1"), ("B", "2"))``; anything but NAME=VALUE pairs is refused."""
     pairs = _list(str)(text)
     if bad := [pair for pair in pairs if "=" not in pair]:
         raise argparse.ArgumentTypeError(f"not NAME=VALUE: {', '.join(bad)}")
@@ -70,7 +71,7 @@ OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "cliff_prompt_tokens": (int, "d: prompt length in tokens, chat template included"),
     "cliff_output_tokens": (int, "d: max_tokens of every request"),
     "gateway_settings": (
-        _settings,
+        settings_pairs,
         "more LORA_GATEWAY_* settings for the gateways, e.g. SCHEDULER_HEADROOM_SLOTS=0",
     ),
     "seed": (int, "workload and bootstrap seed"),

@@ -14,6 +14,7 @@ role-only opening chunk; see ``bench.events``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -138,12 +139,15 @@ async def run_workload(
     *,
     drain_seconds: float,
     on_finished: Callable[[RequestRecord], None] = lambda record: None,
+    until: asyncio.Event | None = None,
 ) -> tuple[list[RequestRecord], float]:
     """Send ``requests`` on schedule; return their records and the run's wall time.
 
     The wall time runs from the workload's start to the last answer (or the
     drain deadline, ``drain_seconds`` after the last arrival, when requests
-    still run then: they are cancelled and count as errors).
+    still run then: they are cancelled and count as errors). ``until``: once it
+    is set, no further request is sent (those sent still run to their end), and
+    only the requests sent have records.
     """
     async with _client(base_url) as client:
         start = time.perf_counter()
@@ -156,7 +160,13 @@ async def run_workload(
         for planned in requests:
             delay = planned.at - clock()
             if delay > 0:
-                await asyncio.sleep(delay)
+                if until is None:
+                    await asyncio.sleep(delay)
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(until.wait(), delay)
+            if until is not None and until.is_set():
+                break
             call = call_for(planned)
             record = RequestRecord(
                 system, point, planned.index, planned.tenant, call.model, planned.at

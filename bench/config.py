@@ -36,6 +36,16 @@ def many_adapters_point(count: int) -> str:
     return f"c: {count} adapters"
 
 
+# Scenario (f), batches (bench/batches.py): one gateway, the batch tenant's lines and (a)'s
+# interactive tenants.
+BATCH_SATURATION = "f: (a) at saturation"
+BATCH_ONLINE = "f: the batch's lines sent online at saturation"
+BATCH_ALONE = "f: the batch alone"
+BATCH_BESIDE = "f: the batch beside the interactive load"
+INTERACTIVE_WITH = "f: interactive load with the batch"
+INTERACTIVE_WITHOUT = "f: interactive load without the batch"
+CAPACITY_LEFT = "f: the capacity the interactive load leaves"
+
 CLIFF_POPULARITIES = ("zipf", "uniform")
 
 

@@ -258,6 +258,31 @@ TOKENS_PER_STEP = Figure(
     lambda r: 1.0 if r.ok else None, _of_steps(lambda steps, tokens, _: tokens / steps),
 )  # fmt: skip
 
+# Scenario (f), batches: what an interactive load leaves of the engine, in the batch's own
+# output tok/s: the batch alone's output tok/s x (1 - the load's output tok/s / (a)'s output
+# tok/s at saturation), both counters of the load's sample. Where the batch's lines are (a)'s
+# requests, the batch alone runs at (a)'s saturation and this is the issue's "batch-alone tok/s
+# minus interactive tok/s"; with lines shorter than (a)'s it keeps the engine's share.
+BATCH_ALONE_TPS = "batch_alone_output_tps"
+SATURATION_TPS = "saturation_output_tps"
+
+
+def _capacity_left(values: Array, sample: Sample) -> Array:
+    """The capacity a load's sample leaves (above); a sample without both counters: its
+    own output tok/s, so that one figure serves both sides of the batch's share."""
+    rates = _rate(values, sample)
+    alone, saturated = sample.counters.get(BATCH_ALONE_TPS), sample.counters.get(SATURATION_TPS)
+    if alone is None or not saturated:
+        return rates
+    left: Array = alone * (1.0 - rates / saturated)
+    return left
+
+
+BATCH_SHARE_TPS = Figure(
+    "batch_share_tps", "output tok/s (a batch's, or the capacity a load leaves it)", True,
+    lambda r: float(r.output_tokens) if r.ok else 0.0, _capacity_left, digits=2,
+)  # fmt: skip
+
 # A sample's latency objectives (scenario e), in seconds: counters, as they are the sample's.
 SLO_TTFT = "slo_ttft_seconds"
 SLO_TPOT = "slo_tpot_seconds"
