@@ -64,6 +64,7 @@ async def test_a_refused_client_waits_for_retry_after() -> None:
         loop.start()
         await asyncio.sleep(0.5)
         await loop.stop()
-        # Every 0.2 s, not as fast as the refusals come back.
-        assert 2 <= server.served <= 4
+        # Every 0.2 s at most, not as fast as the refusals come back (a loaded machine may
+        # serve fewer, never more).
+        assert 1 <= server.served <= 4
         assert all(r.status == 429 and r.retry_after == 0.2 for r in loop.records)
