@@ -8,6 +8,7 @@ fixtures (the app, and with it vLLM and torch: about 10 s of CPU) is imported in
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import ssl
 from pathlib import Path
@@ -89,6 +90,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.nodeid} uses the session's engine (the gateway fixture) outside the "
                 "tests that share it (tests/conftest.py: OWN_ENGINES, SCALE_OUT)"
             )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session) -> object:
+    """Collection without the cyclic garbage collector, and what it imported (vLLM, torch,
+    the app: nearly a million objects, which live as long as the process) frozen out of the
+    collector's generations once it is done. Otherwise each full collection, during the
+    imports and then every few hundred tests, walks them all for about a second of CPU: the
+    app's own start-up does the same (app/server.py)."""
+    gc.disable()
+    try:
+        return (yield)
+    finally:
+        gc.enable()
+        gc.collect()
+        gc.freeze()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """What was frozen back in the collector's care, for the interpreter's last collection
+    (nanobind's modules report what is still alive then as leaked)."""
+    gc.unfreeze()
 
 
 @pytest.fixture(scope="session")

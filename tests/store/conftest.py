@@ -1,5 +1,10 @@
 """The store suite runs on every backend: SQLite, and a throwaway PostgreSQL
-cluster started from the server binaries on the machine."""
+cluster started from the server binaries on the machine.
+
+A test's store (``database_url``) is new and empty, for the tests that migrate it themselves;
+one whose test opens ``sessions`` starts as a copy of a store already migrated (a file copy, or
+PostgreSQL's ``CREATE DATABASE ... TEMPLATE``), which ``open_database`` then finds at the
+latest revision: migrating each test's store anew took most of a store test's time."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from app.settings import EMBEDDED_MODEL_DIR
 from app.store.db import open_database
 from app.tenancy.base_model import BaseModelInfo
 from app.tenancy.storage import LocalAdapterStore
+from tests.support.harness import migrated_store
 from tests.support.servers import free_port
 
 
@@ -72,25 +78,50 @@ def postgres_server() -> Iterator[str]:
         shutil.rmtree(data, ignore_errors=True)
 
 
-async def _create_database(server: str, name: str) -> None:
+async def _create_database(server: str, name: str, template: str | None = None) -> None:
     import asyncpg
 
     connection = await asyncpg.connect(
         server.replace("postgresql+asyncpg", "postgresql") + "/postgres"
     )
     try:
-        await connection.execute(f'CREATE DATABASE "{name}"')
+        copied = "" if template is None else f' TEMPLATE "{template}"'
+        await connection.execute(f'CREATE DATABASE "{name}"{copied}')
     finally:
         await connection.close()
 
 
+MIGRATED_TEMPLATE = "migrated_template"
+
+
+@pytest.fixture(scope="session")
+def postgres_migrated_template(postgres_server: str) -> str:
+    """A database of ``postgres_server`` migrated to the latest revision and left unopened,
+    for ``CREATE DATABASE ... TEMPLATE``."""
+
+    async def create() -> None:
+        await _create_database(postgres_server, MIGRATED_TEMPLATE)
+        async with open_database(f"{postgres_server}/{MIGRATED_TEMPLATE}"):
+            pass
+
+    asyncio.run(create())
+    return MIGRATED_TEMPLATE
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A new store of the backend: empty, or already migrated where the test opens
+    ``sessions`` (which would otherwise migrate it)."""
+    migrated = "sessions" in request.fixturenames
     if request.param == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp_path / 'store.db'}"
+        path = tmp_path / "store.db"
+        if migrated:
+            shutil.copyfile(migrated_store(), path)
+        return f"sqlite+aiosqlite:///{path}"
     server = request.getfixturevalue("postgres_server")
+    template = request.getfixturevalue("postgres_migrated_template") if migrated else None
     name = f"t_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_create_database(server, name))
+    asyncio.run(_create_database(server, name, template))
     return f"{server}/{name}"
 
 

@@ -74,12 +74,12 @@ def app_settings(state_dir: Path, **overrides: Any) -> Settings:
     }
     if "database_url" not in overrides and not store.exists():
         state_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(_migrated_store(), store)
+        shutil.copyfile(migrated_store(), store)
     return Settings(_env_file=None, **{**defaults, **overrides})  # type: ignore[call-arg]
 
 
 @functools.cache
-def _migrated_store() -> Path:
+def migrated_store() -> Path:
     """A SQLite store at the latest revision, migrated once per process (on a thread of its
     own: the caller may be on an event loop) and removed at exit."""
     directory = Path(tempfile.mkdtemp(prefix="migrated-store-"))

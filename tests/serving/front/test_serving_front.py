@@ -11,8 +11,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +31,7 @@ from tests.support.fake_upstream import (
 from tests.support.front_app import Front, front_settings, running_front
 from tests.support.harness import ADMIN_TOKEN
 from tests.support.scripted_engine import ScriptedEngine
+from tests.support.scripted_gateway import gateway_processes, run_command
 from tests.support.servers import free_port, wait_until_ready
 from tests.support.serving import TENANT as IN_PROCESS_TENANT
 from tests.support.serving import ServeFactory, sse_events
@@ -502,16 +501,12 @@ def test_lora_gateway_serve_runs_the_front_role(upstream: FakeUpstream, tmp_path
         "LORA_GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
     }
     log = tmp_path / "front.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    # The command in a process forked from one that imported the gateway already.
+    process = gateway_processes().Process(target=run_command, args=(["serve"], env, log))
+    process.start()
     base_url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_ready(f"{base_url}/readyz", alive=lambda: process.poll() is None, timeout=120)
+        wait_until_ready(f"{base_url}/readyz", alive=process.is_alive, timeout=120)
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         tenant = {"id": "t", "name": "t", "allow_base_model": True}
         assert httpx.post(f"{base_url}/admin/v1/tenants", json=tenant, headers=admin).is_success
@@ -527,6 +522,9 @@ def test_lora_gateway_serve_runs_the_front_role(upstream: FakeUpstream, tmp_path
         assert [r.body["model"] for r in upstream.requests] == [EMBEDDED_MODEL_DIR.name]
     finally:
         # SIGINT: the stop asked for (app/server.py), which exits 0.
-        process.send_signal(signal.SIGINT)
-        returncode = process.wait(timeout=60)
-    assert returncode == 0, log.read_text()[-3000:]
+        os.kill(process.pid, signal.SIGINT)
+        process.join(60)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+    assert process.exitcode == 0, log.read_text()[-3000:]
