@@ -437,6 +437,10 @@ def family_name(metric: MetricWrapperBase) -> str:
     return family.name
 
 
+_open_dirs: list[Path] = []
+_to_close: list[type] = []
+
+
 @contextmanager
 def multiprocess_dir() -> Iterator[Path]:
     """A fresh, empty ``PROMETHEUS_MULTIPROC_DIR`` for this gateway's lifetime.
@@ -459,16 +463,23 @@ def multiprocess_dir() -> Iterator[Path]:
     # sends every value created from now on to ``path``.
     values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
     ours = values.ValueClass
+    _open_dirs.append(path)
     _clear_children()
     try:
         yield path
     finally:
         _clear_children()
-        # Release the files this process opened in ``path``; only ours, so
-        # metrics living on from before keep theirs.
-        close = getattr(ours, "close_all_files", None)
-        if close is not None:
-            close()
+        # Release the files this process opened in ``path`` (only ours: metrics living on
+        # from before keep theirs) once no gateway of this process runs: another's request
+        # under way may still hold a value created while ours was current.
+        _to_close.append(ours)
+        _open_dirs.remove(path)
+        if not _open_dirs:
+            for value_class in _to_close:
+                close = getattr(value_class, "close_all_files", None)
+                if close is not None:
+                    close()
+            _to_close.clear()
         values.ValueClass = previous_class
         if previous_dir is None:
             os.environ.pop(MULTIPROC_ENV, None)
