@@ -9,7 +9,7 @@ gateway, which it leaves as it is.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import cast
@@ -58,11 +58,18 @@ def pause_counting(
                 adapter: Adapter | None,
                 cache_salt: str | None = None,
                 on_abandoned: Callable[[RequestOutput], None] | None = None,
+                trace_headers: Mapping[str, str] | None = None,
             ) -> AsyncIterator[RequestOutput]:
                 stream = cast(  # vLLM's is an async generator, which closes
                     AsyncGenerator[RequestOutput, None],
                     generate(
-                        prompt_token_ids, params, request_id, adapter, cache_salt, on_abandoned
+                        prompt_token_ids,
+                        params,
+                        request_id,
+                        adapter,
+                        cache_salt,
+                        on_abandoned,
+                        trace_headers,
                     ),
                 )
                 async with aclosing(stream):  # closed, it aborts the request as it would
