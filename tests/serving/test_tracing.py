@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,17 +18,9 @@ from app.access_log import AccessLine
 from app.tracing import request as names
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.serving import TENANT, Served, ServeFactory, chat, eventually
-from tests.support.traces import Tree, otlp_receiver, recorded_spans, roots
+from tests.support.traces import PARENT_SPAN, PARENT_TRACE, Tree, otlp_receiver, roots
 
 PHASES = {"authentication", "resolution", "preparation", "admission", "engine", "settlement"}
-PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
-PARENT_SPAN = "00f067aa0ba902b7"
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    with recorded_spans() as exporter:
-        yield exporter
 
 
 async def stream(served: Served, body: dict[str, Any], **headers: str) -> str:

@@ -19,6 +19,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from app import tracing
 
+# An incoming trace context, as a caller's ``traceparent`` names it.
+PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_SPAN = "00f067aa0ba902b7"
+
 
 @contextmanager
 def recorded_spans() -> Iterator[InMemorySpanExporter]:

@@ -5,7 +5,7 @@ it; a client's ``traceparent`` is not passed on as it came."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -13,16 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.front_app import Front, front_settings, running_front
 from tests.support.serving import eventually
-from tests.support.traces import Tree, recorded_spans, roots
-
-PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
-PARENT_SPAN = "00f067aa0ba902b7"
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    with recorded_spans() as exporter:
-        yield exporter
+from tests.support.traces import PARENT_SPAN, PARENT_TRACE, Tree, roots
 
 
 @pytest.fixture(scope="module")
