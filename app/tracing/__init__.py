@@ -2,7 +2,7 @@
 variables turn them on (:mod:`app.tracing.setup`); one span per request with a child for
 each of its steps (:mod:`app.tracing.request`). docs/operations.md, "Traces"."""
 
-from app.tracing.request import RequestTrace, current_trace_id, of, start, step
+from app.tracing.request import RequestTrace, of, start, step
 from app.tracing.setup import (
     TracingConfigError,
     configure,
@@ -16,7 +16,6 @@ __all__ = [
     "RequestTrace",
     "TracingConfigError",
     "configure",
-    "current_trace_id",
     "exporters",
     "install",
     "of",

@@ -87,15 +87,6 @@ def tracer() -> Tracer | None:
     return _tracer
 
 
-def current_trace_id() -> str | None:
-    """The trace id (32 hex digits) of the request running in this context; ``None`` when
-    tracing is off or no request is."""
-    if _tracer is None:
-        return None
-    span_context = trace.get_current_span().get_span_context()
-    return format(span_context.trace_id, "032x") if span_context.is_valid else None
-
-
 def start(
     overhead: RequestOverhead,
     headers: Sequence[tuple[bytes, bytes]],
