@@ -11,10 +11,11 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from prometheus_client import REGISTRY
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
+from app import metrics
 from app.store.db import store_is_down
 from app.usage import UsageLedger, UsageRecord, UsageTotal, usage_totals
 from tests.support.servers import free_port, postgres_starting_up
@@ -56,14 +57,26 @@ async def test_records_are_written_in_batches_and_totalled(
     ].requests == 0
 
 
+# The ledgers here count in metrics of their own: the process's are shared with any gateway
+# another test of this worker runs, and move to a new storage whenever one starts or stops.
+USAGE = CollectorRegistry()
+USAGE_RECORDS = Counter("usage_records", "", ["outcome"], registry=USAGE)
+USAGE_PENDING = Gauge("usage_records_pending", "", ["state"], registry=USAGE)
+
+
+@pytest.fixture(autouse=True)
+def usage_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "USAGE_RECORDS", USAGE_RECORDS)
+    monkeypatch.setattr(metrics, "USAGE_PENDING", USAGE_PENDING)
+
+
 def counted(outcome: str) -> float:
-    value = REGISTRY.get_sample_value("lora_gateway_usage_records_total", {"outcome": outcome})
-    return value or 0.0
+    return USAGE.get_sample_value("usage_records_total", {"outcome": outcome}) or 0.0
 
 
 def pending_gauge() -> float:
     return sum(
-        REGISTRY.get_sample_value("lora_gateway_usage_records_pending", {"state": state}) or 0.0
+        USAGE.get_sample_value("usage_records_pending", {"state": state}) or 0.0
         for state in ("queued", "writing")
     )
 
@@ -129,8 +142,7 @@ async def test_while_the_store_is_down_the_backlog_is_kept_bounded_and_logged(
     down_sessions: async_sessionmaker[AsyncSession], caplog: pytest.LogCaptureFixture
 ) -> None:
     ledger = UsageLedger(down_sessions, backlog_max=3, close_timeout=5)
-    # Another ledger in this process (a gateway served on a thread) adds its own.
-    others = pending_gauge()
+    others = pending_gauge()  # ledgers of earlier tests not yet closed
     dropped = counted("dropped")
     with caplog.at_level(logging.ERROR, logger="app.usage"):
         for n in range(5):
