@@ -163,7 +163,10 @@ def gateway(
     profile: Path | None = None,
     upstream_url: str | None = None,
     env: dict[str, str] | None = None,
+    checkout: Path | None = None,
 ) -> Iterator[Gateway]:
+    """The gateway (:mod:`tools.gateway_cost.server`) in a process of its own, until the block
+    ends; that of ``checkout`` where one is named, else this one's."""
     workdir.mkdir(parents=True)
     port = free_port()
     command = [
@@ -179,8 +182,14 @@ def gateway(
     if upstream_url is not None:
         command.append(f"--upstream-url={upstream_url}")
     log = (workdir / "gateway.log").open("ab")
+    if checkout is not None:
+        env = {**(env or {}), "PYTHONPATH": str(checkout)}
     process = subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        cwd=checkout,
     )
     try:
         try:
