@@ -14,6 +14,7 @@ from app.api import batches, files, health, metrics, openai, organization, respo
 from app.api.admin import router as admin_router
 from app.api.admin.failure_audit import AuthFailureThrottle
 from app.api.errors import install_error_handlers
+from app.api.generation_lane import GenerationLane
 from app.api.middleware import EarlyRefusalMiddleware, RequestIdMiddleware
 from app.api.routes import include_routers
 from app.api.streaming_app import StreamingApp
@@ -80,7 +81,9 @@ def create_app(
     )
     # Refused admin tokens, at the admin API or the console's sign-in: one throttle for both.
     app.state.auth_failure_throttle = AuthFailureThrottle()
-    # The last added runs first: every answer, early refusals included, has an id.
+    # The last added runs first: every answer, early refusals included, has an id; the
+    # completion endpoints' lane past the router runs last, after the early refusals.
+    app.add_middleware(GenerationLane)
     app.add_middleware(
         EarlyRefusalMiddleware,
         max_request_bytes=settings.max_request_bytes,
