@@ -419,10 +419,56 @@ class HistogramTally:
         self.pending = 0
 
 
+# -- writes held until read ----------------------------------------------------
+
+_held_tallies: dict[Histogram, HistogramTally] = {}
+_held_amounts: dict[Counter | Gauge, float] = {}
+_held_values: dict[Gauge, float] = {}
+
+
+def held(histogram: Histogram) -> HistogramTally:
+    """This process's tally for ``histogram`` (a child): observations counted in memory and
+    written by :func:`flush_held`. Every write to a multiprocess file costs more than the
+    bookkeeping around it, and a request makes dozens; the files are read by this process
+    alone (``GET /metrics``), which flushes first. Only on the event loop, as the flush."""
+    tally = _held_tallies.get(histogram)
+    if tally is None:
+        tally = _held_tallies[histogram] = HistogramTally(histogram)
+    return tally
+
+
+def add_held(metric: Counter | Gauge, amount: float = 1.0) -> None:
+    """``metric`` (a counter's or a gauge's child) goes up by ``amount``, written by
+    :func:`flush_held` (see :func:`held`)."""
+    _held_amounts[metric] = _held_amounts.get(metric, 0.0) + amount
+
+
+def set_held(gauge: Gauge, value: float) -> None:
+    """``gauge`` (a child) reads ``value``, written by :func:`flush_held` (see :func:`held`)."""
+    _held_values[gauge] = value
+
+
+def flush_held() -> None:
+    """Write everything held (:func:`held`, :func:`add_held`, :func:`set_held`): before this
+    process reads its metrics, and before their children are cleared."""
+    for tally in _held_tallies.values():
+        tally.flush()
+    amounts, values = list(_held_amounts.items()), list(_held_values.items())
+    _held_amounts.clear()
+    _held_values.clear()
+    for metric, amount in amounts:
+        if amount:
+            metric.inc(amount)
+    for gauge, value in values:
+        gauge.set(value)
+
+
 # -- multiprocess plumbing -----------------------------------------------------
 
 
 def _clear_children() -> None:
+    flush_held()  # into the storage of the children it holds, before they go
+    _held_tallies.clear()
     # prometheus_client warns that clearing leaves the samples already in the
     # files; here the files go with their directory, fresh or deleted.
     with warnings.catch_warnings():

@@ -109,4 +109,4 @@ class RequestOverhead:
     def observe(self) -> None:
         """Each phase into the histogram, once the request is settled."""
         for phase, seconds in self._seconds.items():
-            _OVERHEAD(self.role, phase).observe(seconds)
+            metrics.held(_OVERHEAD(self.role, phase)).observe(seconds)

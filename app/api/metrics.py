@@ -24,11 +24,12 @@ from pathlib import Path
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from app.api.errors import install_error_handlers
 from app.api.middleware import EarlyRefusalMiddleware
 from app.gateway import Gateway
-from app.metrics import render
+from app.metrics import flush_held, render
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -40,11 +41,13 @@ SHUTDOWN_SECONDS = 5
 
 
 @router.get("/metrics", include_in_schema=False)
-def metrics(request: Request) -> Response:
-    # A plain (sync) route: merging the files reads the disk, so FastAPI
-    # runs it in its thread pool, off the event loop. The directory is this
+async def metrics(request: Request) -> Response:
+    # What the request path holds in memory is written out first, on the event loop that
+    # holds it; merging the files reads the disk, in a worker thread. The directory is this
     # app's own (set by its lifespan); without one, the environment's.
-    body, content_type = render(getattr(request.app.state, "metrics_dir", None))
+    flush_held()
+    directory = getattr(request.app.state, "metrics_dir", None)
+    body, content_type = await run_in_threadpool(render, directory)
     return Response(content=body, media_type=content_type)
 
 

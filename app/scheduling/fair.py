@@ -31,6 +31,11 @@ LOAD_POLL_SECONDS = 0.05
 SPARE_RUNS = 1
 SPARE_WAITERS = 64
 
+_SLOTS = metrics.Children(metrics.SCHEDULER_SLOTS)
+_DISPATCHES = metrics.Children(metrics.SCHEDULER_DISPATCHES)
+_QUEUE_WAIT = metrics.Children(metrics.SCHEDULER_QUEUE_WAIT)
+_QUEUE_DEPTH = metrics.Children(metrics.SCHEDULER_QUEUE_DEPTH)
+
 
 class FairAdmission:
     def __init__(
@@ -130,8 +135,8 @@ class FairAdmission:
             return False
         self._step = load.step
         self.queue.new_step()
-        metrics.SCHEDULER_SLOTS.labels("engine_running").set(load.running)
-        metrics.SCHEDULER_SLOTS.labels("engine_waiting").set(load.waiting)
+        metrics.set_held(_SLOTS("engine_running"), load.running)
+        metrics.set_held(_SLOTS("engine_waiting"), load.waiting)
         if self._window is None:
             return True
         before = self.queue.window
@@ -193,16 +198,16 @@ class FairAdmission:
                 self.queue.done(ticket, 0)
                 continue
             reason = "immediate" if waiting is immediate else dispatch.reason
-            metrics.SCHEDULER_DISPATCHES.labels(reason).inc()
-            metrics.SCHEDULER_QUEUE_WAIT.labels(ticket.tenant).observe(now - waiting.since)
+            metrics.add_held(_DISPATCHES(reason))
+            metrics.held(_QUEUE_WAIT(ticket.tenant)).observe(now - waiting.since)
             future.set_result(None)
             # The engine is the request's: spare work stops.
             for spare in list(self._spares):
                 spare.preempt()
-        metrics.SCHEDULER_SLOTS.labels("in_flight").set(self.queue.in_flight)
+        metrics.set_held(_SLOTS("in_flight"), self.queue.in_flight)
 
     def _depth_changed(self, tenant: str) -> None:
-        metrics.SCHEDULER_QUEUE_DEPTH.labels(tenant).set(self.queue.depth(tenant))
+        metrics.set_held(_QUEUE_DEPTH(tenant), self.queue.depth(tenant))
 
 
 class FairSlot:

@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from app import overhead
+from app import metrics, overhead
 from app.overhead import PHASES, Phase, RequestOverhead
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.serving import ServeFactory
 
 
 def observed(phase: str, suffix: str = "count") -> float:
+    metrics.flush_held()
     value = REGISTRY.get_sample_value(
         f"lora_gateway_overhead_seconds_{suffix}", {"role": "all", "phase": phase}
     )

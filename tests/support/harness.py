@@ -35,7 +35,7 @@ from sqlalchemy import select
 from app.engine.base import Engine
 from app.gateway import Gateway
 from app.main import create_app
-from app.metrics import render
+from app.metrics import flush_held, render
 from app.serving.in_process.backend import EngineFactory, start_vllm_engine
 from app.settings import Settings
 from app.store.db import open_database
@@ -127,7 +127,9 @@ class RunningApp:
         return directory
 
     def samples(self, name: str, **labels: str) -> float:
-        """The sum of the samples of ``name`` with ``labels`` in the app's /metrics."""
+        """The sum of the samples of ``name`` with ``labels`` in the app's /metrics (called on
+        the app's event loop, as /metrics writes what the request path holds first)."""
+        flush_held()
         body, _ = render(self.metrics_dir)
         return sum(
             sample.value

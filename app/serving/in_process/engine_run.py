@@ -133,7 +133,4 @@ class EngineRun(RunBase):
                 "could not drain aborted request %s", self.generation.request_id, exc_info=True
             )
         finally:
-            # The gaps counted since the last flush: a drain that failed never reached the
-            # last output, which flushes them.
-            self.meter.flush()
             await stream.aclose()  # type: ignore[attr-defined]

@@ -11,8 +11,9 @@ from vllm import RequestOutput
 
 from app import metrics
 
-ITL_FLUSH_SECONDS = 1.0
-"""How stale the inter-token latency histogram may be while a stream runs."""
+_INTER_TOKEN_LATENCY = metrics.Children(metrics.INTER_TOKEN_LATENCY)
+_TIME_TO_FIRST_TOKEN = metrics.Children(metrics.TIME_TO_FIRST_TOKEN)
+_QUEUE_WAIT = metrics.Children(metrics.QUEUE_WAIT)
 
 
 @dataclass
@@ -20,10 +21,8 @@ class TokenMeter:
     """Completion tokens the engine produced, and their timing metrics as they come.
 
     Inter-token latency is one observation per token after the first delta (a delta of
-    several tokens spreads its gap evenly over them), counted in a
-    :class:`~app.metrics.HistogramTally` and written to the histogram every
-    :data:`ITL_FLUSH_SECONDS` and when the request's last output arrives (or on
-    :meth:`flush`)."""
+    several tokens spreads its gap evenly over them). Every observation is held in memory
+    until this process's metrics are read (:func:`app.metrics.held`)."""
 
     tenant: str
     model: str
@@ -34,7 +33,6 @@ class TokenMeter:
     # every thread's event loop reads).
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
     _gaps: metrics.HistogramTally | None = field(default=None, init=False, repr=False)
-    _flushed_at: float = field(default=0.0, init=False, repr=False)
 
     def observe(self, output: RequestOutput) -> bool:
         """Count ``output``'s tokens; whether it held any (then ``last_token_at`` is now)."""
@@ -46,32 +44,20 @@ class TokenMeter:
             now = self.clock()
             if self.last_token_at is None:
                 self._first_token(output, now)
-                self._flushed_at = now
             else:
                 self._tally().observe((now - self.last_token_at) / new, new)
-                if now - self._flushed_at >= ITL_FLUSH_SECONDS:
-                    self.flush()
-                    self._flushed_at = now
             self.last_token_at = now
-        if output.finished:
-            self.flush()
         return new > 0
-
-    def flush(self) -> None:
-        """Write the inter-token gaps counted so far to the histogram."""
-        if self._gaps is not None:
-            self._gaps.flush()
 
     def _tally(self) -> metrics.HistogramTally:
         if self._gaps is None:
-            child = metrics.INTER_TOKEN_LATENCY.labels(self.tenant, self.model)
-            self._gaps = metrics.HistogramTally(child)
+            self._gaps = metrics.held(_INTER_TOKEN_LATENCY(self.tenant, self.model))
         return self._gaps
 
     def _first_token(self, output: RequestOutput, now: float) -> None:
-        metrics.TIME_TO_FIRST_TOKEN.labels(self.tenant, self.model).observe(now - self.started)
+        metrics.held(_TIME_TO_FIRST_TOKEN(self.tenant, self.model)).observe(now - self.started)
         stats = output.metrics
         if stats is not None and stats.scheduled_ts >= stats.queued_ts > 0:
             # Both on the engine core's clock.
             wait = stats.scheduled_ts - stats.queued_ts
-            metrics.QUEUE_WAIT.labels(self.tenant, self.model).observe(wait)
+            metrics.held(_QUEUE_WAIT(self.tenant, self.model)).observe(wait)

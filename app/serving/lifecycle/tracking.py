@@ -580,10 +580,10 @@ class RequestTracker:
             generation.target.model,
             (generation.endpoint),
         )
-        _REQUESTS(tenant, model, endpoint, outcome).inc()
-        _PROMPT_TOKENS(tenant, model).inc(prompt_tokens)
-        _COMPLETION_TOKENS(tenant, model).inc(completion_tokens)
-        _REQUEST_DURATION(tenant, model, endpoint).observe(time.monotonic() - began)
+        metrics.add_held(_REQUESTS(tenant, model, endpoint, outcome))
+        metrics.add_held(_PROMPT_TOKENS(tenant, model), prompt_tokens)
+        metrics.add_held(_COMPLETION_TOKENS(tenant, model), completion_tokens)
+        metrics.held(_REQUEST_DURATION(tenant, model, endpoint)).observe(time.monotonic() - began)
         record = self._record(run, outcome, began, started_at, user, batch)
         objectives = Objectives.of(generation.params.extra_args)
         if outcome == "ok" and objectives is not None and objectives.any:

@@ -10,7 +10,6 @@ from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 from vllm import CompletionOutput, RequestOutput
 
 from app import metrics
-from app.serving.in_process import token_meter
 from app.serving.in_process.token_meter import TokenMeter
 
 
@@ -65,7 +64,7 @@ def itl(tenant: str, suffix: str) -> float:
     return value or 0.0
 
 
-def test_the_meter_observes_each_token_after_the_first_and_flushes_on_time_and_at_the_end() -> None:
+def test_the_meter_observes_each_token_after_the_first_held_until_the_metrics_are_read() -> None:
     clock = [100.0]
     meter = TokenMeter("meter-test", "m", started=99.0, clock=lambda: clock[0])
     meter.observe(output(1))  # the first token: time to first token, no gap
@@ -74,14 +73,14 @@ def test_the_meter_observes_each_token_after_the_first_and_flushes_on_time_and_a
     clock[0] += 0.09
     meter.observe(output(3))  # merged: three gaps of 0.03
     assert meter.completion_tokens == 5
-    assert itl("meter-test", "count") == 0, "written before a flush was due"
-    clock[0] += token_meter.ITL_FLUSH_SECONDS
-    meter.observe(output(1))
-    assert itl("meter-test", "count") == 5
-    assert itl("meter-test", "sum") == pytest.approx(0.02 + 0.09 + token_meter.ITL_FLUSH_SECONDS)
+    assert itl("meter-test", "count") == 0, "written before the metrics were read"
+    metrics.flush_held()
+    assert itl("meter-test", "count") == 4
+    assert itl("meter-test", "sum") == pytest.approx(0.02 + 0.09)
     clock[0] += 0.008
     meter.observe(output(2, finished=True))
-    assert itl("meter-test", "count") == 7 == meter.completion_tokens - 1
+    metrics.flush_held()
+    assert itl("meter-test", "count") == 6 == meter.completion_tokens - 1
     bucket = REGISTRY.get_sample_value(
         "lora_gateway_inter_token_latency_seconds_bucket",
         {"tenant": "meter-test", "model": "m", "le": "0.005"},
@@ -91,14 +90,3 @@ def test_the_meter_observes_each_token_after_the_first_and_flushes_on_time_and_a
         "lora_gateway_time_to_first_token_seconds_sum", {"tenant": "meter-test", "model": "m"}
     )
     assert ttft == pytest.approx(1.0)
-
-
-def test_flush_writes_what_an_unfinished_stream_counted() -> None:
-    clock = [0.0]
-    meter = TokenMeter("meter-flush", "m", started=0.0, clock=lambda: clock[0])
-    for _ in range(4):
-        clock[0] += 0.01
-        meter.observe(output(1))
-    assert itl("meter-flush", "count") == 0
-    meter.flush()
-    assert itl("meter-flush", "count") == 3
