@@ -3,9 +3,10 @@
 FastAPI's per-request dependency machinery.
 
 A completion endpoint takes exactly ``(body, gateway, principal, request_id)``, as declared
-with :mod:`app.api.deps`; :class:`GenerationRoute` resolves them itself, in FastAPI's order
-(the body read and parsed as JSON, the key authenticated, then the body validated against its
-model) and with FastAPI's errors, and calls the endpoint. Solving the dependency tree per
+with :mod:`app.api.deps`, and perhaps ``http``, the request itself; :class:`GenerationRoute`
+resolves them itself, in FastAPI's order (the body read and parsed as JSON, the key
+authenticated, then the body validated against its model) and with FastAPI's errors, and
+calls the endpoint. Solving the dependency tree per
 request cost more than all that it resolves.
 """
 
@@ -27,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 from app.api.deps import bearer_token
 
 PARAMETERS = ("body", "gateway", "principal", "request_id")
+WITH_REQUEST = (*PARAMETERS, "http")
 MISSING_BODY = {"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}
 
 
@@ -70,14 +72,16 @@ async def _read_body(request: Request) -> Any:
 
 
 class GenerationRoute(APIRoute):
-    """An :class:`APIRoute` whose endpoint takes ``(body, gateway, principal, request_id)``,
-    served by :meth:`serve` rather than FastAPI's request handler."""
+    """An :class:`APIRoute` whose endpoint takes ``(body, gateway, principal, request_id)``
+    (and perhaps ``http``), served by :meth:`serve` rather than FastAPI's request handler."""
 
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
         super().__init__(path, endpoint, **kwargs)
-        assert tuple(signature(endpoint).parameters) == PARAMETERS, endpoint
+        parameters = tuple(signature(endpoint).parameters)
+        assert parameters in (PARAMETERS, WITH_REQUEST), endpoint
         assert self.body_field is not None
         self._call: Callable[..., Awaitable[Response]] = endpoint
+        self._takes_request = parameters == WITH_REQUEST
         self.app = self.serve
 
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -94,7 +98,12 @@ class GenerationRoute(APIRoute):
             body, errors = self.body_field.validate(raw, {}, loc=("body",))
         if errors:
             raise RequestValidationError(errors, body=raw)
+        arguments = {"http": request} if self._takes_request else {}
         response = await self._call(
-            body=body, gateway=gateway, principal=principal, request_id=scope["state"]["request_id"]
+            body=body,
+            gateway=gateway,
+            principal=principal,
+            request_id=scope["state"]["request_id"],
+            **arguments,
         )
         await response(scope, receive, send)

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from app.api.completion_response import CompletionResponse, EventStreamResponse
 from app.api.deps import CurrentPrincipal, GatewayDep, RequestId
 from app.api.errors import PRECHECKED
+from app.api.generation_route import GenerationRoute
 from app.api.openai import ERROR_RESPONSES, GENERATION_RESPONSES
 from app.errors import BadRequestError, NotFoundError
 from app.protocol.responses_api import (
@@ -32,7 +33,6 @@ def _not_found(response_id: str) -> NotFoundError:
     return NotFoundError(f"Response with id '{response_id}' not found.")
 
 
-@router.post("/responses", response_model=ResponseObject, responses=GENERATION_RESPONSES)
 async def create_response(
     body: ResponsesRequest,
     gateway: GatewayDep,
@@ -60,6 +60,17 @@ async def create_response(
     return CompletionResponse(
         gateway.tracker, service, translated.chat, principal, request_id, pinned=chain.pinned
     )
+
+
+# On the hot path with chat: served by GenerationRoute (app/api/generation_route.py).
+router.add_api_route(
+    "/responses",
+    create_response,
+    methods=["POST"],
+    response_model=ResponseObject,
+    responses=GENERATION_RESPONSES,
+    route_class_override=GenerationRoute,
+)
 
 
 async def _stored(
