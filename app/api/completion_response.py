@@ -186,8 +186,12 @@ class EventStreamResponse(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watch = self._watch or DisconnectWatch(receive)
+        stream = asyncio.ensure_future(self._stream(send, scope.get(SERVER_SEND, send), watch))
         try:
-            await self._stream(send, scope.get(SERVER_SEND, send), watch)
+            # In a task of its own: each token wakes the task that waits for it, and every
+            # coroutine that task is awaited through, server and middleware included, resumes
+            # for it. The request's task, cancelled by the watch, cancels this one.
+            await stream
         except asyncio.CancelledError:
             if not watch.disconnected:
                 raise

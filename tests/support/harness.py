@@ -151,10 +151,11 @@ class RunningApp:
             return list((await session.scalars(select(UsageRow).order_by(UsageRow.id))).all())
 
     async def settled(self, timeout: float = 60.0) -> None:
-        """Wait for the reconciliations handed to the background (``timeout`` bounds only a
-        hang)."""
+        """Wait for the requests that have ended to let go of their adapters, and for the
+        reconciliations handed to the background (``timeout`` bounds only a hang): a client
+        may read a stream's end before its request has settled."""
         for _ in range(int(timeout / 0.01)):
-            if not self.gateway._tasks:
+            if self.gateway.tracker.in_flight.idle and not self.gateway._tasks:
                 return
             await asyncio.sleep(0.01)
         raise AssertionError("background work did not finish")

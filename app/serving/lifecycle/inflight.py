@@ -29,6 +29,11 @@ class InFlight:
                 del self._running[adapter.lora_id]
                 self._changed.set()
 
+    @property
+    def idle(self) -> bool:
+        """Whether no request holds an adapter."""
+        return not self._running
+
     async def wait_idle(self, adapter: Adapter) -> None:
         while self._running[adapter.lora_id]:
             self._changed.clear()
