@@ -181,15 +181,17 @@ class OtlpExport:
         )
 
     def _export(self, traces: list[FinishedTrace]) -> None:
-        """``traces`` in requests of at most the batch size (a trace is never split)."""
+        """``traces`` in requests of at most the batch size (a trace is never split: one
+        larger than the batch size goes alone)."""
         parts: list[bytes] = []
         spans = 0
         for finished in traces:
-            parts.append(otlp.spans(finished))
-            spans += len(finished.spans)
-            if spans >= self._max_batch:
+            count = len(finished.spans)
+            if parts and spans + count > self._max_batch:
                 self._send(parts, spans)
                 parts, spans = [], 0
+            parts.append(otlp.spans(finished))
+            spans += count
         if parts:
             self._send(parts, spans)
 
