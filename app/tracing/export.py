@@ -1,6 +1,6 @@
-"""Request traces to an OTLP collector: :class:`OtlpExport` queues each finished trace (the
-event loop's whole part), and its thread encodes a batch at a time
-(:mod:`app.tracing.otlp`) and sends it with the SDK's own OTLP exporter (:func:`sender`:
+"""Request traces to an OTLP collector: :class:`OtlpExport` encodes each finished trace as it
+ends (:mod:`app.tracing.otlp`) and queues the bytes, and its thread sends a batch at a time
+with the SDK's own OTLP exporter (:func:`sender`:
 its endpoint, headers, timeout, compression, certificates and retries, from the same
 ``OTEL_EXPORTER_OTLP_*`` variables). The queue and the batches follow the batch span
 processor's ``OTEL_BSP_*`` variables, counted in spans as it counts them."""
@@ -96,8 +96,8 @@ def _setting(environ: Mapping[str, str], name: str, default: int) -> int:
 
 
 class OtlpExport:
-    """A :class:`~app.tracing.sinks.Sink` that queues each finished trace and exports the
-    queue from a thread of its own: every ``OTEL_BSP_SCHEDULE_DELAY`` ms, as soon as
+    """A :class:`~app.tracing.sinks.Sink` that queues each finished trace, encoded, and
+    exports the queue from a thread of its own: every ``OTEL_BSP_SCHEDULE_DELAY`` ms, as soon as
     ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` spans wait, and on a flush; a trace that would take the
     queue past ``OTEL_BSP_MAX_QUEUE_SIZE`` spans is dropped (and counted), as the SDK's batch
     processor drops spans."""
@@ -113,7 +113,7 @@ class OtlpExport:
         self._delay = _setting(environ, "OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
         self._max_batch = _setting(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)
         self._max_queue = _setting(environ, "OTEL_BSP_MAX_QUEUE_SIZE", 2048)
-        self._queue: deque[FinishedTrace] = deque()
+        self._queue: deque[tuple[bytes, int]] = deque()
         self._queued = 0
         self.dropped = 0
         """Spans dropped because the queue was full."""
@@ -124,14 +124,17 @@ class OtlpExport:
         self._thread.start()
 
     def submit(self, finished: FinishedTrace) -> None:
+        # Encoded here rather than in the thread: the queue holds bytes, which the garbage
+        # collector never follows, and the thread takes the interpreter's lock only to send.
         spans = len(finished.spans)
+        encoded = otlp.spans(finished)
         with self._lock:
             if self._queued + spans > self._max_queue or self._stopping:
                 if not self.dropped:
                     logger.warning("the trace export queue is full: spans dropped")
                 self.dropped += spans
                 return
-            self._queue.append(finished)
+            self._queue.append((encoded, spans))
             self._queued += spans
             if self._queued >= self._max_batch:
                 self._lock.notify_all()
@@ -180,17 +183,16 @@ class OtlpExport:
             and self._flushes_done == self._flushes_asked
         )
 
-    def _export(self, traces: list[FinishedTrace]) -> None:
-        """``traces`` in requests of at most the batch size (a trace is never split: one
-        larger than the batch size goes alone)."""
+    def _export(self, traces: list[tuple[bytes, int]]) -> None:
+        """``traces`` (each encoded, with its span count) in requests of at most the batch
+        size (a trace is never split: one larger than the batch size goes alone)."""
         parts: list[bytes] = []
         spans = 0
-        for finished in traces:
-            count = len(finished.spans)
+        for encoded, count in traces:
             if parts and spans + count > self._max_batch:
                 self._send(parts, spans)
                 parts, spans = [], 0
-            parts.append(otlp.spans(finished))
+            parts.append(encoded)
             spans += count
         if parts:
             self._send(parts, spans)
