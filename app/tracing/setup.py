@@ -9,10 +9,10 @@ set means off: a deployment that never asked for traces sends none anywhere.
 OTLP goes over ``http/protobuf`` (the default) or ``grpc``, as
 ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` (else ``OTEL_EXPORTER_OTLP_PROTOCOL``) says; the
 sampler is the SDK's, from ``OTEL_TRACES_SAMPLER`` and ``OTEL_TRACES_SAMPLER_ARG`` (default:
-parent-based, always on); the batch processor's ``OTEL_BSP_*``, the exporter's headers,
-timeout and certificates and the resource's ``OTEL_SERVICE_NAME`` and
-``OTEL_RESOURCE_ATTRIBUTES`` are read by the SDK as usual. A value the gateway cannot honour
-(``http/json``, an unknown exporter) stops it at start, named.
+parent-based, always on); the exporter's headers, timeout and certificates and the
+resource's ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` are read by the SDK as
+usual, the batch processor's ``OTEL_BSP_*`` by it and by :mod:`app.tracing.export`. A value
+the gateway cannot honour (``http/json``, an unknown exporter) stops it at start, named.
 
 Two paths leave the process: vLLM's own spans of in-process requests go through the SDK's
 tracer provider (:func:`provider_for`, global), the gateway's request traces through
