@@ -1,7 +1,7 @@
 """Request traces leaving the process (app/tracing/export.py): batched as the ``OTEL_BSP_*``
 variables say, a full queue dropping (and counting) rather than growing, everything queued
-sent on a flush and at shutdown; and the SDK's OTLP exporters sending the encoded bytes over
-HTTP and over gRPC to receivers on loopback."""
+sent on a flush and at shutdown; the SDK's OTLP exporters sending the encoded bytes over HTTP
+and over gRPC to receivers on loopback; a sink for each exporter named."""
 
 from __future__ import annotations
 
@@ -17,10 +17,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
 
+from app import tracing
 from app.tracing import export, otlp
 from app.tracing.records import SERVER, FinishedTrace, SpanRecord
 from app.tracing.setup import SCOPE
+from app.tracing.sinks import ToSpanProcessor
 from tests.support.traces import otlp_receiver
 
 ENVELOPE = otlp.envelope(Resource.create({"service.name": "gw-test"}), SCOPE.name, "1")
@@ -125,3 +128,13 @@ def test_the_sdks_grpc_exporter_sends_the_encoded_request() -> None:
     spans = request.resource_spans[0].scope_spans[0].spans
     assert [span.name for span in spans] == ["step0", "step1", "step2", "chat m"]
     assert request.resource_spans[0].scope_spans[0].scope.name == SCOPE.name
+
+
+def test_each_exporter_named_gets_its_sink() -> None:
+    environ = {"OTEL_TRACES_EXPORTER": "otlp,console", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    sinks = tracing.sinks_for(environ, TracerProvider())
+    try:
+        assert [type(sink) for sink in sinks] == [export.OtlpExport, ToSpanProcessor]
+    finally:
+        for sink in sinks:
+            sink.shutdown()
