@@ -1,6 +1,7 @@
 """OpenTelemetry traces of the gateway's requests: off unless the standard ``OTEL_*``
 variables turn them on (:mod:`app.tracing.setup`); one span per request with a child for
-each of its steps (:mod:`app.tracing.request`). docs/operations.md, "Traces"."""
+each of its steps (:mod:`app.tracing.request`), recorded as plain data and exported in one
+piece once the request has ended (:mod:`app.tracing.sinks`). docs/operations.md, "Traces"."""
 
 from app.tracing.request import RequestTrace, of, start, step
 from app.tracing.setup import (
@@ -9,6 +10,8 @@ from app.tracing.setup import (
     exporters,
     install,
     protocol,
+    sinks_for,
+    to_processor,
     traces_endpoint,
 )
 
@@ -20,7 +23,9 @@ __all__ = [
     "install",
     "of",
     "protocol",
+    "sinks_for",
     "start",
     "step",
+    "to_processor",
     "traces_endpoint",
 ]

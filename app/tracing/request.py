@@ -15,76 +15,91 @@ The tree (docs/operations.md, "Traces")::
     │   └── engine.rest            ... then the rest
     └── settlement
 
-Nothing is recorded per streamed token: the engine's two children are made once the run has
-ended, from the times it noted. With no tracer (:func:`use` ``None``), :func:`start` returns
-``None`` and no other function here is reached on the request path.
+No OpenTelemetry span is made on the request path: a span is a :class:`SpanRecord` of its
+name, ids and times, and the request's trace goes to the sinks (:mod:`app.tracing.sinks`) in
+one piece once it has ended. The sampler decides once, as the request arrives, on its trace
+id; an unsampled request records nothing (:class:`RequestTrace`'s methods do nothing but
+hand on its trace context). Nothing is recorded per streamed token: the engine's two children
+are made once the run has ended, from the times it noted. With tracing off (:func:`use`
+``None``), :func:`start` returns ``None`` and no other function here is reached on the
+request path.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from contextvars import Token
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry import context, trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import Decision, Sampler
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
 
 from app.errors import GatewayError
+from app.tracing import names
+from app.tracing.records import SERVER, FinishedTrace, SpanRecord
+from app.tracing.sinks import Sink
 
 if TYPE_CHECKING:
     from app.overhead import Phase, RequestOverhead
 
-PREFIX: Final = "lora_gateway."
-OPERATION: Final = "gen_ai.operation.name"
-REQUEST_MODEL: Final = "gen_ai.request.model"
-RESPONSE_MODEL: Final = "gen_ai.response.model"
-MAX_TOKENS: Final = "gen_ai.request.max_tokens"
-INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
-OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
-FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
-ERROR_TYPE: Final = "error.type"
-STATUS_CODE: Final = "http.response.status_code"
-REQUEST_ID: Final = PREFIX + "request_id"
-TENANT: Final = PREFIX + "tenant.id"
-KEY: Final = PREFIX + "key.id"
-ADAPTER: Final = PREFIX + "adapter.name"
-ADAPTER_VERSION: Final = PREFIX + "adapter.version"
-PRIORITY: Final = PREFIX + "priority"
-QUEUE_WAIT_MS: Final = PREFIX + "queue_wait_ms"
-STREAM: Final = PREFIX + "stream"
-OUTCOME: Final = PREFIX + "outcome"
-
-QUOTA: Final = "quota.reserve"
-ADMISSION: Final = "admission"
-ENGINE: Final = "engine"
-FIRST_TOKEN: Final = "engine.first_token"
-REST: Final = "engine.rest"
-SETTLEMENT: Final = "settlement"
-
-OPERATIONS: Final = {
-    "chat.completions": "chat",
-    "completions": "text_completion",
-    "responses": "chat",
-}
-"""The GenAI operation name of each endpoint."""
-
 TRACE_HEADERS: Final = (b"traceparent", b"tracestate")
 _propagator = TraceContextTextMapPropagator()
-_tracer: Tracer | None = None
+_NOTHING: Final = nullcontext()
 
 
-def use(tracer: Tracer | None) -> None:
-    """Trace requests with ``tracer`` from now on (``None``: none)."""
-    global _tracer
-    _tracer = tracer
+class RequestTracing:
+    """How requests are traced: with the SDK's ``sampler`` and ``ids`` (a tracer
+    provider's), each sampled request's trace going to ``sinks`` once it has ended."""
+
+    __slots__ = ("ids", "sampler", "sinks")
+
+    def __init__(self, sampler: Sampler, ids: IdGenerator, sinks: Sequence[Sink]) -> None:
+        self.sampler = sampler
+        self.ids = ids
+        self.sinks = tuple(sinks)
+
+    def trace(
+        self, name: str, parent: Context | None, attributes: dict[str, AttributeValue]
+    ) -> RequestTrace:
+        """A request's trace, its span named ``name`` with ``attributes``, under the span
+        ``parent`` holds (an incoming ``traceparent``'s) where it is valid: the sampler
+        decides here, for the whole trace, as it would for the request's span."""
+        remote: SpanContext | None = None
+        if parent is not None:
+            remote = trace.get_current_span(parent).get_span_context()
+        if remote is not None and remote.is_valid:
+            trace_id = remote.trace_id
+        else:
+            remote = None
+            trace_id = self.ids.generate_trace_id()
+        sampling = self.sampler.should_sample(parent, trace_id, name, SpanKind.SERVER, attributes)
+        span_id = self.ids.generate_span_id()
+        if sampling.decision is not Decision.RECORD_AND_SAMPLE:
+            return RequestTrace(self, trace_id, span_id, sampling.trace_state)
+        return RecordedTrace(
+            self, trace_id, span_id, sampling.trace_state, remote, name, dict(sampling.attributes)
+        )
 
 
-def tracer() -> Tracer | None:
-    return _tracer
+_tracing: RequestTracing | None = None
+
+
+def use(tracing: RequestTracing | None) -> None:
+    """Trace requests as ``tracing`` says from now on (``None``: none)."""
+    global _tracing
+    _tracing = tracing
+
+
+def current() -> RequestTracing | None:
+    return _tracing
 
 
 def start(
@@ -93,11 +108,11 @@ def start(
     endpoint: str,
     request_id: str | None,
 ) -> RequestTrace | None:
-    """The trace of a request to ``endpoint`` (an ``OPERATIONS`` key) that arrived with
+    """The trace of a request to ``endpoint`` (a ``names.OPERATIONS`` key) that arrived with
     ``headers`` (ASGI's), under their ``traceparent`` where they carry one; ``None`` when
     tracing is off. Its phases are traced through ``overhead``."""
-    tracer = _tracer
-    if tracer is None:
+    tracing = _tracing
+    if tracing is None:
         return None
     carrier = {
         name.decode("latin-1"): value.decode("latin-1")
@@ -105,12 +120,11 @@ def start(
         if name in TRACE_HEADERS
     }
     parent = _propagator.extract(carrier) if carrier else None
-    operation = OPERATIONS.get(endpoint, endpoint)
-    attributes: dict[str, Any] = {OPERATION: operation}
+    operation = names.OPERATIONS.get(endpoint, endpoint)
+    attributes: dict[str, AttributeValue] = {names.OPERATION: operation}
     if request_id is not None:
-        attributes[REQUEST_ID] = request_id
-    root = tracer.start_span(operation, parent, SpanKind.SERVER, attributes)
-    request = RequestTrace(tracer, root, operation)
+        attributes[names.REQUEST_ID] = request_id
+    request = tracing.trace(operation, parent, attributes)
     overhead.trace = request
     return request
 
@@ -129,7 +143,7 @@ def step(
     """A child span ``name`` (under the open span ``under``, else the request's) around a
     ``with`` block; nothing when ``request`` is ``None``."""
     if request is None:
-        return nullcontext()
+        return _NOTHING
     return request.step(name, under)
 
 
@@ -141,122 +155,82 @@ def error_type(failure: BaseException) -> str:
     return type(failure).__qualname__
 
 
-def _epoch_ns(monotonic: float) -> int:
-    """``time.monotonic`` reading ``monotonic``, as a span's time (ns since the epoch)."""
-    return time.time_ns() - int((time.monotonic() - monotonic) * 1e9)
-
-
 class RequestTrace:
-    """One request's spans: the request's own (``root``) and its open children by name."""
+    """A request's trace that is not sampled: its context (the request's span's, current in
+    the request: :meth:`attach`, and the engine's, handed on: :meth:`admitted`) and nothing
+    recorded; :class:`RecordedTrace` records what these methods are told."""
 
-    __slots__ = (
-        "_closing",
-        "_context",
-        "_engine_began",
-        "_failed",
-        "_open",
-        "_operation",
-        "_settling",
-        "_tracer",
-        "root",
-    )
+    __slots__ = ("_span_id", "_trace_id", "_trace_state", "_tracing")
 
-    def __init__(self, tracer: Tracer, root: Span, operation: str) -> None:
-        self._tracer = tracer
-        self.root = root
-        self._operation = operation
-        self._context = trace.set_span_in_context(root)
-        self._open: dict[str, Span] = {}
-        self._closing = self._settling = self._failed = False
-        self._engine_began = 0.0
+    sampled = False
+
+    def __init__(
+        self,
+        tracing: RequestTracing,
+        trace_id: int,
+        span_id: int,
+        trace_state: TraceState | None,
+    ) -> None:
+        self._tracing = tracing
+        self._trace_id = trace_id
+        self._span_id = span_id
+        self._trace_state = trace_state
 
     @property
     def trace_id(self) -> str:
         """The request's trace id, 32 hex digits (as the access log and the logs name it)."""
-        return format(self.root.get_span_context().trace_id, "032x")
+        return format(self._trace_id, "032x")
 
     def attach(self) -> Token[Context]:
         """Make the request's span current in this context; the token to :meth:`detach`."""
-        return context.attach(self._context)
+        flags = TraceFlags(TraceFlags.SAMPLED if self.sampled else TraceFlags.DEFAULT)
+        span = SpanContext(self._trace_id, self._span_id, False, flags, self._trace_state)
+        return context.attach(trace.set_span_in_context(NonRecordingSpan(span)))
 
     @staticmethod
     def detach(token: Token[Context]) -> None:
         context.detach(token)
 
-    def begin(self, name: str, under: str | None = None) -> Span:
+    def _headers(self, span_id: int) -> dict[str, str]:
+        """The trace headers that put a span under ``span_id`` (``traceparent``)."""
+        flags = "01" if self.sampled else "00"
+        headers = {"traceparent": f"00-{self._trace_id:032x}-{span_id:016x}-{flags}"}
+        if self._trace_state and (state := self._trace_state.to_header()):
+            headers["tracestate"] = state
+        return headers
+
+    def begin(self, name: str, under: str | None = None) -> SpanRecord | None:
         """Open the child span ``name``, under the open span ``under`` or the request's."""
-        parent = self._open.get(under) if under is not None else None
-        parent_context = self._context if parent is None else trace.set_span_in_context(parent)
-        span = self._tracer.start_span(name, parent_context)
-        self._open[name] = span
-        return span
+        return None
 
     def end(self, name: str, failure: BaseException | None = None) -> None:
         """Close the child span ``name`` (failed by ``failure``, where given)."""
-        span = self._open.pop(name, None)
-        if span is None:
-            return
-        if failure is not None:
-            _fail(span, failure)
-        span.end()
-        if name == SETTLEMENT:
-            self._settling = False
-            if self._closing:
-                self._end_all()
 
-    @contextmanager
-    def step(self, name: str, under: str | None = None) -> Iterator[None]:
-        self.begin(name, under)
-        try:
-            yield
-        except BaseException as exc:
-            self.end(name, exc)
-            raise
-        self.end(name)
+    def step(self, name: str, under: str | None = None) -> AbstractContextManager[Any]:
+        """The child span ``name`` around a ``with`` block."""
+        return _NOTHING
 
     def identified(
         self, tenant: str, key: str, model: str, max_tokens: int | None, stream: bool
     ) -> None:
         """Who asked for what: the tenant and key ids, the model as called, the completion
         limit asked and whether the answer streams."""
-        self.root.update_name(f"{self._operation} {model}")
-        attributes: dict[str, Any] = {
-            TENANT: tenant,
-            KEY: key,
-            REQUEST_MODEL: model,
-            STREAM: stream,
-        }
-        if max_tokens is not None:
-            attributes[MAX_TOKENS] = max_tokens
-        self.root.set_attributes(attributes)
 
     def resolved(
         self, served: str, adapter: str | None, version: int | None, priority: str
     ) -> None:
         """What the model resolved to: the name it is served as, the adapter's global name and
         version (none for the base model), and the tenant's priority class."""
-        attributes: dict[str, Any] = {RESPONSE_MODEL: served, PRIORITY: priority}
-        if adapter is not None and version is not None:
-            attributes[ADAPTER] = adapter
-            attributes[ADAPTER_VERSION] = version
-        self.root.set_attributes(attributes)
 
     def admitted(self, queue_wait: float) -> dict[str, str]:
         """The request took an engine slot after ``queue_wait`` seconds: the admission span
         ends and the engine's begins; the trace headers that put the engine's own spans under
         it (``traceparent``)."""
-        self.end(ADMISSION)
-        self.root.set_attribute(QUEUE_WAIT_MS, queue_wait * 1000)
-        engine = self.begin(ENGINE)
-        self._engine_began = time.monotonic()
-        headers: dict[str, str] = {}
-        _propagator.inject(headers, trace.set_span_in_context(engine))
-        return headers
+        return self._headers(self._tracing.ids.generate_span_id())
 
     def expect_settlement(self) -> None:
         """The request will be settled: its span ends once settlement has, even where the
         response's own end (:meth:`close`) comes first (the client left mid-way)."""
-        self._settling = True
 
     def ran(
         self,
@@ -268,57 +242,220 @@ class RequestTrace:
     ) -> None:
         """The run ended, with ``outcome`` (its first and last tokens' ``time.monotonic``
         times, as it saw them): the engine span ends, with its two children."""
-        self.root.set_attribute(OUTCOME, outcome)
-        if finish_reason is not None:
-            self.root.set_attribute(FINISH_REASONS, (finish_reason,))
-        engine = self._open.pop(ENGINE, None)
-        if engine is not None:
-            if first_token_at is not None:
-                parent = trace.set_span_in_context(engine)
-                first = _epoch_ns(first_token_at)
-                last = _epoch_ns(last_token_at or time.monotonic())
-                began = _epoch_ns(self._engine_began)
-                self._tracer.start_span(FIRST_TOKEN, parent, start_time=began).end(first)
-                self._tracer.start_span(REST, parent, start_time=first).end(max(first, last))
-            if outcome == "error" and failure is not None:
-                _fail(engine, failure)
-            engine.end()
-        if outcome == "error":
-            self.failed(failure)
 
     def used(self, prompt_tokens: int, completion_tokens: int) -> None:
         """The tokens the request is charged, once its run is closed."""
-        self.root.set_attributes({INPUT_TOKENS: prompt_tokens, OUTPUT_TOKENS: completion_tokens})
 
     def failed(self, failure: BaseException | None) -> None:
         """The request was refused or failed: its span, and the spans open in it, say so."""
-        if self._failed:
-            return
-        self._failed = True
-        for span in (self.root, *self._open.values()):
-            _fail(span, failure)
-        if isinstance(failure, GatewayError):
-            self.root.set_attribute(STATUS_CODE, failure.status_code)
 
     def close(self) -> None:
         """The response has ended: every span ends, the request's last, unless the request
-        is being settled (it ends then)."""
+        is being settled (it ends then); the trace goes to the sinks."""
+
+
+class RecordedTrace(RequestTrace):
+    """A sampled request's trace: its spans recorded as :class:`SpanRecord` s, handed to the
+    sinks as one :class:`FinishedTrace` once the request has ended (nothing recorded
+    after that)."""
+
+    __slots__ = (
+        "_closing",
+        "_ended",
+        "_engine_began",
+        "_failed",
+        "_open",
+        "_operation",
+        "_remote",
+        "_root",
+        "_settling",
+        "_spans",
+    )
+
+    sampled = True
+
+    def __init__(
+        self,
+        tracing: RequestTracing,
+        trace_id: int,
+        span_id: int,
+        trace_state: TraceState | None,
+        remote: SpanContext | None,
+        operation: str,
+        attributes: dict[str, AttributeValue],
+    ) -> None:
+        super().__init__(tracing, trace_id, span_id, trace_state)
+        self._remote = remote
+        self._operation = operation
+        parent_id = remote.span_id if remote is not None else 0
+        self._root = SpanRecord(operation, span_id, parent_id, time.time_ns(), SERVER, attributes)
+        self._spans = [self._root]
+        self._open: dict[str, SpanRecord] = {}
+        self._closing = self._settling = self._failed = self._ended = False
+        self._engine_began = 0.0
+
+    @property
+    def _attributes(self) -> dict[str, AttributeValue]:
+        attributes = self._root.attributes
+        assert attributes is not None
+        return attributes
+
+    def begin(self, name: str, under: str | None = None) -> SpanRecord | None:
+        if self._ended:
+            return None
+        parent = self._open.get(under, self._root) if under is not None else self._root
+        span = SpanRecord(
+            name, self._tracing.ids.generate_span_id(), parent.span_id, time.time_ns()
+        )
+        self._spans.append(span)
+        self._open[name] = span
+        return span
+
+    def end(self, name: str, failure: BaseException | None = None) -> None:
+        span = self._open.pop(name, None)
+        if span is None:
+            return
+        if failure is not None:
+            _fail(span, failure)
+        span.end = time.time_ns()
+        if name == names.SETTLEMENT:
+            self._settling = False
+            if self._closing:
+                self._end_all()
+
+    def step(self, name: str, under: str | None = None) -> AbstractContextManager[Any]:
+        return _Step(self, name, under)
+
+    def identified(
+        self, tenant: str, key: str, model: str, max_tokens: int | None, stream: bool
+    ) -> None:
+        self._root.name = f"{self._operation} {model}"
+        attributes = self._attributes
+        attributes[names.TENANT] = tenant
+        attributes[names.KEY] = key
+        attributes[names.REQUEST_MODEL] = model
+        attributes[names.STREAM] = stream
+        if max_tokens is not None:
+            attributes[names.MAX_TOKENS] = max_tokens
+
+    def resolved(
+        self, served: str, adapter: str | None, version: int | None, priority: str
+    ) -> None:
+        attributes = self._attributes
+        attributes[names.RESPONSE_MODEL] = served
+        attributes[names.PRIORITY] = priority
+        if adapter is not None and version is not None:
+            attributes[names.ADAPTER] = adapter
+            attributes[names.ADAPTER_VERSION] = version
+
+    def admitted(self, queue_wait: float) -> dict[str, str]:
+        self.end(names.ADMISSION)
+        self._attributes[names.QUEUE_WAIT_MS] = queue_wait * 1000
+        engine = self.begin(names.ENGINE)
+        self._engine_began = time.monotonic()
+        if engine is None:
+            return super().admitted(queue_wait)
+        return self._headers(engine.span_id)
+
+    def expect_settlement(self) -> None:
+        self._settling = True
+
+    def ran(
+        self,
+        first_token_at: float | None,
+        last_token_at: float | None,
+        finish_reason: str | None,
+        outcome: str,
+        failure: BaseException | None,
+    ) -> None:
+        attributes = self._attributes
+        attributes[names.OUTCOME] = outcome
+        if finish_reason is not None:
+            attributes[names.FINISH_REASONS] = (finish_reason,)
+        engine = self._open.pop(names.ENGINE, None)
+        if engine is not None:
+            if first_token_at is not None:
+                # time.monotonic's readings as times since the epoch, as a span's are.
+                offset = time.time_ns() - int(time.monotonic() * 1e9)
+                began = int(self._engine_began * 1e9) + offset
+                first = int(first_token_at * 1e9) + offset
+                last = max(first, int((last_token_at or time.monotonic()) * 1e9) + offset)
+                self._child(names.FIRST_TOKEN, engine, began, first)
+                self._child(names.REST, engine, first, last)
+            if outcome == "error" and failure is not None:
+                _fail(engine, failure)
+            engine.end = time.time_ns()
+        if outcome == "error":
+            self.failed(failure)
+
+    def _child(self, name: str, parent: SpanRecord, start: int, end: int) -> None:
+        span = SpanRecord(name, self._tracing.ids.generate_span_id(), parent.span_id, start)
+        span.end = end
+        self._spans.append(span)
+
+    def used(self, prompt_tokens: int, completion_tokens: int) -> None:
+        attributes = self._attributes
+        attributes[names.INPUT_TOKENS] = prompt_tokens
+        attributes[names.OUTPUT_TOKENS] = completion_tokens
+
+    def failed(self, failure: BaseException | None) -> None:
+        if self._failed:
+            return
+        self._failed = True
+        for span in (self._root, *self._open.values()):
+            _fail(span, failure)
+        if isinstance(failure, GatewayError):
+            self._attributes[names.STATUS_CODE] = failure.status_code
+
+    def close(self) -> None:
         self._closing = True
         if not self._settling:
             self._end_all()
 
     def _end_all(self) -> None:
-        for span in reversed(self._open.values()):
-            span.end()
+        if self._ended:
+            return
+        self._ended = True
+        now = time.time_ns()
+        for span in self._open.values():
+            span.end = now
         self._open.clear()
-        self.root.end()
+        self._root.end = now
+        finished = FinishedTrace(self._trace_id, self._trace_state, self._remote, self._spans)
+        for sink in self._tracing.sinks:
+            sink.submit(finished)
 
 
-def _fail(span: Span, failure: BaseException | None) -> None:
+class _Step:
+    """:meth:`RecordedTrace.step`'s span around a ``with`` block."""
+
+    __slots__ = ("_name", "_trace", "_under")
+
+    def __init__(self, request: RecordedTrace, name: str, under: str | None) -> None:
+        self._trace = request
+        self._name = name
+        self._under = under
+
+    def __enter__(self) -> None:
+        self._trace.begin(self._name, self._under)
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        failure: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._trace.end(self._name, failure)
+
+
+def _fail(span: SpanRecord, failure: BaseException | None) -> None:
+    span.failed = True
+    span.message = failure.message if isinstance(failure, GatewayError) else None
     kind = error_type(failure) if failure is not None else "_OTHER"
-    message = failure.message if isinstance(failure, GatewayError) else None
-    span.set_status(Status(StatusCode.ERROR, message))
-    span.set_attribute(ERROR_TYPE, kind)
+    if span.attributes is None:
+        span.attributes = {names.ERROR_TYPE: kind}
+    else:
+        span.attributes[names.ERROR_TYPE] = kind
 
 
 class PhaseSpans:

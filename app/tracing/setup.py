@@ -9,27 +9,34 @@ set means off: a deployment that never asked for traces sends none anywhere.
 OTLP goes over ``http/protobuf`` (the default) or ``grpc``, as
 ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` (else ``OTEL_EXPORTER_OTLP_PROTOCOL``) says; the
 sampler is the SDK's, from ``OTEL_TRACES_SAMPLER`` and ``OTEL_TRACES_SAMPLER_ARG`` (default:
-parent-based, always on); the batch processor's ``OTEL_BSP_*``, the exporter's headers,
-timeout and certificates and the resource's ``OTEL_SERVICE_NAME`` and
-``OTEL_RESOURCE_ATTRIBUTES`` are read by the SDK as usual. A value the gateway cannot honour
-(``http/json``, an unknown exporter) stops it at start, named.
+parent-based, always on); the exporter's headers, timeout and certificates and the
+resource's ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` are read by the SDK as
+usual, the batch processor's ``OTEL_BSP_*`` by it and by :mod:`app.tracing.export`. A value
+the gateway cannot honour (``http/json``, an unknown exporter) stops it at start, named.
 
-Off, no tracer exists and the request path makes no OpenTelemetry call at all.
+Two paths leave the process: vLLM's own spans of in-process requests go through the SDK's
+tracer provider (:func:`provider_for`, global), the gateway's request traces through
+:func:`sinks_for`'s sinks (OTLP encoded and sent from a thread of their own:
+:mod:`app.tracing.export`), sampled by the same sampler. Off, neither exists and the request
+path makes no OpenTelemetry call at all.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from app import __version__, overhead
-from app.tracing import request
+from app.tracing import export, otlp, request
+from app.tracing.sinks import Sink, ToSpanProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +46,8 @@ EXPORTERS = frozenset({"otlp", "console"})
 PROTOCOLS = frozenset({"http/protobuf", "grpc"})
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
+
+SCOPE = InstrumentationScope(INSTRUMENTATION, __version__)
 
 _provider: TracerProvider | None = None
 
@@ -131,17 +140,20 @@ def configure(environ: Mapping[str, str] = os.environ) -> bool:
     """Turn tracing on where ``environ`` asks for it (once per process: the first app that
     starts builds the tracer, the others share it); whether it is on. Where no other tracer
     provider is global yet, this one becomes it: vLLM's span of an in-process request is then
-    exported with ours, sampled by the same sampler."""
+    exported too, sampled by the same sampler."""
     global _provider
     if _provider is not None:
         return True
     provider = provider_for(environ)
     if provider is None:
-        return request.tracer() is not None
+        return request.current() is not None
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         trace.set_tracer_provider(provider)
     _provider = provider
-    install(provider)
+    sinks = sinks_for(environ, provider)
+    install(provider, sinks)
+    for sink in sinks:
+        atexit.register(sink.shutdown)  # what is queued is exported, as the provider's is
     logger.info(
         "tracing on: %s (OTLP to %s)", ", ".join(exporters(environ)), traces_endpoint(environ)
     )
@@ -160,12 +172,38 @@ def provider_for(environ: Mapping[str, str]) -> TracerProvider | None:
     return provider
 
 
-def install(provider: trace.TracerProvider | None) -> None:
-    """Trace every request with ``provider``'s tracer from now on (``None``: tracing off).
-    :func:`configure` calls it; tests give an SDK provider with an in-memory exporter."""
+def sinks_for(environ: Mapping[str, str], provider: TracerProvider) -> list[Sink]:
+    """Where the request traces go, for each exporter ``environ`` names: OTLP from
+    :class:`~app.tracing.export.OtlpExport`, the console through the SDK's batch processor
+    (and OTLP too where the installed exporter is not built as
+    :func:`app.tracing.export.sender` expects)."""
+    sinks: list[Sink] = []
+    for name in exporters(environ):
+        send = None
+        if name == "otlp":
+            grpc = protocol(environ) == "grpc"
+            send = export.sender(grpc, traces_endpoint(environ))
+        if send is not None:
+            envelope = otlp.envelope(provider.resource, SCOPE.name, SCOPE.version or "")
+            sinks.append(export.OtlpExport(send, envelope, environ))
+        else:
+            processor = BatchSpanProcessor(_exporter(name, environ))
+            sinks.append(to_processor(processor, provider))
+    return sinks
+
+
+def to_processor(processor: SpanProcessor, provider: TracerProvider) -> Sink:
+    """Request traces as the SDK's spans (of ``provider``'s resource) to ``processor``."""
+    return ToSpanProcessor(processor, provider.resource, SCOPE)
+
+
+def install(provider: TracerProvider | None, sinks: Sequence[Sink] = ()) -> None:
+    """Trace every request with ``provider``'s sampler and ids from now on, into ``sinks``
+    (``None``: tracing off). :func:`configure` calls it; tests give an SDK provider and an
+    in-memory exporter's processor (:func:`to_processor`)."""
     if provider is None:
         request.use(None)
         overhead.set_hook(None)
         return
-    request.use(provider.get_tracer(INSTRUMENTATION, __version__))
+    request.use(request.RequestTracing(provider.sampler, provider.id_generator, sinks))
     overhead.set_hook(request.PhaseSpans())

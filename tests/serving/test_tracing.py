@@ -16,10 +16,18 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from app import access_log, tracing
 from app.access_log import AccessLine
-from app.tracing import request as names
+from app.tracing import names
+from app.tracing.export import OtlpExport
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.serving import TENANT, Served, ServeFactory, chat, eventually
-from tests.support.traces import PARENT_SPAN, PARENT_TRACE, Tree, otlp_receiver, roots
+from tests.support.traces import (
+    PARENT_SPAN,
+    PARENT_TRACE,
+    Tree,
+    otlp_receiver,
+    recorded_spans,
+    roots,
+)
 
 PHASES = {"authentication", "resolution", "preparation", "admission", "engine", "settlement"}
 
@@ -152,6 +160,45 @@ async def test_an_incoming_traceparent_is_the_request_spans_parent_and_the_acces
     ]
 
 
+@pytest.mark.parametrize(
+    ("sampler", "traceparent"),
+    [
+        ("always_off", None),
+        ("parentbased_always_on", f"00-{PARENT_TRACE}-{PARENT_SPAN}-00"),
+        ("parentbased_traceidratio", None),  # OTEL_TRACES_SAMPLER_ARG 0: none of the traces
+    ],
+)
+async def test_an_unsampled_request_records_nothing_and_hands_its_context_on_unsampled(
+    serve: ServeFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    sampler: str,
+    traceparent: str | None,
+) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", sampler)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
+    headers = {"traceparent": traceparent} if traceparent else {}
+    engine = ScriptedEngine()
+    with (
+        recorded_spans() as spans,
+        caplog.at_level(logging.INFO, logger=access_log.LOGGER.name),
+    ):
+        async with serve(engine) as served:
+            await stream(served, chat(served, max_tokens=2, stream=True), **headers)
+            await served.settled()
+    assert spans.get_finished_spans() == ()
+    handed = engine.started()[0].trace_headers
+    assert handed is not None
+    _, trace_id, span_id, flags = handed["traceparent"].split("-")
+    assert flags == "00" and int(span_id, 16) != 0
+    if traceparent is not None:
+        assert trace_id == PARENT_TRACE
+    lines = [r.msg for r in caplog.records if isinstance(r.msg, AccessLine)]
+    assert [line["trace_id"] for line in lines if line["path"] == "/v1/chat/completions"] == [
+        trace_id
+    ]
+
+
 async def test_a_refusal_sets_the_error_status_and_type_and_nothing_runs(
     serve: ServeFactory, spans: InMemorySpanExporter
 ) -> None:
@@ -231,15 +278,17 @@ async def test_traces_reach_an_otlp_http_receiver_as_protobuf(serve: ServeFactor
         environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_SERVICE_NAME": "gw-test"}
         provider = tracing.setup.provider_for(environ)
         assert provider is not None
-        tracing.install(provider)
+        sinks = tracing.sinks_for(environ, provider)
+        assert [type(sink) for sink in sinks] == [OtlpExport]
+        tracing.install(provider, sinks)
         try:
             async with serve(ScriptedEngine()) as served:
                 await stream(served, chat(served, max_tokens=2, stream=True))
                 await served.settled()
-                await asyncio.sleep(0.05)
-                assert await asyncio.to_thread(provider.force_flush, 30_000)
+                assert await asyncio.to_thread(sinks[0].force_flush, 30_000)
         finally:
             tracing.install(None)
+            sinks[0].shutdown()
             provider.shutdown()
     assert set(received.paths) == {"/v1/traces"}
     assert set(received.content_types) == {"application/x-protobuf"}

@@ -29,8 +29,7 @@ def recorded_spans() -> Iterator[InMemorySpanExporter]:
     """Trace the gateway's requests into an in-memory exporter until the block ends."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.install(provider)
+    tracing.install(provider, [tracing.to_processor(SimpleSpanProcessor(exporter), provider)])
     try:
         yield exporter
     finally:

@@ -39,6 +39,8 @@ def span_sink() -> Iterator[SpanSink]:
     sink = SpanSink(f"http://{HOST}:{server.server_address[1]}")
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # the connection kept between exports, as a collector's
+
         def do_POST(self) -> None:
             export = ExportTraceServiceRequest()
             export.ParseFromString(self.rfile.read(int(self.headers["content-length"])))

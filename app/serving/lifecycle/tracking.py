@@ -306,7 +306,7 @@ class RequestTracker:
                     # Queued for an engine slot after the reservation, so the queue holds only
                     # requests the quotas allow, and before the run is read: a refusal is a status.
                     if request_trace is not None:
-                        request_trace.begin(tracing.request.ADMISSION)
+                        request_trace.begin(tracing.names.ADMISSION)
                     await slot.acquire()
                     waited = time.monotonic() - began
                     spend_wait(generation.params, waited)
@@ -398,7 +398,7 @@ class RequestTracker:
             reservation = None
             if subjects:
                 # The quota backend's round trip (Redis's, where it is shared).
-                with tracing.step(request_trace, tracing.request.QUOTA, under="preparation"):
+                with tracing.step(request_trace, tracing.names.QUOTA, under="preparation"):
                     reservation = await self._checked(
                         self._quota.reserve(subjects, generation.worst_case_tokens, reservation_id),
                         tenant,

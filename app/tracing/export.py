@@ -1,0 +1,204 @@
+"""Request traces to an OTLP collector: :class:`OtlpExport` encodes each finished trace as it
+ends (:mod:`app.tracing.otlp`) and queues the bytes, and its thread sends a batch at a time
+with the SDK's own OTLP exporter (:func:`sender`:
+its endpoint, headers, timeout, compression, certificates and retries, from the same
+``OTEL_EXPORTER_OTLP_*`` variables). The queue and the batches follow the batch span
+processor's ``OTEL_BSP_*`` variables, counted in spans as it counts them."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import NamedTuple, Protocol
+
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+    OTLPSpanExporter as GrpcExporter,
+)
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+    OTLPSpanExporter as HttpExporter,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace.export import SpanExportResult
+
+from app.tracing import otlp
+from app.tracing.records import FinishedTrace
+
+logger = logging.getLogger(__name__)
+
+
+class Sender(Protocol):
+    """Sends one encoded ``ExportTraceServiceRequest`` of ``spans`` spans; whether it went."""
+
+    def send(self, request: bytes, spans: int) -> bool: ...
+
+    def shutdown(self) -> None: ...
+
+
+class _Encoded(NamedTuple):
+    request: bytes
+    spans: int
+
+
+class _HttpSender(HttpExporter):
+    """The SDK's OTLP/HTTP exporter, given bytes already encoded."""
+
+    def send(self, request: bytes, spans: int) -> bool:
+        with self._metrics.export_operation(spans) as result:
+            sent = self._client.export(request)
+            if not sent.success:
+                result.error = sent.error
+                return False
+        return True
+
+
+class _GrpcSender(GrpcExporter):
+    """The SDK's OTLP/gRPC exporter, given bytes already encoded (parsed back in C for the
+    stub, which serialises a message)."""
+
+    def _translate_data(self, data: _Encoded) -> ExportTraceServiceRequest:  # type: ignore[override]
+        decoded: ExportTraceServiceRequest = ExportTraceServiceRequest.FromString(data.request)
+        return decoded
+
+    def _count_data(self, data: _Encoded) -> int:  # type: ignore[override]
+        return data.spans
+
+    def send(self, request: bytes, spans: int) -> bool:
+        # The mixin's _export takes whatever _translate_data does.
+        result = self._export(_Encoded(request, spans))  # type: ignore[arg-type]
+        return result == SpanExportResult.SUCCESS
+
+
+def sender(grpc: bool, endpoint: str | None) -> Sender | None:
+    """The SDK's OTLP exporter over gRPC or HTTP, to ``endpoint``, as a :class:`Sender`;
+    ``None`` where the installed SDK's exporter is not built as this module expects (then
+    the SDK's spans go through its own exporter instead)."""
+    if grpc:
+        exported = callable(getattr(GrpcExporter, "_export", None))
+        return _GrpcSender(endpoint=endpoint) if exported else None
+    http_sender = _HttpSender(endpoint=endpoint)
+    client = getattr(http_sender, "_client", None)
+    if callable(getattr(client, "export", None)) and hasattr(http_sender, "_metrics"):
+        return http_sender
+    http_sender.shutdown()  # type: ignore[no-untyped-call]
+    return None
+
+
+def _setting(environ: Mapping[str, str], name: str, default: int) -> int:
+    try:
+        value = int(environ.get(name, default))
+    except ValueError:
+        logger.warning("%s is not a whole number: %s used", name, default)
+        return default
+    return value if value > 0 else default
+
+
+class OtlpExport:
+    """A :class:`~app.tracing.sinks.Sink` that queues each finished trace, encoded, and
+    exports the queue from a thread of its own: every ``OTEL_BSP_SCHEDULE_DELAY`` ms, as soon as
+    ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` spans wait, and on a flush; a trace that would take the
+    queue past ``OTEL_BSP_MAX_QUEUE_SIZE`` spans is dropped (and counted), as the SDK's batch
+    processor drops spans."""
+
+    def __init__(
+        self,
+        send: Sender,
+        envelope: Callable[[bytes], bytes],
+        environ: Mapping[str, str] = os.environ,
+    ) -> None:
+        self._sender = send
+        self._envelope = envelope
+        self._delay = _setting(environ, "OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
+        self._max_batch = _setting(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)
+        self._max_queue = _setting(environ, "OTEL_BSP_MAX_QUEUE_SIZE", 2048)
+        self._queue: deque[tuple[bytes, int]] = deque()
+        self._queued = 0
+        self.dropped = 0
+        """Spans dropped because the queue was full."""
+        self._lock = threading.Condition()
+        self._flushes_asked = self._flushes_done = 0
+        self._stopping = False
+        self._thread = threading.Thread(target=self._work, name="otlp-request-traces", daemon=True)
+        self._thread.start()
+
+    def submit(self, finished: FinishedTrace) -> None:
+        # Encoded here rather than in the thread: the queue holds bytes, which the garbage
+        # collector never follows, and the thread takes the interpreter's lock only to send.
+        spans = len(finished.spans)
+        encoded = otlp.spans(finished)
+        with self._lock:
+            if self._queued + spans > self._max_queue or self._stopping:
+                if not self.dropped:
+                    logger.warning("the trace export queue is full: spans dropped")
+                self.dropped += spans
+                return
+            self._queue.append((encoded, spans))
+            self._queued += spans
+            if self._queued >= self._max_batch:
+                self._lock.notify_all()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Export everything queued; whether it was done within ``timeout_millis``."""
+        with self._lock:
+            self._flushes_asked += 1
+            asked = self._flushes_asked
+            self._lock.notify_all()
+            return self._lock.wait_for(
+                lambda: self._flushes_done >= asked or not self._thread.is_alive(),
+                timeout_millis / 1000,
+            )
+
+    def shutdown(self) -> None:
+        """Export what is queued and stop (what comes after is dropped)."""
+        with self._lock:
+            if self._stopping:
+                return
+            self._stopping = True
+            self._lock.notify_all()
+        self._thread.join()
+        self._sender.shutdown()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if self._waits():
+                    self._lock.wait(self._delay)
+                stopping, asked = self._stopping, self._flushes_asked
+                batch = list(self._queue)
+                self._queue.clear()
+                self._queued = 0
+            self._export(batch)
+            with self._lock:
+                self._flushes_done = asked
+                self._lock.notify_all()
+            if stopping:
+                return
+
+    def _waits(self) -> bool:
+        return (
+            not self._stopping
+            and self._queued < self._max_batch
+            and self._flushes_done == self._flushes_asked
+        )
+
+    def _export(self, traces: list[tuple[bytes, int]]) -> None:
+        """``traces`` (each encoded, with its span count) in requests of at most the batch
+        size (a trace is never split: one larger than the batch size goes alone)."""
+        parts: list[bytes] = []
+        spans = 0
+        for encoded, count in traces:
+            if parts and spans + count > self._max_batch:
+                self._send(parts, spans)
+                parts, spans = [], 0
+            parts.append(encoded)
+            spans += count
+        if parts:
+            self._send(parts, spans)
+
+    def _send(self, parts: list[bytes], spans: int) -> None:
+        try:
+            self._sender.send(self._envelope(b"".join(parts)), spans)
+        except Exception:  # the thread goes on: the next batch may go
+            logger.exception("exporting %d spans failed", spans)

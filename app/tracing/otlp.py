@@ -1,0 +1,181 @@
+"""Finished request traces as an OTLP ``ExportTraceServiceRequest``, the protobuf bytes
+written directly: the same message the SDK's encoder makes of the same spans (a test checks
+it), at a small part of its cost. The request's spans have a fixed shape (names from a short
+list, few attributes), so each span is a few joined byte strings, the parts that never change
+made once."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.util.types import AttributeValue
+
+from app.tracing.records import FinishedTrace, SpanRecord
+
+# Span's fields (opentelemetry/proto/trace/v1/trace.proto): trace_id 1, span_id 2,
+# trace_state 3, parent_span_id 4, name 5, kind 6, start 7 and end 8 (fixed64), attributes 9,
+# status 15, flags 16 (fixed32).
+_IDS: Final = struct.Struct(">BBQBBQ")  # span_id, parent_span_id: 8 bytes each
+_ID: Final = struct.Struct(">BBQ")
+_TIMES: Final = struct.Struct("<BQBQ")
+_DOUBLE: Final = struct.Struct("<Bd")
+_FLAGS_TAG: Final = b"\x85\x01"  # field 16, fixed32
+_HAS_IS_REMOTE: Final = 0x100  # SpanFlags: whether the parent is remote is known ...
+_IS_REMOTE: Final = 0x200  # ... and it is
+_UNSET_STATUS: Final = b"\x7a\x00"
+_ERROR_CODE: Final = b"\x18\x02"
+_VARINTS: Final = [bytes((n,)) for n in range(128)]
+_MAX_CACHED: Final = 4096
+
+
+def _varint(n: int) -> bytes:
+    if n < 128:
+        return _VARINTS[n]
+    out = bytearray()
+    while n >= 128:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _delimited(tag: bytes, payload: bytes) -> bytes:
+    return tag + _varint(len(payload)) + payload
+
+
+def _string(value: str) -> bytes:
+    return _delimited(b"\x0a", value.encode())
+
+
+def _int(value: int) -> bytes:
+    return b"\x18" + _varint(value & 0xFFFF_FFFF_FFFF_FFFF)
+
+
+def _sequence(values: Iterable[Any]) -> bytes:
+    return _delimited(b"\x2a", b"".join(_delimited(b"\x0a", _any_value(v)) for v in values))
+
+
+_VALUES: Final[dict[type, Callable[[Any], bytes]]] = {
+    str: _string,
+    bool: lambda value: b"\x10\x01" if value else b"\x10\x00",
+    int: _int,
+    float: lambda value: _DOUBLE.pack(0x21, value),
+    bytes: lambda value: _delimited(b"\x3a", value),
+    tuple: _sequence,
+    list: _sequence,
+}
+
+
+def _any_value(value: Any) -> bytes:
+    """An ``AnyValue``'s fields: string 1, bool 2, int 3, double 4, array 5, bytes 7."""
+    encode = _VALUES.get(type(value))
+    if encode is not None:
+        return encode(value)
+    if isinstance(value, bool):
+        return _VALUES[bool](value)
+    if isinstance(value, int):
+        return _int(value)
+    if isinstance(value, float):
+        return _VALUES[float](value)
+    if isinstance(value, str):
+        return _string(value)
+    return _sequence(value)
+
+
+_pairs: dict[tuple[bytes, str, type, AttributeValue], bytes] = {}
+
+
+def _attribute(tag: bytes, key: str, value: AttributeValue) -> bytes:
+    """The ``KeyValue`` (key 1, value 2) field ``tag``. Most of a request's attributes
+    (tenants, keys, models, the short lists names come from, token counts) recur from one
+    request to the next: they are kept once encoded, up to a bound."""
+    kind = type(value)
+    cacheable = kind is str or kind is int or kind is bool
+    if cacheable and (field := _pairs.get((tag, key, kind, value))) is not None:
+        return field
+    pair = _string_field(b"\x0a", key) + _delimited(b"\x12", _any_value(value))
+    field = _delimited(tag, pair)
+    if cacheable:
+        if len(_pairs) >= _MAX_CACHED:
+            _pairs.clear()
+        _pairs[(tag, key, kind, value)] = field
+    return field
+
+
+def attributes(tag: bytes, values: Mapping[str, AttributeValue]) -> bytes:
+    """``values`` as the repeated ``KeyValue`` field ``tag``."""
+    return b"".join([_attribute(tag, key, value) for key, value in values.items()])
+
+
+_names: dict[tuple[str, int, int], bytes] = {}
+
+
+def _constant_part(name: str, kind: int, flags: int) -> bytes:
+    part = _names.get((name, kind, flags))
+    if part is None:
+        part = (
+            _string_field(b"\x2a", name)
+            + b"\x30"
+            + _VARINTS[kind]
+            + _FLAGS_TAG
+            + flags.to_bytes(4, "little")
+        )
+        if len(_names) < _MAX_CACHED:
+            _names[(name, kind, flags)] = part
+    return part
+
+
+def _string_field(tag: bytes, value: str) -> bytes:
+    return _delimited(tag, value.encode())
+
+
+def _span(trace: bytes, span: SpanRecord, flags: int) -> bytes:
+    parts = [
+        trace,
+        _constant_part(span.name, span.kind, flags),
+        _IDS.pack(0x12, 8, span.span_id, 0x22, 8, span.parent_id)
+        if span.parent_id
+        else _ID.pack(0x12, 8, span.span_id),
+        _TIMES.pack(0x39, span.start, 0x41, span.end),
+    ]
+    if span.attributes:
+        parts.append(attributes(b"\x4a", span.attributes))
+    if span.failed:
+        message = span.message
+        status = _string_field(b"\x12", message) if message else b""
+        parts.append(_delimited(b"\x7a", status + _ERROR_CODE))
+    else:
+        parts.append(_UNSET_STATUS)
+    return _delimited(b"\x12", b"".join(parts))
+
+
+def spans(finished: FinishedTrace) -> bytes:
+    """The trace's spans, each as a ``ScopeSpans.spans`` field, its children first and the
+    request's last (as :func:`app.tracing.sinks.readable_spans` orders them)."""
+    trace = b"\x0a\x10" + finished.trace_id.to_bytes(16, "big")
+    if finished.trace_state:
+        trace += _string_field(b"\x1a", finished.trace_state.to_header())
+    root, *children = finished.spans
+    remote = _HAS_IS_REMOTE | (_IS_REMOTE if finished.remote_parent is not None else 0)
+    return b"".join(_span(trace, span, _HAS_IS_REMOTE) for span in children) + _span(
+        trace, root, remote
+    )
+
+
+def envelope(resource: Resource, scope: str, version: str) -> Callable[[bytes], bytes]:
+    """How a batch of :func:`spans` becomes an ``ExportTraceServiceRequest``: under one
+    ``ResourceSpans`` (``resource``) and one ``ScopeSpans`` (``scope`` at ``version``)."""
+    resource_field = _delimited(b"\x0a", attributes(b"\x0a", resource.attributes))
+    schema = _string_field(b"\x1a", resource.schema_url) if resource.schema_url else b""
+    scope_field = _delimited(
+        b"\x0a", _string_field(b"\x0a", scope) + _string_field(b"\x12", version)
+    )
+
+    def request(encoded_spans: bytes) -> bytes:
+        scope_spans = _delimited(b"\x12", scope_field + encoded_spans)
+        return _delimited(b"\x0a", resource_field + scope_spans + schema)
+
+    return request
