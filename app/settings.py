@@ -101,7 +101,7 @@ class Settings(BaseSettings):
         "request waits, in the gateway or inside the engine for its first token.",
     )
     scheduler_batch_step_tokens: int = Field(
-        32,
+        16,
         ge=0,
         description="Fair scheduler: beside interactive requests, the worst-case tokens "
         "(prompt + max_tokens) of batch lines let into the engine per engine step, on "
