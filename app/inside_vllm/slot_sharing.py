@@ -26,8 +26,9 @@ its objective (its first token's, or a paused stream's next token's), judged fro
 measured step time and the tokens the holders have left; the turn pauses the adapter whose
 streams have the most slack against their own time-per-token objective; a stream once paused
 is not paused again while it is behind its objective, and a batch request never pauses an
-interactive stream. The rules and what they cost: docs/scheduling.md, "Sharing the device
-slots".
+interactive stream. Interactive requests are served first, and take a slot that batch requests
+alone hold at once, whatever the quantum or objectives. The rules and what they cost:
+docs/scheduling.md, "Sharing the device slots".
 """
 
 from __future__ import annotations
