@@ -5,6 +5,7 @@ new batch lines out, and they go in again once it has it."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from vllm import RequestOutput
@@ -25,7 +26,9 @@ class LoggedEngine(SeatedEngine):
         super().__init__(seats, **kwargs)
         self.events: list[tuple[str, str]] = []
 
-    def generate(self, prompt_token_ids: Any, params: Any, request_id: str, *args: Any, **kw: Any):  # type: ignore[no-untyped-def]
+    def generate(
+        self, prompt_token_ids: Any, params: Any, request_id: str, *args: Any, **kw: Any
+    ) -> AsyncIterator[RequestOutput]:
         self.events.append(("arrive", request_id))
         return super().generate(prompt_token_ids, params, request_id, *args, **kw)
 
