@@ -128,7 +128,7 @@ class Gateway:
                 responses=self.responses,
             ),
             self.check_ready,
-            concurrency=settings.batch_concurrency,
+            concurrency=settings.batch_concurrency or settings.max_num_seqs,
             lease_seconds=settings.batch_lease_seconds,
             poll_seconds=settings.batch_poll_seconds,
         )

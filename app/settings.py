@@ -97,7 +97,21 @@ class Settings(BaseSettings):
         gt=0,
         le=1,
         description="Fair scheduler: the share of the window batch lines (docs/batches.md) "
-        "may hold at most; they go in only while no interactive request waits.",
+        "may hold at most beside interactive requests; they go in only while no interactive "
+        "request waits, in the gateway or inside the engine for its first token.",
+    )
+    scheduler_batch_step_tokens: int = Field(
+        16,
+        ge=0,
+        description="Fair scheduler: beside interactive requests, the worst-case tokens "
+        "(prompt + max_tokens) of batch lines let into the engine per engine step, on "
+        "average; one line is always let run. 0: no cap but the seats.",
+    )
+    scheduler_batch_idle_seconds: float = Field(
+        5.0,
+        ge=0,
+        description="Fair scheduler: how long no interactive request has been in the engine "
+        "or waiting before batch lines may fill the window as online requests do.",
     )
     scheduler_max_queue_depth: int = Field(
         256,
@@ -355,11 +369,12 @@ class Settings(BaseSettings):
         description="How long a batch (completion_window 24h) has to finish before it is "
         "expired, its unrun lines in its error file. Shorter only for tests.",
     )
-    batch_concurrency: int = Field(
-        16,
+    batch_concurrency: int | None = Field(
+        None,
         ge=1,
         description="Lines of one batch a replica has in flight at once; they then wait for "
-        "the engine like any request, at the batch priority class.",
+        "the engine's admission, at the batch priority class, which decides how many run. "
+        "Unset: max_num_seqs, so that a batch alone can fill the engine.",
     )
     batch_lease_seconds: float = Field(
         30.0,

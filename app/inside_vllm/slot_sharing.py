@@ -26,8 +26,9 @@ its objective (its first token's, or a paused stream's next token's), judged fro
 measured step time and the tokens the holders have left; the turn pauses the adapter whose
 streams have the most slack against their own time-per-token objective; a stream once paused
 is not paused again while it is behind its objective, and a batch request never pauses an
-interactive stream. The rules and what they cost: docs/scheduling.md, "Sharing the device
-slots".
+interactive stream. Interactive requests are served first, and take a slot that batch requests
+alone hold at once, whatever the quantum or objectives. The rules and what they cost:
+docs/scheduling.md, "Sharing the device slots".
 """
 
 from __future__ import annotations
@@ -181,6 +182,16 @@ class Judge:
         objectives = self.objectives.get(request.request_id)
         return objectives is not None and objectives.interactive
 
+    def batch(self, request: Candidate) -> bool:
+        objectives = self.objectives.get(request.request_id)
+        return objectives is not None and not objectives.interactive
+
+    def yields(self, holder: Holder) -> bool:
+        """Whether ``holder`` gives its slot to an interactive request at once: it runs batch
+        requests only, each of which has generated a token since it last started (every
+        turn makes progress)."""
+        return holder.turn >= 1 and all(self.batch(r) for r in holder.requests)
+
     def may_pause(self, holder: Holder, waiting: Candidate) -> bool:
         """Whether a turn for ``waiting`` may pause ``holder``'s requests: none is a protected
         stream, nor an interactive one where ``waiting`` is a batch request."""
@@ -244,7 +255,12 @@ def plan(
     request with no objective: its quantum). No turn pauses a stream paused before and
     behind its TPOT objective, nor, for a batch request, an interactive one; these rules
     apply to the quantum's turns too, and a request they alone keep from a turn does not keep
-    the requests behind it from one."""
+    the requests behind it from one.
+
+    Interactive requests (by their class) are served before batch ones, and an adapter with
+    one waiting takes at once a slot held by batch requests only, each of which has had a
+    token since it last started, whatever the quantum, the objectives or the requests it
+    pauses: batch work never holds a slot an interactive request waits for."""
     judge = Judge(objectives or {}, first_token_at or {}, waiting_since, now, step_seconds)
     resident: dict[int, list[Candidate]] = {}
     for request in running:
@@ -252,6 +268,7 @@ def plan(
         if adapter is not None:
             resident.setdefault(adapter, []).append(request)
     blocked: dict[int, tuple[float, Candidate]] = {}  # its longest-waiting request
+    interactive: dict[int, tuple[float, Candidate]] = {}  # its longest-waiting interactive one
     due: dict[int, tuple[float, Candidate]] = {}  # its request due soonest, with an objective
     ready: Counter[int] = Counter()
     waited: defaultdict[int, float] = defaultdict(float)
@@ -268,6 +285,10 @@ def plan(
         waited[adapter] += now - since
         if adapter not in blocked or since < blocked[adapter][0]:
             blocked[adapter] = since, request
+        if judge.interactive(request) and (
+            adapter not in interactive or since < interactive[adapter][0]
+        ):
+            interactive[adapter] = since, request
         deadline = judge.deadline(request)
         if deadline is not None and (adapter not in due or deadline < due[adapter][0]):
             due[adapter] = deadline, request
@@ -288,8 +309,23 @@ def plan(
     smallest = len(holders[0].requests) if holders else 0
     holders[:0] = [FREE_SLOT] * (max_loras - len(resident))
     takes: list[tuple[Candidate, list[Candidate]]] = []
-    for adapter in sorted(blocked, key=lambda a: (0, due[a][0]) if a in due else (1, -waited[a])):
+    # Interactive requests first: a batch request never takes a slot one of them waits for.
+    order = sorted(
+        blocked,
+        key=lambda a: (
+            a not in interactive,
+            *((0, due[a][0]) if a in due else (1, -waited[a])),
+        ),
+    )
+    for adapter in order:
         largest = max(smallest, ready[adapter])
+        if adapter in interactive:
+            # A slot that only batch requests hold is an interactive request's at once.
+            yielding = next((h for h in holders if h is FREE_SLOT or judge.yields(h)), None)
+            if yielding is not None:
+                holders.remove(yielding)
+                takes.append((interactive[adapter][1], yielding.requests))
+                continue
         if adapter in due:
             deadline, request = due[adapter]
             holder = _by_objectives(judge, request, deadline, holders, largest, quantum)

@@ -36,7 +36,8 @@ class Ticket:
     # decode it, which lengthens each of those steps for every request in the batch.
     constrained: bool = False
     # A line of a tenant's batch (docs/batches.md): let in only while no interactive request
-    # waits, and only into the seats batch lines may hold.
+    # waits (here or inside the engine), and, beside interactive requests, only into the
+    # seats and the share of each engine step's tokens batch lines may take.
     batch_line: bool = False
 
 
@@ -50,6 +51,11 @@ class Slot(Protocol):
     def settle(self, tokens: int) -> None:
         """The tokens the request really used (prompt + completion), known at its end: the
         scheduler charges the tenant these instead of the worst case."""
+
+    def started(self) -> None:
+        """The request's first token arrived: it no longer waits inside the engine (for its
+        queue, a device slot or its prompt's step). Until then an interactive request counts
+        as waiting, and batch lines do not go in over it."""
 
     def release(self) -> None:
         """Give the slot back (idempotent; a no-op when it was never acquired)."""

@@ -133,8 +133,9 @@ class FairAdmission:
         load = self._load()
         if load is None or load.step == self._step:
             return False
+        steps = 1 if self._step is None else max(1, load.step - self._step)
         self._step = load.step
-        self.queue.new_step()
+        self.queue.new_step(steps)
         metrics.set_held(_SLOTS("engine_running"), load.running)
         metrics.set_held(_SLOTS("engine_waiting"), load.waiting)
         if self._window is None:
@@ -176,10 +177,16 @@ class FairAdmission:
 
     def _release(self, ticket: Ticket, held: float, used: int | None) -> None:
         self._mean_hold += HOLD_SMOOTHING * (held - self._mean_hold)
-        self.queue.done(ticket, used)
+        self.queue.done(ticket, used, self._clock())
         self._dispatch()
         if not self.queue.in_flight:
             self._idle.set()
+
+    def _started(self, ticket: Ticket) -> None:
+        """``ticket``'s first token arrived: batch lines it held back may go."""
+        self.queue.started(ticket)
+        if self.queue.waiting():
+            self._dispatch()
 
     def _release_spare(self, slot: SpareSlot) -> None:
         self._spares.discard(slot)
@@ -240,6 +247,10 @@ class FairSlot:
     def settle(self, tokens: int) -> None:
         self._used = tokens
 
+    def started(self) -> None:
+        if self._held_since is not None:
+            self._admission._started(self._ticket)
+
     def release(self) -> None:
         if self._held_since is None:
             return
@@ -263,6 +274,9 @@ class SpareSlot:
         return None
 
     def settle(self, tokens: int) -> None:
+        return None
+
+    def started(self) -> None:
         return None
 
     def release(self) -> None:

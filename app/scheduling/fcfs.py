@@ -37,5 +37,8 @@ class PassThrough:
     def settle(self, tokens: int) -> None:
         return None
 
+    def started(self) -> None:
+        return None
+
     def release(self) -> None:
         return None

@@ -3,8 +3,9 @@
 At most a window of sequences is in the engine; beyond it requests wait here, one queue per
 tenant, and go in by deficit round robin on tokens (``quantum x weight`` a visit), with
 adapter affinity (a request whose adapter cannot run waits here, not inside vLLM), an age
-bound, optional pacing per engine step, a cap on a tenant's constrained requests and headroom
-kept for tenants below their fair share. The rules, their reasons and what they cost are
+bound, optional pacing per engine step, a cap on a tenant's constrained requests, headroom
+kept for tenants below their fair share, and batch lines let in only into the capacity
+interactive requests leave. The rules, their reasons and what they cost are
 written once, in docs/scheduling.md. Deterministic and synchronous (time is an argument), so
 every rule is tested without an event loop; :mod:`app.scheduling.fair` drives it.
 """
@@ -62,12 +63,27 @@ class FairQueue:
         per_step: int = 0,
         max_constrained: int = 1,
         batch_share: float = 1.0,
+        batch_step_tokens: int = 0,
+        batch_idle_seconds: float = 0.0,
     ) -> None:
         self.window = window
-        # The share of the window batch lines may hold at most (at least one seat).
+        # Beside interactive requests, batch lines hold at most this share of the window (at
+        # least one seat), and take at most ``batch_step_tokens`` worst-case tokens per engine
+        # step on average (0: no such cap); alone for ``batch_idle_seconds``, neither.
         self.batch_share = batch_share
+        self.batch_step_tokens = batch_step_tokens
+        self.batch_idle_seconds = batch_idle_seconds
         self.batch_in_flight = 0
+        self._batch_credit = float(batch_step_tokens)
         self._interactive_waiting = 0
+        self._interactive_in_flight = 0
+        # Interactive requests in the engine with no first token yet: they wait there (for its
+        # queue, a device slot, their prompt's step) and count as waiting for batch lines.
+        self._unstarted: set[str] = set()
+        # When interactive requests were last in the engine or waiting (-inf: never).
+        self._interactive_until = -math.inf
+        self._now = 0.0  # the latest time the queue was told
+        self._steps_reported = False
         self.max_constrained = max_constrained
         self.per_step = per_step
         self._paced = False
@@ -111,6 +127,26 @@ class FairQueue:
         others = self._weights - (state.weight if state else 0)
         return (self.window - self.headroom) * weight / (others + weight)
 
+    def interactive_waiting(self) -> bool:
+        """Whether an interactive request waits: here, or in the engine for its first token."""
+        return bool(self._interactive_waiting or self._unstarted)
+
+    def batch_alone(self) -> bool:
+        """Whether batch lines have the engine to themselves: no interactive request in it or
+        waiting, nor any for ``batch_idle_seconds``."""
+        return (
+            not self._interactive_in_flight
+            and not self._interactive_waiting
+            and self._now - self._interactive_until >= self.batch_idle_seconds
+        )
+
+    def batch_seats(self) -> int:
+        """The seats batch lines may hold now: the window less the headroom, alone; beside
+        interactive requests, their share of the window (at least one)."""
+        if self.batch_alone():
+            return self.window - self.headroom
+        return max(1, int(self.window * self.batch_share))
+
     def held_back(self) -> bool:
         """Whether requests wait that a larger window would let in: the window is the limit,
         not the tenants' shares."""
@@ -122,12 +158,23 @@ class FairQueue:
         """Count dispatches per engine step (:meth:`new_step`); only an engine that reports
         its steps can be paced."""
         self._paced = on and self.per_step > 0
+        self._steps_reported = on
         self._this_step = 0
         self._blocked = False
 
-    def new_step(self) -> None:
+    def new_step(self, steps: int = 1) -> None:
+        """The engine reported ``steps`` more steps: pacing opens anew, and batch lines gain
+        ``steps`` steps' worth of tokens, never more than one step's in hand."""
         self._this_step = 0
         self._blocked = False
+        budget = self.batch_step_tokens
+        self._batch_credit = min(float(budget), self._batch_credit + steps * budget)
+
+    def started(self, ticket: Ticket) -> None:
+        """The dispatched request's first token arrived: it no longer waits in the engine."""
+        if ticket.request_id in self._unstarted:
+            self._unstarted.discard(ticket.request_id)
+            self._blocked = False
 
     def resize(self, window: int) -> None:
         """A new window; requests in flight beyond it stay, and no more go in until they end."""
@@ -136,6 +183,7 @@ class FairQueue:
         self._blocked = False
 
     def push(self, ticket: Ticket, now: float) -> Waiting:
+        self._tick(now)
         state = self._tenants.get(ticket.tenant)
         if state is None:
             state = self._tenants[ticket.tenant] = TenantState(0)
@@ -171,6 +219,10 @@ class FairQueue:
 
     def pop(self, now: float) -> Dispatch | None:
         """The next request to dispatch, if the window lets any in; it is then in flight."""
+        alone = self.batch_alone()
+        self._tick(now)
+        if not alone and self.batch_alone():
+            self._blocked = False  # batch lines' idle wait has passed: they may go
         if self.in_flight >= self.window or not self._backlogged or self._blocked:
             return None
         visiting = self._visiting
@@ -215,17 +267,24 @@ class FairQueue:
         self._pending.discard(winner)
         return Dispatch(self._take(winner, next_up), reason)
 
-    def done(self, ticket: Ticket, used: int | None) -> None:
-        """A dispatched request left the engine, having used ``used`` tokens (None: unknown,
-        charged its worst case)."""
+    def done(self, ticket: Ticket, used: int | None, now: float | None = None) -> None:
+        """A dispatched request left the engine at ``now`` (None: the latest time the queue
+        was told), having used ``used`` tokens (None: unknown, charged its worst case)."""
         state = self._tenants.get(ticket.tenant)
         if state is None:
             return
+        if now is not None:
+            self._tick(now)
         seqs = self._seqs(ticket)
         state.in_flight -= seqs
         self.in_flight -= seqs
         if ticket.batch_line:
             self.batch_in_flight -= seqs
+        if ticket.interactive:
+            self._unstarted.discard(ticket.request_id)
+            self._interactive_in_flight -= seqs
+            if not self._interactive_in_flight:
+                self._interactive_until = self._now
         self._blocked = False
         self.affinity.finished(ticket.adapter)
         if ticket.constrained:
@@ -335,12 +394,7 @@ class FairQueue:
         if self._paced and self._this_step >= self.per_step and state.in_flight > 0:
             return False
         seqs = ticket.seqs if ticket.seqs <= window else window
-        if ticket.batch_line and (
-            self._interactive_waiting
-            or self.batch_in_flight + seqs > max(1, int(window * self.batch_share))
-        ):
-            # Batch lines take only capacity no interactive request waits for, and leave
-            # the rest of the window free for those that come.
+        if ticket.batch_line and not self._batch_may_go(seqs):
             return False
         after = in_flight + seqs
         unreserved = window - self.headroom
@@ -356,6 +410,29 @@ class FairQueue:
             )
         )
 
+    def _batch_may_go(self, seqs: int) -> bool:
+        """Whether a batch line may go in: never while an interactive request waits (here or
+        inside the engine); alone, into the window as any request; beside interactive
+        requests, into its seats, and while the lines' share of the engine's steps has tokens
+        left (one line at least is always in flight: it keeps the engine's steps coming)."""
+        if self.interactive_waiting():
+            return False
+        if self.batch_in_flight + seqs > self.batch_seats():
+            return False
+        return not self._batch_step_capped() or self._batch_credit > 0 or not self.batch_in_flight
+
+    def _batch_step_capped(self) -> bool:
+        """Whether batch lines are held to their tokens per engine step now: only beside
+        interactive requests, and where the engine reports its steps."""
+        return self._steps_reported and self.batch_step_tokens > 0 and not self.batch_alone()
+
+    def _tick(self, now: float) -> None:
+        """The time is ``now``: interactive requests in the engine or waiting move the time
+        batch lines' idle wait counts from."""
+        self._now = max(self._now, now)
+        if self._interactive_in_flight or self._interactive_waiting:
+            self._interactive_until = self._now
+
     def _take(self, name: str, waiting: Waiting) -> Waiting:
         state = self._tenants[name]
         if waiting is state.queue[0]:
@@ -370,7 +447,12 @@ class FairQueue:
         state.in_flight += seqs
         self.in_flight += seqs
         if ticket.batch_line:
+            if self._batch_step_capped():
+                self._batch_credit -= ticket.cost
             self.batch_in_flight += seqs
+        if ticket.interactive:
+            self._interactive_in_flight += seqs
+            self._unstarted.add(ticket.request_id)
         self._this_step += 1
         self.affinity.started(ticket.adapter)
         if ticket.constrained:

@@ -368,7 +368,8 @@ def test_a_batch_request_never_pauses_an_interactive_stream() -> None:
 
 def test_a_batch_request_pauses_batch_streams_only_whatever_their_slack() -> None:
     """An adapter running one interactive stream among batch ones is not paused for a batch
-    request, though its streams have the most slack; for an interactive request it is."""
+    request, though its streams have the most slack; an interactive request takes the slot
+    of the adapter running batch streams only, at once."""
     slots = [
         running("mixed-batch", 1, 20),
         running("mixed-interactive", 1, 20),
@@ -380,7 +381,7 @@ def test_a_batch_request_pauses_batch_streams_only_whatever_their_slack() -> Non
     classes = {"mixed-batch": BATCH, "b1": BATCH, "b2": BATCH}  # mixed-interactive: interactive
     for waiting_class, paused_ in [
         (BATCH, ["b1", "b2"]),
-        (INTERACTIVE, ["mixed-batch", "mixed-interactive"]),
+        (INTERACTIVE, ["b1", "b2"]),
     ]:
         waiting = [Fake("w", 3, arrival_time=99.0), Fake("w2", 3, arrival_time=99.0)]
         objectives = classes | {"w": waiting_class, "w2": waiting_class}
@@ -405,6 +406,52 @@ def test_a_batch_request_kept_from_a_turn_keeps_no_interactive_request_from_one(
     assert takes(slots, waiting, max_loras=1, objectives=only_classes) == [("interactive", ["a1"])]
     # Where no holder has had its quantum, the next slot is still the batch request's.
     assert takes(slots, waiting, max_loras=1, objectives=only_classes, turn_start={"a1": 38}) == []
+
+
+def test_a_slot_held_by_batch_requests_only_is_an_interactive_requests_at_once() -> None:
+    """Whatever the quantum or the objectives: each batch stream has had a token since it
+    last started, and the batch adapter runs more requests than the interactive one brings."""
+    classes = {
+        "b1": Objectives(interactive=False),
+        "b2": Objectives(interactive=False),
+        "i1": Objectives(interactive=True),
+        "w": Objectives(interactive=True),
+    }
+    slots = [running("b1", 1, 1), running("b2", 1, 1), running("i1", 2, 1)]
+    waiting = [Fake("w", 3, arrival_time=99.0)]
+    for quantum in (16, 0):
+        taken = takes(slots, waiting, max_loras=2, quantum=quantum, objectives=classes)
+        assert taken == [("w", ["b1", "b2"])]
+    # With objectives no turn is due yet, but a batch slot is not waited for.
+    tight = classes | {"w": INTERACTIVE}
+    assert by_objectives(slots, waiting, 99.0, max_loras=2, objectives=tight) == [
+        ("w", ["b1", "b2"])
+    ]
+    # Not before each batch stream has a token since it last started (i1 is in its turn).
+    started = {"b2": 1, "i1": 0}
+    assert takes(slots, waiting, max_loras=2, objectives=classes, turn_start=started) == []
+    # A batch request waiting gets no such turn.
+    batch_waiting = classes | {"w": Objectives(interactive=False)}
+    assert takes(slots, waiting, max_loras=2, objectives=batch_waiting) == []
+
+
+def test_interactive_requests_are_served_a_slot_before_batch_ones() -> None:
+    """The batch adapter has waited longer and brings more requests; the free slot is the
+    interactive request's, and the batch ones wait for the next."""
+    classes = {
+        "b1": Objectives(interactive=False),
+        "b2": Objectives(interactive=False),
+        "i": Objectives(interactive=True),
+        "a1": Objectives(interactive=True),
+    }
+    slots = [running("a1", 1, 1)]
+    waiting = [
+        Fake("b1", 2, arrival_time=10.0),
+        Fake("b2", 2, arrival_time=10.0),
+        Fake("i", 3, arrival_time=99.0),
+    ]
+    assert takes(slots, waiting, max_loras=2, quantum=0) == [("b1", [])]  # classes unknown
+    assert takes(slots, waiting, max_loras=2, quantum=0, objectives=classes) == [("i", [])]
 
 
 def test_requests_without_objectives_fall_back_to_the_quantum() -> None:

@@ -537,16 +537,29 @@ def test_nothing_is_paced_without_step_reports_or_with_no_limit() -> None:
     assert len(popped(unpaced)) == 10
 
 
-def batch_line(tenant: str, number: int) -> Ticket:
+def batch_line(tenant: str, number: int, cost: int = SMALL) -> Ticket:
     return Ticket(
-        f"{tenant}-line-{number}", f"{tenant}:batch", 1, SMALL, interactive=False, batch_line=True
+        f"{tenant}-line-{number}", f"{tenant}:batch", 1, cost, interactive=False, batch_line=True
+    )
+
+
+def batch_queue(
+    window: int, *, share: float = 1.0, step_tokens: int = 0, idle: float = 0.0
+) -> FairQueue:
+    return FairQueue(
+        window=window,
+        headroom=0,
+        quantum=SMALL,
+        max_adapter_wait=10.0,
+        max_loras=2,
+        batch_share=share,
+        batch_step_tokens=step_tokens,
+        batch_idle_seconds=idle,
     )
 
 
 def test_batch_lines_go_in_only_while_no_interactive_request_waits() -> None:
-    fair = FairQueue(
-        window=4, headroom=0, quantum=SMALL, max_adapter_wait=10.0, max_loras=2, batch_share=1.0
-    )
+    fair = batch_queue(4)
     for number in range(6):
         fair.push(batch_line("a", number), 0.0)
     first = fair.pop(0.0)
@@ -555,25 +568,122 @@ def test_batch_lines_go_in_only_while_no_interactive_request_waits() -> None:
     fair.push(ticket("b", 0), 0.0)
     fair.push(ticket("b", 1), 0.0)
     dispatched = [fair.pop(0.0) for _ in range(3)]
-    assert request_ids(dispatched) == ["b-0", "b-1", "a-line-1"]
+    assert request_ids(dispatched) == ["b-0", "b-1", None]
+    # In the engine without a first token, they still wait there (for its queue, a device
+    # slot, their prompt's step): no line goes in over them.
+    fair.started(dispatched[0].waiting.ticket)  # type: ignore[union-attr]
+    assert fair.pop(0.0) is None
+    fair.started(dispatched[1].waiting.ticket)  # type: ignore[union-attr]
     # Once none waits, the lines fill what is left of the window.
+    assert request_ids([fair.pop(0.0)]) == ["a-line-1"]
     assert fair.pop(0.0) is None and fair.in_flight == 4
 
 
-def test_batch_lines_hold_at_most_their_share_of_the_window() -> None:
-    fair = FairQueue(
-        window=8, headroom=0, quantum=SMALL, max_adapter_wait=10.0, max_loras=2, batch_share=0.5
-    )
+def test_an_interactive_request_that_ends_without_a_token_waits_no_more() -> None:
+    fair = batch_queue(4)
+    fair.push(ticket("b", 0), 0.0)
+    interactive = fair.pop(0.0)
+    assert interactive is not None
+    fair.push(batch_line("a", 0), 0.0)
+    assert fair.pop(0.0) is None
+    fair.done(interactive.waiting.ticket, 0)  # failed or cancelled before its first token
+    assert request_ids([fair.pop(0.0)]) == ["a-line-0"]
+
+
+def test_batch_lines_hold_their_share_of_the_window_beside_interactive_requests() -> None:
+    fair = batch_queue(8, share=0.5)
+    fair.push(ticket("b", 0), 0.0)
+    interactive = fair.pop(0.0)
+    assert interactive is not None
+    fair.started(interactive.waiting.ticket)
     for number in range(10):
         fair.push(batch_line("a", number), 0.0)
     lines = [fair.pop(0.0) for _ in range(5)]
     assert [d is not None for d in lines] == [True] * 4 + [False]
-    assert fair.batch_in_flight == 4
+    assert fair.batch_in_flight == 4 and fair.batch_seats() == 4
     # The seats left are interactive requests' at once.
-    fair.push(ticket("b", 0), 0.0)
-    assert request_ids([fair.pop(0.0)]) == ["b-0"]
-    # A line that ends frees its seat for the next line.
+    fair.push(ticket("b", 1), 0.0)
+    assert request_ids([fair.pop(0.0)]) == ["b-1"]
+    # A line that ends frees its seat for the next line, once b-1 has its first token.
     assert lines[0] is not None
     fair.done(lines[0].waiting.ticket, None)
-    assert fair.batch_in_flight == 3
+    assert fair.batch_in_flight == 3 and fair.pop(0.0) is None
+    fair.started(Ticket("b-1", "b", 1, SMALL))
     assert request_ids([fair.pop(0.0)]) == ["a-line-4"]
+
+
+def test_a_batch_alone_fills_the_window_once_interactive_requests_are_gone_a_while() -> None:
+    fair = FairQueue(
+        window=8,
+        headroom=2,
+        quantum=SMALL,
+        max_adapter_wait=10.0,
+        max_loras=2,
+        batch_share=0.5,
+        batch_idle_seconds=5.0,
+    )
+    for number in range(20):
+        fair.push(batch_line("a", number), 0.0)
+    # Nothing interactive: the window less its headroom, as any tenant alone.
+    assert len(popped(fair)) == 6 and fair.batch_alone()
+    # An interactive request goes in (the headroom); lines that end are not replaced until
+    # the batch is back to its share.
+    fair.push(ticket("b", 0), 1.0)
+    interactive = fair.pop(1.0)
+    assert interactive is not None and not fair.batch_alone()
+    fair.started(interactive.waiting.ticket)
+    for number in range(3):
+        fair.done(batch_line("a", number), None)
+    assert fair.batch_in_flight == 3 and fair.batch_seats() == 4
+    assert request_ids([fair.pop(1.0), fair.pop(1.0)]) == ["a-line-6", None]
+    # The interactive request ends at 2.0: the share holds for 5 s more, then the window.
+    fair.done(interactive.waiting.ticket, None, 2.0)
+    assert fair.pop(6.9) is None and not fair.batch_alone()
+    assert request_ids([fair.pop(7.0) for _ in range(3)]) == ["a-line-7", "a-line-8", None]
+    assert fair.batch_alone() and fair.batch_in_flight == 6
+
+
+def stepped(fair: FairQueue, steps: int) -> list[str | None]:
+    """The lines let in over ``steps`` engine steps, one pop after each step's report."""
+    let_in = []
+    for _ in range(steps):
+        fair.new_step()
+        let_in.append(request_ids([fair.pop(0.0)])[0])
+    return let_in
+
+
+def test_beside_interactive_requests_batch_lines_take_their_tokens_per_engine_step() -> None:
+    fair = batch_queue(32, share=1.0, step_tokens=50)
+    fair.pace(True)  # the engine reports its steps
+    fair.push(ticket("b", 0), 0.0)
+    interactive = fair.pop(0.0)
+    assert interactive is not None
+    fair.started(interactive.waiting.ticket)
+    for number in range(10):
+        fair.push(batch_line("a", number, cost=100), 0.0)
+    # 50 tokens a step, 100 a line: one line every other step, however many seats are free.
+    assert request_ids([fair.pop(0.0), fair.pop(0.0)]) == ["a-line-0", None]
+    assert stepped(fair, 6) == [None, "a-line-1", None, "a-line-2", None, "a-line-3"]
+    # Steps reported at once (the queue read the engine late) count, one step's worth kept.
+    fair.new_step(10)
+    assert request_ids([fair.pop(0.0), fair.pop(0.0)]) == ["a-line-4", None]
+    # With no line in flight, one goes in whatever the tokens: the engine's steps go on.
+    for number in range(5):
+        fair.done(batch_line("a", number, cost=100), None)
+    assert request_ids([fair.pop(0.0), fair.pop(0.0)]) == ["a-line-5", None]
+
+
+def test_batch_lines_tokens_per_step_are_not_counted_alone_nor_without_step_reports() -> None:
+    alone = batch_queue(8, step_tokens=50)
+    alone.pace(True)
+    for number in range(8):
+        alone.push(batch_line("a", number, cost=100), 0.0)
+    assert len(popped(alone)) == 8
+    unreported = batch_queue(8, step_tokens=50)
+    unreported.push(ticket("b", 0), 0.0)
+    interactive = unreported.pop(0.0)
+    assert interactive is not None
+    unreported.started(interactive.waiting.ticket)
+    for number in range(8):
+        unreported.push(batch_line("a", number, cost=100), 0.0)
+    assert len(popped(unreported)) == 7  # seats only: the window has 7 left

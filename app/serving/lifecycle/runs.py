@@ -5,7 +5,7 @@ counts, timing and end), started by an endpoint's :class:`Service`; the in-proce
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel
@@ -85,6 +85,11 @@ class Run(Protocol):
         token counts, while the answer may still be on its way to the client. A run whose
         end is not its to see (another tier runs it) never calls it."""
 
+    def when_first_token(self, callback: Callable[[], None]) -> None:
+        """Have ``callback`` called once, as the request's first token arrives: it no longer
+        waits inside the engine (for its queue, a device slot or its prompt's step). Never
+        called for a request that ends with none."""
+
     async def close(self) -> None:
         """Stop whatever still runs for the request and count what it produced."""
 
@@ -98,10 +103,15 @@ class RunTiming:
     last_token_at: float | None = None
     finish_reason: str | None = None
     """The first choice's (``stop``, ``length``, ``tool_calls``...)."""
+    on_first_token: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    """Called once, as the first token is seen (:meth:`Run.when_first_token`)."""
 
     def token_seen(self, now: float) -> None:
         if self.first_token_at is None:
             self.first_token_at = now
+            first, self.on_first_token = self.on_first_token, None
+            if first is not None:
+                first()
         self.last_token_at = now
 
     def usage_fields(self, began: float, completion_tokens: int) -> dict[str, Any]:
@@ -147,6 +157,10 @@ class RunBase:
         if adapter is not None:
             headers[ADAPTER_VERSION_HEADER] = str(adapter.version)
         return headers
+
+    def when_first_token(self, callback: Callable[[], None]) -> None:
+        if self.timing.first_token_at is None:
+            self.timing.on_first_token = callback
 
     def outcome(self) -> Outcome:
         if self.failed:

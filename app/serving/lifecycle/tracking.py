@@ -317,6 +317,8 @@ class RequestTracker:
                     # The slot goes back as the engine ends the request, not after its
                     # answer has been written, settled and recorded.
                     run.when_ended(partial(self._give_back, run, slot))
+                    # Until its first token it waits inside the engine (docs/scheduling.md).
+                    run.when_first_token(slot.started)
                     yield run
                     outcome = run.outcome()
                 except (asyncio.CancelledError, ClientDisconnected):
