@@ -75,7 +75,7 @@ def app_settings(state_dir: Path, **overrides: Any) -> Settings:
     if "database_url" not in overrides and not store.exists():
         state_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(migrated_store(), store)
-    return Settings(_env_file=None, **{**defaults, **overrides})  # type: ignore[call-arg]
+    return Settings(_env_file=None, **{**defaults, **overrides})
 
 
 @functools.cache

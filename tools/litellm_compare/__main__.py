@@ -38,6 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -217,7 +218,7 @@ def run(
                 target = targets[system]
                 points[system] = measure(
                     system, label, pids[system],
-                    lambda t=target, a=arrivals: open_loop(t, a, 1), rate,
+                    partial(open_loop, target, arrivals, 1), rate,
                 )  # fmt: skip
             for system, point in points.items():
                 direct = None if system == DIRECT else points[DIRECT]
@@ -226,11 +227,11 @@ def run(
             figures[system]["max"] = point_figures(saturate(system), None)
             target = targets[system]
             short = measure(system, "tokens, short", pids[system],
-                            lambda t=target: closed_loop(t, args.token_streams, token_each, 1),
+                            partial(closed_loop, target, args.token_streams, token_each, 1),
                             None)  # fmt: skip
             long = measure(
                 system, "tokens, long", pids[system],
-                lambda t=target: closed_loop(t, args.token_streams, token_each, args.tokens),
+                partial(closed_loop, target, args.token_streams, token_each, args.tokens),
                 None,
             )  # fmt: skip
             token_rows[system]["token_us"].append(
