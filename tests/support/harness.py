@@ -40,7 +40,7 @@ from app.serving.in_process.backend import EngineFactory, start_vllm_engine
 from app.settings import Settings
 from app.store.db import open_database
 from app.store.tables import UsageRow
-from tests.support.servers import free_port, wait_until_ready
+from tests.support.servers import PromptServer, free_port, wait_until_ready
 
 ADMIN_TOKEN = "lgw-admin-test-token"
 ADMIN_TIMEOUT_S = 60
@@ -159,7 +159,7 @@ class RunningApp:
 
 
 def uvicorn_server(app: FastAPI, settings: Settings) -> uvicorn.Server:
-    return uvicorn.Server(
+    return PromptServer(
         uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning")
     )
 
