@@ -40,6 +40,7 @@ from app.serving.in_process.backend import EngineFactory, start_vllm_engine
 from app.settings import Settings
 from app.store.db import open_database
 from app.store.tables import UsageRow
+from tests.support.grammar_checks import share_grammar_checks
 from tests.support.servers import PromptServer, free_port, wait_until_ready
 
 ADMIN_TOKEN = "lgw-admin-test-token"
@@ -174,7 +175,9 @@ async def serve(
     server_factory: ServerFactory = uvicorn_server,
 ) -> AsyncIterator[RunningApp]:
     """Serve ``create_app(settings, engine_factory=...)`` on the running event loop until the
-    block ends, once ``ready`` answers 200."""
+    block ends, once ``ready`` answers 200. Its compile checks are the process's
+    (tests/support/grammar_checks.py)."""
+    share_grammar_checks()
     app = create_app(settings, engine_factory=engine_factory)
     server = server_factory(app, settings)
     task = asyncio.create_task(server.serve())
@@ -222,7 +225,9 @@ def serve_on_thread(
 ) -> Iterator[tuple[RunningApp, asyncio.AbstractEventLoop]]:
     """Serve ``create_app(settings, engine_factory=...)`` until the block ends, on ``loop``
     (another app's, which keeps running) or on a thread with a loop of its own; yields the app
-    and the loop it serves on, the only one that may call its engine."""
+    and the loop it serves on, the only one that may call its engine. Its compile checks are
+    the process's (tests/support/grammar_checks.py)."""
+    share_grammar_checks()
     app = create_app(settings, engine_factory=engine_factory)
     server = uvicorn_server(app, settings)
     own_loop = loop is None
