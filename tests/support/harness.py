@@ -40,8 +40,8 @@ from app.serving.in_process.backend import EngineFactory, start_vllm_engine
 from app.settings import Settings
 from app.store.db import open_database
 from app.store.tables import UsageRow
-from tests.support.grammar_checks import share_grammar_checks
 from tests.support.servers import PromptServer, free_port, wait_until_ready
+from tests.support.startup_sharing import share_startup_work
 
 ADMIN_TOKEN = "lgw-admin-test-token"
 ADMIN_TIMEOUT_S = 60
@@ -175,9 +175,9 @@ async def serve(
     server_factory: ServerFactory = uvicorn_server,
 ) -> AsyncIterator[RunningApp]:
     """Serve ``create_app(settings, engine_factory=...)`` on the running event loop until the
-    block ends, once ``ready`` answers 200. Its compile checks are the process's
-    (tests/support/grammar_checks.py)."""
-    share_grammar_checks()
+    block ends, once ``ready`` answers 200. What its start-up shares with the process's
+    other apps: tests/support/startup_sharing.py."""
+    share_startup_work()
     app = create_app(settings, engine_factory=engine_factory)
     server = server_factory(app, settings)
     task = asyncio.create_task(server.serve())
@@ -225,9 +225,9 @@ def serve_on_thread(
 ) -> Iterator[tuple[RunningApp, asyncio.AbstractEventLoop]]:
     """Serve ``create_app(settings, engine_factory=...)`` until the block ends, on ``loop``
     (another app's, which keeps running) or on a thread with a loop of its own; yields the app
-    and the loop it serves on, the only one that may call its engine. Its compile checks are
-    the process's (tests/support/grammar_checks.py)."""
-    share_grammar_checks()
+    and the loop it serves on, the only one that may call its engine. What its start-up
+    shares with the process's other apps: tests/support/startup_sharing.py."""
+    share_startup_work()
     app = create_app(settings, engine_factory=engine_factory)
     server = uvicorn_server(app, settings)
     own_loop = loop is None
