@@ -18,6 +18,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -183,6 +184,11 @@ async def serve(
     task = asyncio.create_task(server.serve())
     base_url = f"http://127.0.0.1:{settings.port}"
     try:
+        # Listening once started (its lifespan's start-up done): polled here, every few ms,
+        # rather than by requests from a thread every 20 ms, the most of an app's start.
+        deadline = time.monotonic() + timeout
+        while not server.started and not task.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.002)
         await asyncio.to_thread(
             wait_until_ready, f"{base_url}{ready}", alive=lambda: not task.done(), timeout=timeout
         )
