@@ -20,6 +20,7 @@ from tests.support.console import UI, console, sign_in, unlabelled_fields
 from tests.support.edge_app import EdgeApp, call, running
 from tests.support.harness import ADMIN_TOKEN, app_settings
 from tests.support.scripted_engine import ScriptedEngine
+from tests.support.servers import PromptServer
 from tests.support.serving import TENANT, Served, ServeFactory, eventually
 
 PAGES = [
@@ -82,7 +83,7 @@ async def test_sign_in_sets_a_strict_cookie_and_is_audited(serve: ServeFactory) 
 
 def proxied_server(app: FastAPI, settings: Settings) -> uvicorn.Server:
     """The server as `lora-gateway serve` configures it (X-Forwarded-* from trusted proxies)."""
-    return uvicorn.Server(server_config(app, settings))
+    return PromptServer(server_config(app, settings))
 
 
 async def test_the_cookie_is_secure_behind_a_trusted_tls_proxy_only(serve: ServeFactory) -> None:

@@ -13,13 +13,13 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from app.quota import Limits, QuotaBackendUnavailable, QuotaExceeded
 from app.quota.outage import OutageLog
 from app.quota.redis import RedisBackend
+from tests.support.own_metrics import OwnMetrics
 from tests.support.quota import KEY, TENANT
 from tests.support.redis_server import redis_server
 from tests.support.servers import free_port
@@ -28,11 +28,20 @@ LIMITS = Limits(requests_per_minute=100, tokens_per_minute=10_000, max_concurren
 SUBJECTS = [(TENANT, LIMITS), (KEY, Limits(requests_per_minute=10))]
 
 
+# Counted in metrics of this module's own: the process's move to a new storage whenever a
+# gateway of another test starts or stops (tests/support/own_metrics.py).
+QUOTA_ERRORS = OwnMetrics("QUOTA_BACKEND_ERRORS")
+
+
+@pytest.fixture(autouse=True)
+def quota_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    QUOTA_ERRORS.install(monkeypatch)
+
+
 def errors(operation: str, reason: str) -> float:
-    value = REGISTRY.get_sample_value(
-        "lora_gateway_quota_backend_errors_total", {"operation": operation, "reason": reason}
+    return QUOTA_ERRORS.value(
+        "lora_gateway_quota_backend_errors_total", operation=operation, reason=reason
     )
-    return value or 0.0
 
 
 @pytest.fixture(scope="module")

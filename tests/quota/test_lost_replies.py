@@ -12,12 +12,12 @@ from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 import pytest
-from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
 from app.quota import Limits, QuotaBackendUnavailable
 from app.quota.redis import RedisBackend
 from tests.quota.latency_proxy import LatencyProxy
+from tests.support.own_metrics import OwnMetrics
 from tests.support.quota import KEY, TENANT
 
 TENANT_LIMITS = Limits(
@@ -32,14 +32,24 @@ SUBJECTS = [(TENANT, TENANT_LIMITS), (KEY, KEY_LIMITS)]
 WORST_CASE = 5005
 
 
+# Counted in metrics of this module's own: the process's move to a new storage whenever a
+# gateway of another test starts or stops (tests/support/own_metrics.py).
+QUOTA_ERRORS = OwnMetrics("QUOTA_BACKEND_ERRORS")
+
+
+@pytest.fixture(autouse=True)
+def quota_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    QUOTA_ERRORS.install(monkeypatch)
+
+
 def void_failures() -> float:
-    total = 0.0
-    for metric in REGISTRY.collect():
-        for sample in metric.samples:
-            name, operation = sample.name, sample.labels.get("operation")
-            if name == "lora_gateway_quota_backend_errors_total" and operation == "void":
-                total += sample.value
-    return total
+    return sum(
+        sample.value
+        for family in QUOTA_ERRORS.registry.collect()
+        for sample in family.samples
+        if sample.name == "lora_gateway_quota_backend_errors_total"
+        and sample.labels.get("operation") == "void"
+    )
 
 
 @pytest.fixture

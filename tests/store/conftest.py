@@ -9,11 +9,7 @@ latest revision: migrating each test's store anew took most of a store test's ti
 from __future__ import annotations
 
 import asyncio
-import glob
-import os
 import shutil
-import subprocess
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -27,68 +23,36 @@ from app.store.db import open_database
 from app.tenancy.base_model import BaseModelInfo
 from app.tenancy.storage import LocalAdapterStore
 from tests.support.harness import migrated_store
-from tests.support.servers import free_port
-
-
-def _pg_bin(name: str) -> str:
-    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
-    if found:
-        return found[-1]
-    on_path = shutil.which(name)
-    if on_path is None:
-        raise RuntimeError(f"PostgreSQL's {name} is not installed (apt-get install postgresql)")
-    return on_path
-
-
-def _as_postgres_user(command: list[str]) -> list[str]:
-    # initdb and postgres refuse to run as root.
-    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
+from tests.support.postgres import PostgresCluster
 
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[str]:
     """A PostgreSQL server on a free loopback port, for this test session only."""
-    data = Path(tempfile.mkdtemp(prefix="lgw-pg-"))
-    if os.geteuid() == 0:
-        shutil.chown(data, "postgres", "postgres")
-    port = free_port()
-    subprocess.run(
-        _as_postgres_user(
-            [
-                _pg_bin("initdb"),
-                "-D",
-                str(data / "db"),
-                "-U",
-                "postgres",
-                "-A",
-                "trust",
-                "--no-sync",
-            ]
-        ),
-        check=True,
-        capture_output=True,
-    )
-    options = f"-p {port} -k {data} -c listen_addresses=127.0.0.1 -c fsync=off"
-    pg_ctl = [_pg_bin("pg_ctl"), "-D", str(data / "db"), "-l", str(data / "log"), "-o", options]
-    subprocess.run(_as_postgres_user([*pg_ctl, "-w", "start"]), check=True, capture_output=True)
+    cluster = PostgresCluster()
+    cluster.start()
     try:
-        yield f"postgresql+asyncpg://postgres@127.0.0.1:{port}"
+        yield cluster.server_url
     finally:
-        subprocess.run(_as_postgres_user([*pg_ctl, "-m", "immediate", "stop"]), capture_output=True)
-        shutil.rmtree(data, ignore_errors=True)
+        cluster.remove()
 
 
-async def _create_database(server: str, name: str, template: str | None = None) -> None:
+async def _execute(server: str, statement: str) -> None:
+    """One statement on ``server``'s maintenance database."""
     import asyncpg
 
     connection = await asyncpg.connect(
         server.replace("postgresql+asyncpg", "postgresql") + "/postgres"
     )
     try:
-        copied = "" if template is None else f' TEMPLATE "{template}"'
-        await connection.execute(f'CREATE DATABASE "{name}"{copied}')
+        await connection.execute(statement)
     finally:
         await connection.close()
+
+
+async def _create_database(server: str, name: str, template: str | None = None) -> None:
+    copied = "" if template is None else f' TEMPLATE "{template}"'
+    await _execute(server, f'CREATE DATABASE "{name}"{copied}')
 
 
 MIGRATED_TEMPLATE = "migrated_template"
@@ -109,20 +73,24 @@ def postgres_migrated_template(postgres_server: str) -> str:
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A new store of the backend: empty, or already migrated where the test opens
-    ``sessions`` (which would otherwise migrate it)."""
+    ``sessions`` (which would otherwise migrate it). A PostgreSQL one is dropped after the
+    test, so that the cluster (in memory where it can be) holds a few databases, not all."""
     migrated = "sessions" in request.fixturenames
     if request.param == "sqlite":
         path = tmp_path / "store.db"
         if migrated:
             shutil.copyfile(migrated_store(), path)
-        return f"sqlite+aiosqlite:///{path}"
+        yield f"sqlite+aiosqlite:///{path}"
+        return
     server = request.getfixturevalue("postgres_server")
     template = request.getfixturevalue("postgres_migrated_template") if migrated else None
     name = f"t_{uuid.uuid4().hex[:12]}"
     asyncio.run(_create_database(server, name, template))
-    return f"{server}/{name}"
+    yield f"{server}/{name}"
+    # FORCE: a connection the test left open is closed, not a reason to keep the database.
+    asyncio.run(_execute(server, f'DROP DATABASE "{name}" WITH (FORCE)'))
 
 
 @pytest.fixture(scope="session")

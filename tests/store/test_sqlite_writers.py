@@ -5,6 +5,7 @@ locked"."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from sqlalchemy import func, select, text
 
 from app.store.db import open_database
 from app.store.tables import UsageRow
+from tests.support.harness import migrated_store
 
 # Each transaction reads, then writes: the pattern of the admin service (check, then insert)
 # that a deferred transaction cannot survive when another process writes in between.
@@ -46,14 +48,9 @@ WRITES = 150
 
 
 def migrated(path: Path) -> str:
-    url = f"sqlite+aiosqlite:///{path}"
-
-    async def migrate() -> None:
-        async with open_database(url):
-            pass
-
-    asyncio.run(migrate())
-    return url
+    """A store at ``path``, a copy of one migrated once per process."""
+    shutil.copyfile(migrated_store(), path)
+    return f"sqlite+aiosqlite:///{path}"
 
 
 def start_writer(url: str, tag: str, count: int) -> subprocess.Popen[str]:

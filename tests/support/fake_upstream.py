@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.support.servers import free_port
+from tests.support.servers import PromptServer, free_port
 
 # What the front may send upstream, and nothing else.
 CHAT_BODY_KEYS = {
@@ -215,7 +215,7 @@ def fake_upstream() -> Iterator[FakeUpstream]:
     """Serve a :class:`FakeUpstream` on a free loopback port until the block ends."""
     port = free_port()
     fake = FakeUpstream(url=f"http://127.0.0.1:{port}")
-    server = uvicorn.Server(
+    server = PromptServer(
         uvicorn.Config(_app(fake), host="127.0.0.1", port=port, log_level="warning")
     )
     thread = threading.Thread(target=server.run, name="fake-upstream", daemon=True)

@@ -18,6 +18,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -40,7 +41,8 @@ from app.serving.in_process.backend import EngineFactory, start_vllm_engine
 from app.settings import Settings
 from app.store.db import open_database
 from app.store.tables import UsageRow
-from tests.support.servers import free_port, wait_until_ready
+from tests.support.servers import PromptServer, free_port, wait_until_ready
+from tests.support.startup_sharing import share_startup_work
 
 ADMIN_TOKEN = "lgw-admin-test-token"
 ADMIN_TIMEOUT_S = 60
@@ -162,7 +164,7 @@ class RunningApp:
 
 
 def uvicorn_server(app: FastAPI, settings: Settings) -> uvicorn.Server:
-    return uvicorn.Server(
+    return PromptServer(
         uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning")
     )
 
@@ -177,12 +179,19 @@ async def serve(
     server_factory: ServerFactory = uvicorn_server,
 ) -> AsyncIterator[RunningApp]:
     """Serve ``create_app(settings, engine_factory=...)`` on the running event loop until the
-    block ends, once ``ready`` answers 200."""
+    block ends, once ``ready`` answers 200. What its start-up shares with the process's
+    other apps: tests/support/startup_sharing.py."""
+    share_startup_work()
     app = create_app(settings, engine_factory=engine_factory)
     server = server_factory(app, settings)
     task = asyncio.create_task(server.serve())
     base_url = f"http://127.0.0.1:{settings.port}"
     try:
+        # Listening once started (its lifespan's start-up done): polled here, every few ms,
+        # rather than by requests from a thread every 20 ms, the most of an app's start.
+        deadline = time.monotonic() + timeout
+        while not server.started and not task.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.002)
         await asyncio.to_thread(
             wait_until_ready, f"{base_url}{ready}", alive=lambda: not task.done(), timeout=timeout
         )
@@ -225,7 +234,9 @@ def serve_on_thread(
 ) -> Iterator[tuple[RunningApp, asyncio.AbstractEventLoop]]:
     """Serve ``create_app(settings, engine_factory=...)`` until the block ends, on ``loop``
     (another app's, which keeps running) or on a thread with a loop of its own; yields the app
-    and the loop it serves on, the only one that may call its engine."""
+    and the loop it serves on, the only one that may call its engine. What its start-up
+    shares with the process's other apps: tests/support/startup_sharing.py."""
+    share_startup_work()
     app = create_app(settings, engine_factory=engine_factory)
     server = uvicorn_server(app, settings)
     own_loop = loop is None

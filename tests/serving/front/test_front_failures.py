@@ -18,14 +18,10 @@ connection down mid-body (no final chunk, an RST) is what an HTTP framework will
 from __future__ import annotations
 
 import asyncio
-import glob
 import json
-import os
 import shutil
 import socket
 import struct
-import subprocess
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -37,8 +33,8 @@ import pytest
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.front_app import Front, front_settings, running_front
 from tests.support.harness import ADMIN_TOKEN
+from tests.support.postgres import PostgresCluster
 from tests.support.redis_server import redis_server
-from tests.support.servers import free_port
 from tests.support.serving import sse_events
 
 ADAPTER_SOURCE = Path(__file__).resolve().parents[3] / "var/adapters/medical_scribe"
@@ -272,64 +268,21 @@ async def test_redis_down_follows_the_fail_open_setting(
 # -- PostgreSQL down ---------------------------------------------------------------------------
 
 
-class Postgres:
-    """A throwaway PostgreSQL cluster that a test can stop and start again on the same port."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.port = free_port()
-        if os.geteuid() == 0:
-            shutil.chown(root, "postgres", "postgres")
-        subprocess.run(
-            _as_postgres_user(
-                [_pg_bin("initdb"), "-D", str(root / "db"), "-U", "postgres", "-A", "trust", "-N"]
-            ),
-            check=True,
-            capture_output=True,
-        )
-        options = f"-p {self.port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
-        self._pg_ctl = [_pg_bin("pg_ctl"), "-D", str(root / "db"), "-l", str(root / "log")]
-        self._pg_ctl += ["-o", options]
-
-    @property
-    def url(self) -> str:
-        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/postgres"
-
-    def start(self) -> None:
-        command = _as_postgres_user([*self._pg_ctl, "-w", "start"])
-        subprocess.run(command, check=True, capture_output=True)
-
-    def stop(self) -> None:
-        command = _as_postgres_user([*self._pg_ctl, "-m", "immediate", "stop"])
-        subprocess.run(command, capture_output=True)
-
-
-def _pg_bin(name: str) -> str:
-    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
-    return found[-1] if found else name
-
-
-def _as_postgres_user(command: list[str]) -> list[str]:
-    # initdb and postgres refuse to run as root.
-    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
-
-
 @pytest.fixture
-def postgres() -> Iterator[Postgres]:
-    root = Path(tempfile.mkdtemp(prefix="lgw-pg-"))
-    server = Postgres(root)
-    server.start()
+def postgres() -> Iterator[PostgresCluster]:
+    cluster = PostgresCluster()
+    cluster.start()
     try:
-        yield server
+        yield cluster
     finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        cluster.remove()
 
 
 async def test_postgres_down_the_front_serves_from_its_snapshot_and_stays_ready(
-    upstream: FakeUpstream, postgres: Postgres, tmp_path: Path
+    upstream: FakeUpstream, postgres: PostgresCluster, tmp_path: Path
 ) -> None:
-    settings = front_settings(upstream.url, tmp_path, database_url=postgres.url)
+    store = f"{postgres.server_url}/postgres"
+    settings = front_settings(upstream.url, tmp_path, database_url=store)
     async with running_front(settings) as front:
         await front.admin("POST", "/tenants", {"id": "t", "name": "t", "allow_base_model": True})
         key = (await front.admin("POST", "/tenants/t/keys", {"name": "k"}))["key"]

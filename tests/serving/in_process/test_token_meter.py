@@ -6,11 +6,13 @@ from __future__ import annotations
 import random
 
 import pytest
-from prometheus_client import REGISTRY, CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Histogram
 from vllm import CompletionOutput, RequestOutput
 
 from app import metrics
+from app.serving.in_process import token_meter
 from app.serving.in_process.token_meter import TokenMeter
+from tests.support.own_metrics import OwnMetrics
 
 
 def histogram_samples(histogram: Histogram) -> dict[str, float]:
@@ -57,11 +59,24 @@ def output(tokens: int, *, finished: bool = False) -> RequestOutput:
     return RequestOutput("r", None, [1], None, [choice], finished=finished)
 
 
+# Counted in metrics of this module's own: the process's move to a new storage whenever a
+# gateway of another test starts or stops (tests/support/own_metrics.py).
+TOKEN_METRICS = OwnMetrics("INTER_TOKEN_LATENCY", "TIME_TO_FIRST_TOKEN")
+
+
+@pytest.fixture(autouse=True)
+def token_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    TOKEN_METRICS.install(monkeypatch)
+    # The meter looks its metrics' children up through caches bound at import.
+    for name in ("INTER_TOKEN_LATENCY", "TIME_TO_FIRST_TOKEN"):
+        monkeypatch.setattr(token_meter, f"_{name}", metrics.Children(getattr(metrics, name)))
+
+
 def itl(tenant: str, suffix: str) -> float:
-    value = REGISTRY.get_sample_value(
-        f"lora_gateway_inter_token_latency_seconds_{suffix}", {"tenant": tenant, "model": "m"}
+    metrics.flush_held()
+    return TOKEN_METRICS.value(
+        f"lora_gateway_inter_token_latency_seconds_{suffix}", tenant=tenant, model="m"
     )
-    return value or 0.0
 
 
 def test_the_meter_observes_each_token_after_the_first_held_until_the_metrics_are_read() -> None:
@@ -73,20 +88,21 @@ def test_the_meter_observes_each_token_after_the_first_held_until_the_metrics_ar
     clock[0] += 0.09
     meter.observe(output(3))  # merged: three gaps of 0.03
     assert meter.completion_tokens == 5
-    assert itl("meter-test", "count") == 0, "written before the metrics were read"
-    metrics.flush_held()
+    assert (
+        TOKEN_METRICS.value(
+            "lora_gateway_inter_token_latency_seconds_count", tenant="meter-test", model="m"
+        )
+        == 0
+    ), "written before the metrics were read"
     assert itl("meter-test", "count") == 4
     assert itl("meter-test", "sum") == pytest.approx(0.02 + 0.09)
     clock[0] += 0.008
     meter.observe(output(2, finished=True))
-    metrics.flush_held()
     assert itl("meter-test", "count") == 6 == meter.completion_tokens - 1
-    bucket = REGISTRY.get_sample_value(
-        "lora_gateway_inter_token_latency_seconds_bucket",
-        {"tenant": "meter-test", "model": "m", "le": "0.005"},
-    )
+    labels = {"tenant": "meter-test", "model": "m", "le": "0.005"}
+    bucket = TOKEN_METRICS.value("lora_gateway_inter_token_latency_seconds_bucket", **labels)
     assert bucket == 2  # the last delta's two gaps of 0.004
-    ttft = REGISTRY.get_sample_value(
-        "lora_gateway_time_to_first_token_seconds_sum", {"tenant": "meter-test", "model": "m"}
+    ttft = TOKEN_METRICS.value(
+        "lora_gateway_time_to_first_token_seconds_sum", tenant="meter-test", model="m"
     )
     assert ttft == pytest.approx(1.0)

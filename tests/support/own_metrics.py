@@ -1,0 +1,50 @@
+"""Metrics of a test module's own in place of the process's, for tests that read what the code
+under test counted outside a gateway.
+
+The process's metrics (``app.metrics``, in prometheus_client's ``REGISTRY``) are shared with
+every gateway a test of the same worker runs, and each gateway's start and stop clears their
+children and moves their values to another storage (``app.metrics.multiprocess_dir``): a
+count read there before and after may not be this test's alone (CI once read 20 usage
+records dropped that were not the test's). Code that looks its metric up on ``app.metrics``
+at each use (``metrics.NAME.labels(...)``) counts in the copies instead; one bound at import
+(``metrics.Children(metrics.NAME)``) does not."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from app import metrics
+
+
+class OwnMetrics:
+    """A copy of each of ``app.metrics``' ``names`` (same name, labels and buckets: read
+    with the same sample names) in a registry of their own."""
+
+    def __init__(self, *names: str) -> None:
+        self.registry = CollectorRegistry()
+        self._copies: dict[str, Counter | Gauge | Histogram] = {}
+        for name in names:
+            metric = getattr(metrics, name)
+            common = {"labelnames": metric._labelnames, "registry": self.registry}
+            if isinstance(metric, Counter):
+                copy: Counter | Gauge | Histogram = Counter(
+                    metric._name, metric._documentation, **common
+                )
+            elif isinstance(metric, Gauge):
+                copy = Gauge(metric._name, metric._documentation, **common)
+            elif isinstance(metric, Histogram):
+                buckets = metric._upper_bounds
+                copy = Histogram(metric._name, metric._documentation, buckets=buckets, **common)
+            else:
+                raise TypeError(f"{name}: a {type(metric).__name__} is not copied")
+            self._copies[name] = copy
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The copies in the originals' place for as long as ``monkeypatch`` lasts."""
+        for name, copy in self._copies.items():
+            monkeypatch.setattr(metrics, name, copy)
+
+    def value(self, sample: str, **labels: str) -> float:
+        """The sample's value, 0 while nothing was counted in it."""
+        return self.registry.get_sample_value(sample, labels) or 0.0
