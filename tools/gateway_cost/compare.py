@@ -13,11 +13,12 @@ too busy for two runs at different times to compare.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import tempfile
 from pathlib import Path
 
-from tools.gateway_cost.__main__ import Gateway, gateway, measure, per_token_us
+from tools.gateway_cost.__main__ import Gateway, gateway, measure, per_token_us, upstream
 
 
 def _figures(gw: Gateway, streams: int, tokens: int, each: int) -> tuple[float, float]:
@@ -32,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("baseline", type=Path, help="the root of the checkout to compare with")
     parser.add_argument("--streams", type=int, default=256)
+    parser.add_argument(
+        "--role", choices=("all", "front"), default="all", help="front: both over one upstream"
+    )
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=64, help="max_tokens of a long request")
     parser.add_argument("--requests", type=int, default=512, help="requests per phase")
@@ -42,10 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     ratios: dict[str, list[float]] = {"request": [], "token": []}
     with tempfile.TemporaryDirectory(prefix="gateway-cost-compare-") as tmp:
         workdir = Path(tmp)
-        with (
-            gateway(workdir / "baseline", pacing, checkout=args.baseline.resolve()) as before,
-            gateway(workdir / "this", pacing) as after,
-        ):
+        with contextlib.ExitStack() as stack:
+            url = None
+            if args.role == "front":
+                url = stack.enter_context(upstream(workdir / "upstream", pacing))
+            baseline = args.baseline.resolve()
+            before = stack.enter_context(
+                gateway(workdir / "baseline", pacing, upstream_url=url, checkout=baseline)
+            )
+            after = stack.enter_context(gateway(workdir / "this", pacing, upstream_url=url))
             for gw in (before, after):  # warm-up: first connections, lazy imports, caches
                 _figures(gw, args.streams, args.tokens, 1)
             for round_number in range(1, args.rounds + 1):
