@@ -6,10 +6,12 @@ every gateway a test of the same worker runs, and each gateway's start and stop 
 children and moves their values to another storage (``app.metrics.multiprocess_dir``): a
 count read there before and after may not be this test's alone (CI once read 20 usage
 records dropped that were not the test's). Code that looks its metric up on ``app.metrics``
-at each use (``metrics.NAME.labels(...)``) counts in the copies instead; one bound at import
-(``metrics.Children(metrics.NAME)``) does not."""
+at each use (``metrics.NAME.labels(...)``) counts in the copies instead; a module that binds
+it at import (``metrics.Children(metrics.NAME)``) is named to :meth:`OwnMetrics.install`."""
 
 from __future__ import annotations
+
+from types import ModuleType
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -40,10 +42,17 @@ class OwnMetrics:
                 raise TypeError(f"{name}: a {type(metric).__name__} is not copied")
             self._copies[name] = copy
 
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """The copies in the originals' place for as long as ``monkeypatch`` lasts."""
+    def install(self, monkeypatch: pytest.MonkeyPatch, *users: ModuleType) -> None:
+        """The copies in the originals' place for as long as ``monkeypatch`` lasts, in
+        ``app.metrics`` and in the ``metrics.Children`` caches of them that ``users`` (modules)
+        bound at import."""
         for name, copy in self._copies.items():
+            original = getattr(metrics, name)
             monkeypatch.setattr(metrics, name, copy)
+            for module in users:
+                for attribute, value in vars(module).items():
+                    if isinstance(value, metrics.Children) and value._metric is original:
+                        monkeypatch.setattr(module, attribute, metrics.Children(copy))
 
     def value(self, sample: str, **labels: str) -> float:
         """The sample's value, 0 while nothing was counted in it."""
