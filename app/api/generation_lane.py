@@ -42,10 +42,10 @@ class GenerationLane:
         if scope["type"] == "http":
             if self._routes is None:
                 self._routes = {
-                    (method, route.path): route
-                    for route in scope["app"].router.routes
-                    if isinstance(route, GenerationRoute)
-                    for method in route.methods
+                    (method, candidate.path): candidate
+                    for candidate in scope["app"].router.routes
+                    if isinstance(candidate, GenerationRoute)
+                    for method in candidate.methods
                 }
             route = self._routes.get((scope["method"], get_route_path(scope)))
         if route is None:
