@@ -117,6 +117,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_for_port(process: subprocess.Popen[bytes], port: int, seconds: float, what: str) -> None:
+    """Until ``process`` accepts connections on ``port``; ``what`` did not start if it exits
+    first or ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection((HOST, port), 1):
+            return
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start")
+        time.sleep(0.1)
+
+
 @contextmanager
 def upstream(workdir: Path, pacing: list[str]) -> Iterator[str]:
     """The paced upstream of a front (:mod:`tools.gateway_cost.upstream`), until the block
@@ -144,13 +156,7 @@ def _paced_sse_server(
     with (workdir / "upstream.log").open("ab") as log:
         process = subprocess.Popen([*command, *pacing], stdout=log, stderr=log)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection((HOST, port), 1):
-                break
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the paced SSE server did not start")
-            time.sleep(0.1)
+        wait_for_port(process, port, 30, "the paced SSE server")
         yield process, port
     finally:
         _interrupt(process, 10)

@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from tools.gateway_cost.__main__ import HOST, free_port
+from tools.gateway_cost.__main__ import HOST, free_port, wait_for_port
 from tools.gateway_cost.load import chat_request, run_phase
 
 CHUNK = (
@@ -114,13 +113,7 @@ def started(kind: str) -> Iterator[tuple[psutil.Process, int]]:
     ]
     process = subprocess.Popen(command)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection((HOST, port), 1):
-                break
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the {kind} app did not start")
-            time.sleep(0.1)
+        wait_for_port(process, port, 60, f"the {kind} app")
         yield psutil.Process(process.pid), port
     finally:
         process.terminate()
