@@ -65,7 +65,7 @@ class PromptServer(uvicorn.Server):
         self._told: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
         super().__init__(config)
 
-    @property  # type: ignore[override]
+    @property
     def should_exit(self) -> bool:
         return self._should_exit
 

@@ -64,7 +64,7 @@ class SharedGrammarCheck:
         pass
 
 
-_load_tokenizer = front_backend.get_tokenizer
+_load_tokenizer = front_backend.get_tokenizer  # type: ignore[attr-defined]
 _free_tokenizers: dict[str, list[Any]] = {}
 # The tokenizers a front being opened took: the open's lifespan task sets it, and the thread
 # that loads the tokenizer sees it (asyncio.to_thread runs in a copy of the task's context).
@@ -92,15 +92,16 @@ _open_front = front_backend.FrontFactory.open
 async def _open_front_lending(self: Any, *args: Any) -> AsyncIterator[Any]:
     """``FrontFactory.open``, whose tokenizer is given back once the front stops."""
     taken: list[tuple[str, Any]] = []
-    reset = _taken.set(taken)
+    token = _taken.set(taken)
+    lending = True
     try:
         async with _open_front(self, *args) as front:
-            _taken.reset(reset)
-            reset = None
+            _taken.reset(token)
+            lending = False
             yield front
     finally:
-        if reset is not None:
-            _taken.reset(reset)
+        if lending:
+            _taken.reset(token)
         with _lock:
             for path, tokenizer in taken:
                 _free_tokenizers[path].append(tokenizer)
@@ -109,6 +110,6 @@ async def _open_front_lending(self: Any, *args: Any) -> AsyncIterator[Any]:
 def share_startup_work() -> None:
     """Every gateway this process serves from now on shares its compile checks and, in the
     front role, its tokenizer's loading."""
-    structured.GrammarCheck = SharedGrammarCheck  # type: ignore[assignment,misc]
-    front_backend.get_tokenizer = _lent_tokenizer
-    front_backend.FrontFactory.open = _open_front_lending  # type: ignore[method-assign]
+    structured.GrammarCheck = SharedGrammarCheck  # type: ignore[assignment, attr-defined]
+    front_backend.get_tokenizer = _lent_tokenizer  # type: ignore[attr-defined, assignment]
+    front_backend.FrontFactory.open = _open_front_lending  # type: ignore[method-assign, assignment]
