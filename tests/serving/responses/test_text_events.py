@@ -73,7 +73,7 @@ def comparable(value: Any) -> Any:
     text = json.dumps(value)
     for n, item_id in enumerate(dict.fromkeys(re.findall(r'"(msg_[0-9a-f]+)"', text))):
         text = text.replace(item_id, f"msg_{n}")
-    return json.loads(re.sub(r'"completed_at": \d+', '"completed_at": 0', text))
+    return json.loads(re.sub(r'"(created_at|completed_at)": \d+', r'"\1": 0', text))
 
 
 async def both(texts: list[str], finish: str) -> tuple[list[str], list[str]]:
