@@ -26,6 +26,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from app.api.deps import bearer_token
+from app.api.errors import PRECHECKED
 
 PARAMETERS = ("body", "gateway", "principal", "request_id")
 WITH_REQUEST = (*PARAMETERS, "http")
@@ -90,7 +91,8 @@ class GenerationRoute(APIRoute):
         request = Request(scope, receive, send)
         raw = await _read_body(request)
         gateway = scope["app"].state.gateway
-        principal = gateway.authenticate(bearer_token(request))
+        # The key the early refusal authenticated for its precheck, the same request's.
+        principal = scope["state"].get(PRECHECKED) or gateway.authenticate(bearer_token(request))
         assert self.body_field is not None
         if raw is None:  # empty, or JSON's null
             errors: list[Any] = [MISSING_BODY]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import ClassVar
 
 from starlette._utils import get_route_path
@@ -22,6 +21,7 @@ from app.api.deps import matches_any, parse_bearer
 from app.api.errors import BODY_CUT_OFF, PRECHECKED, render
 from app.errors import AuthenticationError, GatewayError, RequestTooLargeError
 from app.gateway import Gateway
+from app.ids import random_hex
 from app.overhead import STATE as OVERHEAD_STATE
 from app.overhead import RequestOverhead
 
@@ -71,7 +71,7 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = uuid.uuid4().hex
+        request_id = random_hex()
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         header = (REQUEST_ID_HEADER, request_id.encode())
@@ -233,7 +233,7 @@ class EarlyRefusalMiddleware:
             return None
         if path.startswith("/v1/"):
             try:
-                principal = gateway.registry.authenticate(token)
+                principal = gateway.authenticate(token)
                 record: AccessRecord | None = scope.get("state", {}).get(access_log.STATE)
                 if record is not None:
                     record.tenant, record.key_id = principal.tenant.id, principal.key_id

@@ -17,11 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
+from app.ids import random_hex
 from app.quota.errors import QuotaBackendUnavailable, QuotaExceeded, QuotaTooLarge
 from app.quota.headers import format_duration, rate_limit_headers, retry_headers
 from app.quota.limits import Limits, QuotaUsage
@@ -117,13 +117,13 @@ class QuotaBackend(ABC):
         stay charged).
         """
         pairs = tuple(subjects)
-        rid = reservation_id if reservation_id is not None else uuid.uuid4().hex
+        rid = reservation_id if reservation_id is not None else random_hex()
         _check_request(pairs, tokens)
         if not pairs:
             return Reservation(rid, (), tokens, 0)
         # Tells this call's reservation from any other under the same id, so that voiding it
         # can never undo another's.
-        attempt = uuid.uuid4().hex
+        attempt = random_hex()
         try:
             outcome = await self._guard("reserve", self._reserve(rid, attempt, tokens, pairs))
         except asyncio.CancelledError:

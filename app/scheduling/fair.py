@@ -227,6 +227,9 @@ class FairSlot:
     async def acquire(self) -> None:
         admission = self._admission
         waiting, granted = admission._enqueue(self._ticket)
+        if granted.done():  # a seat was free: nothing to wait for, nor to time out
+            self._held_since = admission._clock()
+            return
         try:
             async with asyncio.timeout(admission.max_queue_seconds):
                 await asyncio.shield(granted)

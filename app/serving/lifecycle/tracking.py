@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import AbstractContextManager, ExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -32,6 +31,7 @@ from typing import Any, TypeVar
 from app import metrics, tracing
 from app.access_log import AccessRecord
 from app.errors import AdapterUnservableError, GatewayError
+from app.ids import random_hex
 from app.inside_vllm.objectives import Objectives
 from app.overhead import RequestOverhead
 from app.protocol import SamplingFields
@@ -89,7 +89,7 @@ class BatchLine:
     """The batch's ending, once it ends (the runner's list, set before it aborts the lines in
     flight). A line cancelled while it is empty was cut off (its replica stops, or lost the
     batch): it is not billed, runs again, and so charges its token budget nothing."""
-    attempt: str = field(default_factory=lambda: uuid.uuid4().hex)
+    attempt: str = field(default_factory=random_hex)
     """This attempt's own: a line's request id is the same at every attempt, and a reservation
     an attempt cut off by a kill left open must not stand in the way of the next."""
 

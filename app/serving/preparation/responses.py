@@ -7,7 +7,6 @@ path's own. Items are kept in the shapes ``GET /v1/responses/{id}/input_items`` 
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.errors import BadRequestError, GatewayError
+from app.ids import random_hex
 from app.protocol import ChatCompletionRequest
 from app.protocol.responses_api import (
     FunctionCallInput,
@@ -28,7 +28,7 @@ Item = dict[str, Any]
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
+    return f"{prefix}_{random_hex()}"
 
 
 @dataclass(frozen=True)
