@@ -53,7 +53,6 @@ import platform
 import pstats
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -80,10 +79,10 @@ from tools.gateway_cost.load import (
     responses_request,
     run_phase,
 )
+from tools.gateway_cost.ports import HOST, free_port, wait_for_port
 from tools.gateway_cost.server import ADMIN_TOKEN
 from tools.gateway_cost.spans import SpanSink, span_sink, tracing_env
 
-HOST = "127.0.0.1"
 SETTLE_SECONDS = 0.5
 """After a phase, the time the gateway gets to settle and record its last requests (quota
 reconciliation and the ledger run after the response), inside the measured window."""
@@ -109,24 +108,6 @@ class Gateway:
         before = self.cpu_seconds()
         time.sleep(seconds)
         return (self.cpu_seconds() - before) / seconds * 1e6
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for_port(process: subprocess.Popen[bytes], port: int, seconds: float, what: str) -> None:
-    """Until ``process`` accepts connections on ``port``; ``what`` did not start if it exits
-    first or ``seconds`` pass."""
-    deadline = time.monotonic() + seconds
-    while True:
-        with contextlib.suppress(OSError), socket.create_connection((HOST, port), 1):
-            return
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not start")
-        time.sleep(0.1)
 
 
 @contextmanager

@@ -34,8 +34,8 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from tools.gateway_cost.__main__ import HOST, free_port, wait_for_port
 from tools.gateway_cost.load import chat_request, run_phase
+from tools.gateway_cost.ports import HOST, free_port, wait_for_port
 
 CHUNK = (
     b'data: {"id":"chatcmpl-floor","object":"chat.completion.chunk","created":0,'
