@@ -16,6 +16,7 @@ from typing import Final
 from pydantic import BaseModel
 
 _PLACEHOLDER: Final = '"choices":[]'
+_NO_USAGE: Final = '"usage":null'
 _TEXT_MARK: Final = "\x00text\x00"
 
 
@@ -53,6 +54,8 @@ class StreamChunks:
         self._tail = f"]{tail}"
         self._choice = choice
         self._around_text = [self._split_at_text(i) for i in range(n)]
+        # The envelope with no choices, split where its usage goes (where it has a null one).
+        self._around_usage = text.rsplit(_NO_USAGE, 1) if _NO_USAGE in tail else None
 
     def __call__(
         self, index: int, text: str, logprobs: BaseModel | None, finish_reason: str | None
@@ -61,15 +64,23 @@ class StreamChunks:
             around = self._around_text[index]
             if around is not None:
                 return around[0] + encode_basestring(text) + around[1]
-        return self._wrap(self._choice(index, text, logprobs, finish_reason))
+        return self.wrap(self._choice(index, text, logprobs, finish_reason))
 
-    def _wrap(self, choice_json: str) -> str:
+    def wrap(self, choice_json: str) -> str:
+        """The chunk holding one choice, ``choice_json`` as encoded."""
         return f"{self._head}{choice_json}{self._tail}"
+
+    def usage(self, usage: BaseModel) -> str:
+        """The stream's last chunk: no choices, and ``usage``."""
+        if self._around_usage is None:
+            raise ValueError("the envelope has no null `usage` to fill")
+        before, after = self._around_usage
+        return f'{before}"usage":{usage.model_dump_json()}{after}'
 
     def _split_at_text(self, index: int) -> tuple[str, str] | None:
         """The text-only chunk of ``index`` before and after its text; ``None`` where the
         envelope holds the marker too (a model named so), and the text cannot be found."""
-        marked = self._wrap(self._choice(index, _TEXT_MARK, None, None))
+        marked = self.wrap(self._choice(index, _TEXT_MARK, None, None))
         parts = marked.split(json_string(_TEXT_MARK))
         return (parts[0], parts[1]) if len(parts) == 2 else None
 
@@ -82,6 +93,15 @@ def chat_choice(
         f'{{"index":{index},"delta":{{"role":null,"content":{json_string(content)},'
         f'"tool_calls":null}},"logprobs":{json_optional_model(logprobs)},'
         f'"finish_reason":{json_optional_string(finish_reason)}}}'
+    )
+
+
+def chat_opening_choice(index: int) -> str:
+    """A stream's first :class:`~app.protocol.ChatChunkChoice` of ``index``: the assistant's
+    role, no content yet."""
+    return (
+        f'{{"index":{index},"delta":{{"role":"assistant","content":"","tool_calls":null}},'
+        '"logprobs":null,"finish_reason":null}'
     )
 
 

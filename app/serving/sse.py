@@ -27,9 +27,9 @@ def event(payload: BaseModel | str) -> str:
 async def event_stream(
     outputs: AsyncIterator[RequestOutput],
     *,
-    opening: Iterable[BaseModel],
+    opening: Iterable[BaseModel | str],
     chunk: Callable[[CompletionOutput], BaseModel | str | None],
-    usage: Callable[[Usage], BaseModel] | None,
+    usage: Callable[[Usage], BaseModel | str] | None,
     prompt_tokens: int,
 ) -> AsyncIterator[str]:
     """``opening`` events, one ``chunk`` per delta (none where it gives ``None``: a delta

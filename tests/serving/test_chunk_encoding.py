@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -14,9 +15,15 @@ from app.protocol import (
     Completion,
     CompletionChoice,
     CompletionLogprobs,
+    Usage,
 )
 from app.protocol.responses import TokenLogprob, TopLogprob
-from app.serving.chunk_encoding import StreamChunks, chat_choice, completion_choice
+from app.serving.chunk_encoding import (
+    StreamChunks,
+    chat_choice,
+    chat_opening_choice,
+    completion_choice,
+)
 
 TEXTS = ["", "a", 'quote " and \\ backslash', "line\nbreak\ttab\r", "é ✓ 日本 🙂", "\x00\x1f\u2028"]
 FINISHES = [None, "stop", "length"]
@@ -84,3 +91,26 @@ def test_a_model_named_like_the_text_marker_is_still_encoded_right() -> None:
     expected = envelope.model_copy(update={"choices": [choice]}).model_dump_json()
     chunks = StreamChunks(envelope, completion_choice, n=1)
     assert json.loads(chunks(0, "\x00text\x00", None, None)) == json.loads(expected)
+
+
+def test_a_chat_streams_opening_chunk_is_what_its_model_dumps() -> None:
+    envelope = ChatCompletionChunk(id="chatcmpl-1", created=7, model="m/é", choices=[])
+    choice = ChatChunkChoice(index=1, delta=ChatDelta(role="assistant", content=""))
+    expected = envelope.model_copy(update={"choices": [choice]}).model_dump_json()
+    assert StreamChunks(envelope, chat_choice, n=2).wrap(chat_opening_choice(1)) == expected
+
+
+@pytest.mark.parametrize(
+    ("envelope", "choice"),
+    [
+        (ChatCompletionChunk(id="chatcmpl-1", created=7, model="usage", choices=[]), chat_choice),
+        (Completion(id="cmpl-1", created=7, model='"usage":null', choices=[]), completion_choice),
+    ],
+)
+def test_a_streams_usage_chunk_is_what_its_model_dumps(envelope: Any, choice: Any) -> None:
+    usage = Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7)
+    expected = envelope.model_copy(update={"usage": usage}).model_dump_json()
+    assert StreamChunks(envelope, choice, n=1).usage(usage) == expected
+    with_usage = envelope.model_copy(update={"usage": usage})
+    with pytest.raises(ValueError, match="usage"):
+        StreamChunks(with_usage, choice, n=1).usage(usage)

@@ -23,7 +23,7 @@ from app.protocol import (
 )
 from app.protocol.responses import FinishReason, FunctionCallDelta, ToolCallDelta
 from app.quota import Reservation
-from app.serving.chunk_encoding import StreamChunks, chat_choice
+from app.serving.chunk_encoding import StreamChunks, chat_choice, chat_opening_choice
 from app.serving.in_process.engine_run import EngineRun
 from app.serving.in_process.logprobs import chat_logprobs
 from app.serving.preparation import generation as gen
@@ -105,15 +105,11 @@ class ChatService(gen.Prepared[ChatCompletionRequest]):
             logprobs = self._logprobs(request, out)
             return chunks(out.index, out.text, logprobs, gen.finish_reason(reason))
 
-        opening = [
-            chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
-            for i in range(request.n)
-        ]
         return event_stream(
             run.outputs(),
-            opening=opening,
+            opening=[chunks.wrap(chat_opening_choice(i)) for i in range(request.n)],
             chunk=delta,
-            usage=partial(chunk, []) if request.include_usage else None,
+            usage=chunks.usage if request.include_usage else None,
             prompt_tokens=generation.prompt_tokens,
         )
 

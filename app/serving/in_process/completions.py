@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from functools import partial
 
 from vllm import CompletionOutput
 
@@ -99,7 +98,7 @@ class CompletionService(gen.Prepared[CompletionRequest]):
             run.outputs(),
             opening=opening,
             chunk=delta,
-            usage=partial(chunk, []) if request.include_usage else None,
+            usage=chunks.usage if request.include_usage else None,
             prompt_tokens=generation.prompt_tokens,
         )
 
