@@ -36,16 +36,19 @@ async def test_a_cycling_loop_runs_until_stopped_and_hangs_up() -> None:
     async for server, url in serving(0.05):
         loop = ClosedLoop(url, "s", "flood", requests(2), call, concurrency=4, cycle=True)
         loop.start()
-        await asyncio.sleep(0.5)
+        # It keeps going past the two planned requests: a fifth is sent (records are made as
+        # requests go out) once one of the first four has ended. Waited for, where half a
+        # second could pass on a busy machine before any had ended; a loop that stopped at
+        # two would never get there (a minute bounds the wait).
+        async with asyncio.timeout(60):
+            while len(loop.records) <= 4:
+                await asyncio.sleep(0.01)
         await loop.stop()
-        assert len(loop.records) > 4  # it kept going past the two planned requests
         assert any(r.error == ClosedLoop.CANCELLED for r in loop.records)
         # The server sees the hang-up at its next write (a token every 0.05 s).
-        for _ in range(40):
-            if server.open == 0:
-                break
-            await asyncio.sleep(0.05)
-        assert server.open == 0
+        async with asyncio.timeout(60):  # bounds a hang only
+            while server.open:
+                await asyncio.sleep(0.05)
 
 
 async def test_a_deadline_records_what_never_ran() -> None:

@@ -15,6 +15,7 @@ import atexit
 import functools
 import io
 import shutil
+import socket
 import sys
 import tempfile
 import threading
@@ -169,6 +170,17 @@ def uvicorn_server(app: FastAPI, settings: Settings) -> uvicorn.Server:
     )
 
 
+def _listening(settings: Settings, server: uvicorn.Server) -> list[socket.socket] | None:
+    """The socket a :class:`PromptServer` is to serve on, bound to ``settings.port`` now,
+    before the app's start-up: uvicorn binds its own only after the lifespan's start-up, and
+    for that long (a tenth of a second, more on a busy machine) the port ``free_port`` picked
+    would stay free for another test process to be given. ``None`` for other servers, which
+    bind their own (``GuardedServer`` guards only the sockets it binds)."""
+    if not isinstance(server, PromptServer):
+        return None
+    return [socket.create_server(("127.0.0.1", settings.port))]
+
+
 @asynccontextmanager
 async def serve(
     settings: Settings,
@@ -184,7 +196,8 @@ async def serve(
     share_startup_work()
     app = create_app(settings, engine_factory=engine_factory)
     server = server_factory(app, settings)
-    task = asyncio.create_task(server.serve())
+    sockets = _listening(settings, server)
+    task = asyncio.create_task(server.serve(sockets))
     base_url = f"http://127.0.0.1:{settings.port}"
     try:
         # Listening once started (its lifespan's start-up done): polled here, every few ms,
@@ -198,7 +211,11 @@ async def serve(
         yield RunningApp(base_url, app)
     finally:
         server.should_exit = True
-        await task
+        try:
+            await task
+        finally:
+            for sock in sockets or []:
+                sock.close()  # closed with the server, unless its start-up failed first
 
 
 def _stuck(server: uvicorn.Server, loop: asyncio.AbstractEventLoop) -> str:
@@ -239,9 +256,10 @@ def serve_on_thread(
     share_startup_work()
     app = create_app(settings, engine_factory=engine_factory)
     server = uvicorn_server(app, settings)
+    sockets = _listening(settings, server)
     own_loop = loop is None
     loop = loop or asyncio.new_event_loop()
-    serving = asyncio.run_coroutine_threadsafe(server.serve(), loop)
+    serving = asyncio.run_coroutine_threadsafe(server.serve(sockets), loop)
     thread = threading.Thread(target=loop.run_forever, name="gateway", daemon=True)
     if own_loop:
         thread.start()
@@ -255,6 +273,9 @@ def serve_on_thread(
             serving.result(timeout=120)
         except TimeoutError:
             raise AssertionError(f"the server did not stop:\n{_stuck(server, loop)}") from None
+        finally:
+            for sock in sockets or []:
+                sock.close()
         if own_loop:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=10)
