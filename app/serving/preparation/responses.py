@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from pydantic import ValidationError
@@ -45,6 +46,12 @@ class Translated:
     context: list[Item]
     """The chain's items before this request's input (the previous responses' inputs and
     outputs), as stored."""
+
+    @cached_property
+    def echoed(self) -> Mapping[str, Any]:
+        """:func:`echoed_fields` of the request: made once for each of its Responses (a stream
+        makes two)."""
+        return echoed_fields(self.request)
 
 
 def stored_items(request: ResponsesRequest) -> list[Item]:
