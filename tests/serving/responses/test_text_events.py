@@ -147,6 +147,64 @@ async def test_every_event_is_the_json_its_data_encodes_to(finish: str) -> None:
     as_json_writes_them([*failed.opening(), *failed._text("x"), failed.failed({"error": {}})])
 
 
+async def test_text_then_calls_read_back_from_chat_chunks() -> None:
+    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+
+    def chunk(delta: dict[str, Any] | None, reason: str | None = None, **extra: Any) -> str:
+        choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": reason}]
+        return f"data: {json.dumps({**base, 'choices': choices, **extra})}\n\n"
+
+    def call(index: int, arguments: str, **first: str) -> dict[str, Any]:
+        function = {"arguments": arguments, **({"name": first["name"]} if first else {})}
+        head = {"id": first["id"], "type": "function"} if first else {}
+        return {"tool_calls": [{"index": index, **head, "function": function}]}
+
+    stream = [
+        chunk({"role": "assistant", "content": "Let me check."}),
+        chunk(call(0, '{"city":', id="call_a", name="get_weather")),
+        chunk(call(0, ' "Oslo"}')),
+        chunk(call(1, "{}", id="call_b", name="get_time"), "tool_calls"),
+        chunk(None, usage={"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12}),
+        "data: [DONE]\n\n",
+    ]
+    kept: list[dict[str, Any]] = []
+
+    async def keep(response: dict[str, Any]) -> None:
+        kept.append(response)
+
+    out = [e async for e in response_events(translated(), iterate(stream), keep)]
+    as_json_writes_them(out)
+    events = parsed(out)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"].removeprefix("response.") for e in events] == [
+        "created",
+        "in_progress",
+        "output_item.added",
+        "content_part.added",
+        "output_text.delta",
+        "output_text.done",
+        "content_part.done",
+        "output_item.done",
+        "output_item.added",
+        "function_call_arguments.delta",
+        "function_call_arguments.delta",
+        "output_item.added",
+        "function_call_arguments.delta",
+        "function_call_arguments.done",
+        "output_item.done",
+        "function_call_arguments.done",
+        "output_item.done",
+        "completed",
+    ]
+    final = events[-1]["response"]
+    assert final == comparable(kept[0])
+    message, weather, clock = final["output"]
+    assert message["content"][0]["text"] == "Let me check." and message["status"] == "completed"
+    assert (weather["call_id"], weather["arguments"]) == ("call_a", '{"city": "Oslo"}')
+    assert (clock["name"], clock["arguments"], clock["status"]) == ("get_time", "{}", "completed")
+    assert final["usage"]["total_tokens"] == 12
+
+
 async def test_the_text_path_parses_no_json(monkeypatch: pytest.MonkeyPatch) -> None:
     parses: list[str] = []
     loads = json.loads
