@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from pydantic import ValidationError
@@ -28,6 +29,7 @@ Item = dict[str, Any]
 
 
 def new_id(prefix: str) -> str:
+    """A new id: ``prefix``, then 32 random hex digits."""
     return f"{prefix}_{random_hex()}"
 
 
@@ -46,30 +48,21 @@ class Translated:
     """The chain's items before this request's input (the previous responses' inputs and
     outputs), as stored."""
 
+    @cached_property
+    def echoed(self) -> Mapping[str, Any]:
+        """:func:`echoed_fields` of the request: made once for each of its Responses (a stream
+        makes two)."""
+        return echoed_fields(self.request)
+
 
 def stored_items(request: ResponsesRequest) -> list[Item]:
     """The request's ``input`` as stored items, each with an id."""
     if isinstance(request.input, str):
-        items: list[Any] = [InputMessage(role="user", content=request.input)]
-    else:
-        items = request.input
+        return [_message_item("user", request.input)]
     stored: list[Item] = []
-    for item in items:
+    for item in request.input:
         if isinstance(item, InputMessage):
-            text = item.text()
-            if item.role == "assistant":
-                part = {"type": "output_text", "text": text, "annotations": []}
-            else:
-                part = {"type": "input_text", "text": text}
-            stored.append(
-                {
-                    "id": new_id("msg"),
-                    "type": "message",
-                    "role": item.role,
-                    "content": [part],
-                    "status": "completed",
-                }
-            )
+            stored.append(_message_item(item.role, item.text()))
         elif isinstance(item, FunctionCallInput):
             stored.append(
                 {
@@ -92,6 +85,20 @@ def stored_items(request: ResponsesRequest) -> list[Item]:
                 }
             )
     return stored
+
+
+def _message_item(role: str, text: str) -> Item:
+    if role == "assistant":
+        part = {"type": "output_text", "text": text, "annotations": []}
+    else:
+        part = {"type": "input_text", "text": text}
+    return {
+        "id": new_id("msg"),
+        "type": "message",
+        "role": role,
+        "content": [part],
+        "status": "completed",
+    }
 
 
 def chat_messages(instructions: str | None, items: Iterable[Item]) -> list[dict[str, Any]]:

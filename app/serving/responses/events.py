@@ -23,45 +23,52 @@ from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from app.errors import GatewayError
-from app.protocol.responses_api import (
-    FunctionCallOutput,
-    OutputItem,
-    OutputMessage,
-    OutputText,
-    ResponseError,
-    ResponseObject,
-    ResponseUsage,
-)
 from app.serving.lifecycle.runs import ClientDisconnected
 from app.serving.preparation.responses import Translated, new_id
 from app.serving.responses import output
+from app.serving.responses.output import Body
 from app.serving.text_stream import TextPiece, TextStream
 
 logger = logging.getLogger(__name__)
 
-Finish = Callable[[ResponseObject], Awaitable[None]]
+Finish = Callable[[Body], Awaitable[None]]
+"""Awaited with the finished Response, as JSON-ready data (what its model dumps)."""
+
+_EMPTY_PART = '{"type": "output_text", "text": "", "annotations": [], "logprobs": []}'
+"""An empty ``output_text`` part, as :meth:`_Events.event` writes it."""
+
+
+def _output_text(text: str) -> Body:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
 @dataclass
 class _Call:
     output_index: int
-    item: FunctionCallOutput
+    item: Body
     arguments: list[str] = field(default_factory=list)
 
 
 class _Events:
-    """The events of one response, numbered as they are made."""
+    """The events of one response, numbered as they are made.
+
+    Its output items are JSON-ready data (the shapes of :mod:`app.protocol.responses_api`'s
+    models, as they dump), and the events of a message, which every response has, are
+    written around their ids, indexes and text (each text encoded once) rather than encoded
+    whole: the same JSON as :meth:`event` writes."""
 
     def __init__(self, translated: Translated) -> None:
         self.translated = translated
         self.sequence = 0
-        self.items: list[OutputItem] = []
-        self.message: OutputMessage | None = None
+        self.items: list[Body] = []
+        self.message: Body | None = None
+        self.message_index = 0
+        """The open message's output index."""
         self.text: list[str] = []
         self.calls: dict[int, _Call] = {}
         self.open_calls: list[_Call] = []
         self.finish_reason: str | None = None
-        self.usage: ResponseUsage | None = None
+        self.usage: Body | None = None
         self.delta_template = ("", "", "")
         """The open message's text delta event, cut where its sequence number and text go."""
         self.ended = False
@@ -72,6 +79,15 @@ class _Events:
         self.sequence += 1
         return f"event: {kind}\ndata: {body}\n\n"
 
+    def written(self, kind: str, fields: str) -> str:
+        """The next event of type ``kind`` whose other ``fields`` are JSON text already
+        (``, "name": value`` each), as :meth:`event` would write it."""
+        sequence = self.sequence
+        self.sequence += 1
+        return (
+            f'event: {kind}\ndata: {{"type": "{kind}", "sequence_number": {sequence}{fields}}}\n\n'
+        )
+
     def text_delta(self, text: str) -> str:
         """The open message's next ``response.output_text.delta``, as :meth:`event` writes
         it: the JSON around its sequence number and text is formatted once per message."""
@@ -81,29 +97,29 @@ class _Events:
         head, middle, tail = self.delta_template
         return f"{head}{sequence}{middle}{encode_basestring_ascii(text)}{tail}"
 
-    def response(self, status: str, **extra: Any) -> dict[str, Any]:
-        made = output.response(
+    def response(self, status: str, error: Body | None = None) -> Body:
+        return output.response_body(
             self.translated,
-            self.items,
+            list(self.items),
             status=status,
             finish_reason=self.finish_reason,
             token_usage=self.usage,
-            **extra,
+            error=error,
         )
-        return made.model_dump(mode="json")
 
     def opening(self) -> list[str]:
-        opened = self.response("in_progress")  # both events show the same Response
+        # Both events show the same Response: encoded once.
+        opened = f', "response": {json.dumps(self.response("in_progress"))}'
         return [
-            self.event("response.created", response=opened),
-            self.event("response.in_progress", response=opened),
+            self.written("response.created", opened),
+            self.written("response.in_progress", opened),
         ]
 
     def chunk(self, chunk: dict[str, Any]) -> list[str]:
         events: list[str] = []
         if chunk.get("usage") is not None:
             used = chunk["usage"]
-            self.usage = output.usage(used["prompt_tokens"], used["completion_tokens"])
+            self.usage = output.usage_body(used["prompt_tokens"], used["completion_tokens"])
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             if delta.get("content"):
@@ -117,29 +133,42 @@ class _Events:
     def _text(self, text: str) -> list[str]:
         events = []
         if self.message is None:
-            self.message = OutputMessage(id=new_id("msg"), status="in_progress", content=[])
-            events.append(self._added(self.message))
-            self.delta_template = _delta_template(self.message.id, len(self.items) - 1)
+            item_id = new_id("msg")
+            index = self.message_index = len(self.items)
+            self.message = {
+                "id": item_id,
+                "type": "message",
+                "role": "assistant",
+                "status": "in_progress",
+                "content": [],
+            }
+            self.items.append(self.message)
+            self.text = []
+            quoted = encode_basestring_ascii(item_id)
+            item = (
+                f'{{"id": {quoted}, "type": "message", "role": "assistant", '
+                '"status": "in_progress", "content": []}'
+            )
             events.append(
-                self.event(
-                    "response.content_part.added",
-                    item_id=self.message.id,
-                    output_index=len(self.items) - 1,
-                    content_index=0,
-                    part=OutputText(text="").model_dump(),
+                self.written(
+                    "response.output_item.added", f', "output_index": {index}, "item": {item}'
                 )
             )
+            events.append(
+                self.written(
+                    "response.content_part.added",
+                    f', "item_id": {quoted}, "output_index": {index}, "content_index": 0, '
+                    f'"part": {_EMPTY_PART}',
+                )
+            )
+            self.delta_template = _delta_template(item_id, index)
         if text:
             events.append(self.text_delta(text))
         return events
 
-    def _added(self, item: OutputItem) -> str:
+    def _added(self, item: Body) -> str:
         self.items.append(item)
-        return self.event(
-            "response.output_item.added",
-            output_index=len(self.items) - 1,
-            item=item.model_dump(mode="json"),
-        )
+        return self.event("response.output_item.added", output_index=len(self.items) - 1, item=item)
 
     def _call(self, delta: dict[str, Any]) -> list[str]:
         events: list[str] = []
@@ -147,13 +176,14 @@ class _Events:
         call = self.calls.get(delta["index"])
         if call is None:
             events += self._close_message()
-            item = FunctionCallOutput(
-                id=new_id("fc"),
-                status="in_progress",
-                call_id=delta.get("id") or new_id("call"),
-                name=function.get("name") or "",
-                arguments="",
-            )
+            item = {
+                "id": new_id("fc"),
+                "type": "function_call",
+                "status": "in_progress",
+                "call_id": delta.get("id") or new_id("call"),
+                "name": function.get("name") or "",
+                "arguments": "",
+            }
             call = self.calls[delta["index"]] = _Call(len(self.items), item)
             self.open_calls.append(call)
             events.append(self._added(item))
@@ -163,7 +193,7 @@ class _Events:
             events.append(
                 self.event(
                     "response.function_call_arguments.delta",
-                    item_id=call.item.id,
+                    item_id=call.item["id"],
                     output_index=call.output_index,
                     delta=piece,
                 )
@@ -175,34 +205,28 @@ class _Events:
         if message is None:
             return []
         self.message = None
-        index = self.items.index(message)
+        index = self.message_index
         text = "".join(self.text)
-        part = OutputText(text=text)
-        message.content = [part]
-        message.status = "incomplete" if self.finish_reason == "length" else "completed"
+        status = "incomplete" if self.finish_reason == "length" else "completed"
+        message["status"] = status
+        message["content"] = [_output_text(text)]
+        quoted, encoded = encode_basestring_ascii(message["id"]), encode_basestring_ascii(text)
+        part = f'{{"type": "output_text", "text": {encoded}, "annotations": [], "logprobs": []}}'
+        item = (
+            f'{{"id": {quoted}, "type": "message", "role": "assistant", "status": "{status}", '
+            f'"content": [{part}]}}'
+        )
+        where = f', "item_id": {quoted}, "output_index": {index}, "content_index": 0'
         return [
-            self.event(
-                "response.output_text.done",
-                item_id=message.id,
-                output_index=index,
-                content_index=0,
-                text=text,
-                logprobs=[],
+            self.written(
+                "response.output_text.done", f'{where}, "text": {encoded}, "logprobs": []'
             ),
-            self.event(
-                "response.content_part.done",
-                item_id=message.id,
-                output_index=index,
-                content_index=0,
-                part=part.model_dump(),
-            ),
-            self._done(message, index),
+            self.written("response.content_part.done", f'{where}, "part": {part}'),
+            self.written("response.output_item.done", f', "output_index": {index}, "item": {item}'),
         ]
 
-    def _done(self, item: OutputItem, index: int) -> str:
-        return self.event(
-            "response.output_item.done", output_index=index, item=item.model_dump(mode="json")
-        )
+    def _done(self, item: Body, index: int) -> str:
+        return self.event("response.output_item.done", output_index=index, item=item)
 
     def closing(self) -> list[str]:
         """The events that close every open item; an output with none gets an empty message,
@@ -213,12 +237,12 @@ class _Events:
         events += self._close_message()
         for call in self.open_calls:
             arguments = "".join(call.arguments)
-            call.item.arguments = arguments
-            call.item.status = "completed"
+            call.item["arguments"] = arguments
+            call.item["status"] = "completed"
             events.append(
                 self.event(
                     "response.function_call_arguments.done",
-                    item_id=call.item.id,
+                    item_id=call.item["id"],
                     output_index=call.output_index,
                     arguments=arguments,
                 )
@@ -227,42 +251,30 @@ class _Events:
         self.open_calls = []
         return events
 
-    def final(self) -> tuple[ResponseObject, str]:
-        made = output.response(
-            self.translated,
-            self.items,
-            status="completed",
-            finish_reason=self.finish_reason,
-            token_usage=self.usage,
-        )
-        kind = "response.incomplete" if made.status == "incomplete" else "response.completed"
+    def final(self) -> tuple[Body, str]:
+        made = self.response("completed")
+        kind = "response.incomplete" if made["status"] == "incomplete" else "response.completed"
         self.ended = True
-        return made, self.event(kind, response=made.model_dump(mode="json"))
+        return made, self.event(kind, response=made)
 
     def failed(self, body: dict[str, Any]) -> str:
-        error: ResponseError = output.error_of(body)
+        error = output.error_of(body).model_dump()
         self.ended = True
         return self.event("response.failed", response=self.response("failed", error=error))
 
 
-_MARK = "\x00mark\x00"
+_DELTA = "response.output_text.delta"
 
 
 def _delta_template(item_id: str, output_index: int) -> tuple[str, str, str]:
     """A ``response.output_text.delta`` event of message ``item_id`` as :meth:`_Events.event`
     writes it, cut around its sequence number and its text."""
-    kind = "response.output_text.delta"
-    fields = {
-        "type": kind,
-        "sequence_number": _MARK,
-        "item_id": item_id,
-        "output_index": output_index,
-        "content_index": 0,
-        "delta": _MARK,
-        "logprobs": [],
-    }
-    head, middle, tail = f"event: {kind}\ndata: {json.dumps(fields)}\n\n".split(json.dumps(_MARK))
-    return head, middle, tail
+    head = f'event: {_DELTA}\ndata: {{"type": "{_DELTA}", "sequence_number": '
+    middle = (
+        f', "item_id": {encode_basestring_ascii(item_id)}, "output_index": {output_index}, '
+        '"content_index": 0, "delta": '
+    )
+    return head, middle, ', "logprobs": []}\n\n'
 
 
 def _payloads(text: str) -> list[str]:
@@ -325,7 +337,7 @@ async def text_events(
     try:
         async for piece in pieces:
             if not isinstance(piece, TextPiece):  # the end: its counts
-                events.usage = output.usage(piece.prompt_tokens, piece.completion_tokens)
+                events.usage = output.usage_body(piece.prompt_tokens, piece.completion_tokens)
                 continue
             if opened and events.message is not None and piece.finish_reason is None:
                 if piece.text:  # most pieces: the message's next text

@@ -1,4 +1,10 @@
-"""A Response made of what the chat path answered: its output items, status and usage."""
+"""A Response made of what the chat path answered: its output items, status and usage.
+
+Two forms, one shape: :func:`response` (a :class:`ResponseObject`, for a non-streamed answer
+and a background response's row) and :func:`response_body` (the same as JSON-ready data,
+written directly: a stream makes two Responses per request, and validating each into a model
+only to dump it again cost a streamed response most of what it spent beyond chat's).
+"""
 
 from __future__ import annotations
 
@@ -16,7 +22,10 @@ from app.protocol.responses_api import (
     ResponseObject,
     ResponseUsage,
 )
-from app.serving.preparation.responses import Translated, echoed_fields, new_id
+from app.serving.preparation.responses import Translated, new_id
+
+Body = dict[str, Any]
+"""A Response, or a part of one, as JSON-ready data (what ``model_dump(mode="json")`` gives)."""
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> ResponseUsage:
@@ -25,6 +34,27 @@ def usage(prompt_tokens: int, completion_tokens: int) -> ResponseUsage:
         output_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
     )
+
+
+def usage_body(prompt_tokens: int, completion_tokens: int) -> Body:
+    """:func:`usage`, as its ``model_dump()``."""
+    return {
+        "input_tokens": prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _state(status: str, finish_reason: str | None) -> tuple[str, int | None, Body | None]:
+    """A Response's status, ``completed_at`` and ``incomplete_details`` when it ends (or
+    stands) in ``status`` after ``finish_reason``: a ``length`` finish makes a completed one
+    ``incomplete`` (its output cut at ``max_output_tokens``)."""
+    if status == "completed" and finish_reason == "length":
+        return "incomplete", None, {"reason": "max_output_tokens"}
+    final = status in ("completed", "failed")
+    return status, int(time.time()) if final else None, None
 
 
 def response(
@@ -38,20 +68,48 @@ def response(
 ) -> ResponseObject:
     """The Response for ``translated`` in ``status``; a ``length`` finish makes it
     ``incomplete`` (its output cut at ``max_output_tokens``)."""
-    incomplete = status == "completed" and finish_reason == "length"
-    final = status in ("completed", "failed")
+    status, completed_at, incomplete = _state(status, finish_reason)
     return ResponseObject(
         id=translated.response_id,
         created_at=translated.created_at,
-        completed_at=int(time.time()) if final and not incomplete else None,
-        status="incomplete" if incomplete else status,
+        completed_at=completed_at,
+        status=status,
         error=error,
-        incomplete_details=IncompleteDetails(reason="max_output_tokens") if incomplete else None,
+        incomplete_details=None if incomplete is None else IncompleteDetails(**incomplete),
         model=translated.request.model,
         output=output,
         usage=token_usage,
-        **echoed_fields(translated.request),
+        **translated.echoed,
     )
+
+
+def response_body(
+    translated: Translated,
+    output: list[Body],
+    *,
+    status: str,
+    finish_reason: str | None = None,
+    token_usage: Body | None = None,
+    error: Body | None = None,
+) -> Body:
+    """:func:`response` with its parts as JSON-ready data, as ``model_dump(mode="json")``
+    writes it (its fields in the model's order), without the model."""
+    status, completed_at, incomplete = _state(status, finish_reason)
+    echoed = translated.echoed
+    return {
+        "id": translated.response_id,
+        "object": "response",
+        "created_at": translated.created_at,
+        "completed_at": completed_at,
+        "status": status,
+        "error": error,
+        "incomplete_details": incomplete,
+        "model": translated.request.model,
+        "instructions": echoed["instructions"],
+        "output": output,
+        **echoed,  # the model's order: the instructions stay where they are
+        "usage": token_usage,
+    }
 
 
 def output_items(

@@ -5,20 +5,20 @@ and stores it. One per request: it carries the request's translation."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 
 from app.errors import GatewayError
 from app.protocol import ChatCompletion, ChatCompletionRequest
-from app.protocol.responses_api import ResponseObject
 from app.quota import Reservation
 from app.serving.lifecycle.runs import Run, Service
 from app.serving.preparation.generation import Generation
 from app.serving.preparation.responses import Translated, as_responses_error
 from app.serving.responses.events import response_events, text_events
-from app.serving.responses.output import from_chat
+from app.serving.responses.output import Body, from_chat
 from app.serving.text_stream import TextStreaming, streams_as_text
 from app.store.responses import ResponseStore, StoredResponse
 from app.tenancy.tenants import ModelTarget, Principal
@@ -72,46 +72,54 @@ class ResponsesService:
         completion = await self._chat.complete(request, run)
         assert isinstance(completion, ChatCompletion)
         response = from_chat(self._translated, completion)
-        await self._keep(run, response)
+        await self._keep(run, response.model_dump(mode="json"))
         return response
 
     def stream(self, request: ChatCompletionRequest, run: Run) -> AsyncIterator[str]:
         """The Response's events: from the chat service's text stream where it has one for
         ``request`` (plain text), else read back from its chat stream (tools)."""
 
-        async def finish(response: ResponseObject) -> None:
-            await self._keep(run, response)
+        async def finish(body: Body) -> None:
+            await self._keep(run, body)
 
         chat = self._chat
-        if isinstance(chat, TextStreaming) and streams_as_text(request):
-            return text_events(self._translated, chat.text_stream(request, run), finish)
+        if _streams_text(type(chat)) and streams_as_text(request):
+            pieces = cast(TextStreaming, chat).text_stream(request, run)
+            return text_events(self._translated, pieces, finish)
         return response_events(self._translated, chat.stream(request, run), finish)
 
-    async def _keep(self, run: Run, response: ResponseObject) -> None:
-        """Store ``response`` when its request asked for it (a shadow run's never)."""
+    async def _keep(self, run: Run, body: Body) -> None:
+        """Store the Response ``body`` when its request asked for it (a shadow run's never)."""
         generation = run.generation
         if not self._translated.request.store or generation.shadow:
             return
         adapter = generation.target.adapter
         stored = StoredResponse(
-            id=response.id,
+            id=body["id"],
             model=generation.target.model,
             adapter=adapter.name if adapter is not None else None,
             adapter_version=adapter.version if adapter is not None else None,
-            body=response.model_dump(mode="json"),
+            body=body,
             input_items=self._translated.input_items,
             context=self._translated.context,
         )
         if self._translated.request.background:
             # Its row was stored when it was queued (app/serving/responses/background.py).
             await self._store.finish(
-                response.id,
+                stored.id,
                 stored.body,
                 only_from=("queued", "in_progress"),
                 answered_by=(stored.adapter, stored.adapter_version),
             )
             return
         await self._store.save(generation.principal.tenant.uid, stored)
+
+
+@functools.cache
+def _streams_text(kind: type) -> bool:
+    """Whether a chat service of class ``kind`` is :class:`TextStreaming`: asked once per
+    class, as a protocol's ``isinstance`` check walks its members at every call."""
+    return issubclass(kind, TextStreaming)
 
 
 def _renamed(check: Callable[[], None]) -> Callable[[], None]:

@@ -14,7 +14,7 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from app.errors import GatewayError
-from app.protocol.responses_api import ResponseObject, ResponsesRequest
+from app.protocol.responses_api import ResponsesRequest
 from app.serving.preparation.responses import Translated, translate
 from app.serving.responses import events as events_module
 from app.serving.responses.events import _Events, response_events, text_events
@@ -77,16 +77,16 @@ def comparable(value: Any) -> Any:
 
 
 async def both(texts: list[str], finish: str) -> tuple[list[str], list[str]]:
-    kept: list[ResponseObject] = []
+    kept: list[dict[str, Any]] = []
 
-    async def keep(response: ResponseObject) -> None:
+    async def keep(response: dict[str, Any]) -> None:
         kept.append(response)
 
     usage = (5, len(texts))
     from_text = [e async for e in text_events(translated(), pieces(texts, finish, usage), keep)]
     chat = iterate(chat_stream(texts, finish, usage))
     from_chat = [e async for e in response_events(translated(), chat, keep)]
-    first, second = (comparable(one.model_dump(mode="json")) for one in kept)
+    first, second = (comparable(one) for one in kept)
     assert first == second
     assert first["output"][0]["content"][0]["text"] == "".join(texts)
     return from_text, from_chat
@@ -118,18 +118,91 @@ def test_a_text_delta_is_written_as_every_other_event() -> None:
     for text in TEXTS:
         fast, slow = _Events(translated()), _Events(translated())
         fast._text("")
-        slow._text("")
-        assert slow.message is not None and fast.message is not None
-        slow.message.id = fast.message.id
+        assert fast.message is not None
+        slow.sequence = fast.sequence
         expected = slow.event(
             "response.output_text.delta",
-            item_id=fast.message.id,
+            item_id=fast.message["id"],
             output_index=0,
             content_index=0,
             delta=text,
             logprobs=[],
         )
         assert fast.text_delta(text) == expected
+
+
+def as_json_writes_them(stream: list[str]) -> None:
+    """Every event of ``stream`` is byte for byte the JSON ``json.dumps`` writes of its data,
+    whether it was encoded whole or written around its parts."""
+    for name, data in re.findall(r"event: (\S+)\ndata: (.*)\n\n", "".join(stream)):
+        assert data == json.dumps(json.loads(data)), name
+
+
+@pytest.mark.parametrize("finish", ["stop", "length"])
+async def test_every_event_is_the_json_its_data_encodes_to(finish: str) -> None:
+    from_text, from_chat = await both([*TEXTS, "\x00\u2028\U0001f600 '\t"], finish)
+    as_json_writes_them(from_text)
+    as_json_writes_them(from_chat)
+    failed = _Events(translated())
+    as_json_writes_them([*failed.opening(), *failed._text("x"), failed.failed({"error": {}})])
+
+
+async def test_text_then_calls_read_back_from_chat_chunks() -> None:
+    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+
+    def chunk(delta: dict[str, Any] | None, reason: str | None = None, **extra: Any) -> str:
+        choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": reason}]
+        return f"data: {json.dumps({**base, 'choices': choices, **extra})}\n\n"
+
+    def call(index: int, arguments: str, **first: str) -> dict[str, Any]:
+        function = {"arguments": arguments, **({"name": first["name"]} if first else {})}
+        head = {"id": first["id"], "type": "function"} if first else {}
+        return {"tool_calls": [{"index": index, **head, "function": function}]}
+
+    stream = [
+        chunk({"role": "assistant", "content": "Let me check."}),
+        chunk(call(0, '{"city":', id="call_a", name="get_weather")),
+        chunk(call(0, ' "Oslo"}')),
+        chunk(call(1, "{}", id="call_b", name="get_time"), "tool_calls"),
+        chunk(None, usage={"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12}),
+        "data: [DONE]\n\n",
+    ]
+    kept: list[dict[str, Any]] = []
+
+    async def keep(response: dict[str, Any]) -> None:
+        kept.append(response)
+
+    out = [e async for e in response_events(translated(), iterate(stream), keep)]
+    as_json_writes_them(out)
+    events = parsed(out)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"].removeprefix("response.") for e in events] == [
+        "created",
+        "in_progress",
+        "output_item.added",
+        "content_part.added",
+        "output_text.delta",
+        "output_text.done",
+        "content_part.done",
+        "output_item.done",
+        "output_item.added",
+        "function_call_arguments.delta",
+        "function_call_arguments.delta",
+        "output_item.added",
+        "function_call_arguments.delta",
+        "function_call_arguments.done",
+        "output_item.done",
+        "function_call_arguments.done",
+        "output_item.done",
+        "completed",
+    ]
+    final = events[-1]["response"]
+    assert final == comparable(kept[0])
+    message, weather, clock = final["output"]
+    assert message["content"][0]["text"] == "Let me check." and message["status"] == "completed"
+    assert (weather["call_id"], weather["arguments"]) == ("call_a", '{"city": "Oslo"}')
+    assert (clock["name"], clock["arguments"], clock["status"]) == ("get_time", "{}", "completed")
+    assert final["usage"]["total_tokens"] == 12
 
 
 async def test_the_text_path_parses_no_json(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,7 +215,7 @@ async def test_the_text_path_parses_no_json(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(events_module.json, "loads", counted)
 
-    async def keep(response: ResponseObject) -> None:
+    async def keep(response: dict[str, Any]) -> None:
         return None
 
     assert [e async for e in text_events(translated(), pieces(TEXTS, "stop", (1, 4)), keep)]
@@ -157,7 +230,7 @@ async def test_a_failure_after_the_first_piece_ends_with_response_failed() -> No
         yield TextPiece("Hel", None)
         raise GatewayError("the engine stopped")
 
-    async def keep(response: ResponseObject) -> None:
+    async def keep(response: dict[str, Any]) -> None:
         raise AssertionError("a failed response is not kept here")
 
     events = parsed([e async for e in text_events(translated(), failing(), keep)])
