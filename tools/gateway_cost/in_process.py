@@ -37,6 +37,7 @@ from app.main import create_app
 from app.settings import Settings
 from tools.gateway_cost.engine import PacedEngine
 from tools.gateway_cost.floor import asgi_app
+from tools.gateway_cost.load import CHAT_PATH, RESPONSES_PATH, chat_body, responses_body
 from tools.gateway_cost.server import ADMIN_TOKEN, settings_for
 
 App = Callable[..., Any]
@@ -108,22 +109,8 @@ async def _phase(app: App, scope: dict[str, Any], body: bytes, streams: int, eac
 
 def _body(endpoint: str, model: str, tokens: int) -> tuple[str, bytes]:
     if endpoint == "responses":
-        payload: dict[str, Any] = {
-            "model": model,
-            "input": "Say something.",
-            "max_output_tokens": tokens,
-            "stream": True,
-            "store": False,
-        }
-        return "/v1/responses", json.dumps(payload).encode()
-    payload = {
-        "model": model,
-        "messages": [{"role": "user", "content": "Say something."}],
-        "max_tokens": tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    return "/v1/chat/completions", json.dumps(payload).encode()
+        return RESPONSES_PATH, json.dumps(responses_body(model, tokens)).encode()
+    return CHAT_PATH, json.dumps(chat_body(model, tokens)).encode()
 
 
 async def _set_up(app: App) -> tuple[str, str]:

@@ -36,28 +36,38 @@ class PhaseResult:
     wall_seconds: float
 
 
-def chat_request(host: str, port: int, key: str, model: str, max_tokens: int) -> bytes:
-    body = {
+CHAT_PATH = "/v1/chat/completions"
+RESPONSES_PATH = "/v1/responses"
+
+
+def chat_body(model: str, max_tokens: int) -> dict[str, object]:
+    return {
         "model": model,
         "messages": [{"role": "user", "content": "Say something."}],
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    return _post(host, port, key, "/v1/chat/completions", body)
 
 
-def responses_request(host: str, port: int, key: str, model: str, max_tokens: int) -> bytes:
+def responses_body(model: str, max_tokens: int) -> dict[str, object]:
     """The chat request's Responses twin: the same prompt and budget, streamed, not stored
     (storing is a store write of its own, measured apart)."""
-    body = {
+    return {
         "model": model,
         "input": "Say something.",
         "max_output_tokens": max_tokens,
         "stream": True,
         "store": False,
     }
-    return _post(host, port, key, "/v1/responses", body)
+
+
+def chat_request(host: str, port: int, key: str, model: str, max_tokens: int) -> bytes:
+    return _post(host, port, key, CHAT_PATH, chat_body(model, max_tokens))
+
+
+def responses_request(host: str, port: int, key: str, model: str, max_tokens: int) -> bytes:
+    return _post(host, port, key, RESPONSES_PATH, responses_body(model, max_tokens))
 
 
 def _post(host: str, port: int, key: str, path: str, payload: dict[str, object]) -> bytes:
