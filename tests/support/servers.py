@@ -1,53 +1,20 @@
-"""Loopback ports for the servers tests start, waiting for them to be ready, stopping them;
-uvicorn's server as the tests run it (:class:`PromptServer`)."""
+"""The servers tests start: their loopback ports (:func:`free_port`, the tools' own), waiting
+for them to be ready, stopping them; uvicorn's server as the tests run it
+(:class:`PromptServer`)."""
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import socket
 import subprocess
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import ExitStack, asynccontextmanager, suppress
 
 import httpx
 import uvicorn
 
-# How many of the ports free_port handed out lately stay held: long enough for each server
-# to bind its own (an app's start-up, a process's), few enough to leave descriptors spare.
-HELD_PORTS = 64
-_held: deque[socket.socket] = deque()
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on now, held until the server it is for binds it.
-
-    The OS picks it (a bind to port 0), and it stays bound (SO_REUSEADDR, never listening)
-    until :data:`HELD_PORTS` more have been handed out in this process. Linux lets a server
-    that sets SO_REUSEADDR (uvicorn, asyncio's and Python's servers, Redis, PostgreSQL,
-    vLLM: every one the tests start) bind and listen on it meanwhile, while no other bind to
-    port 0 is given it, and no connection takes it as its own port. Released at once, as it
-    was, the port could be given to another test process (an xdist worker's free_port, or
-    its clients' connections) before the server, which binds only once started (a second or
-    more for a process), took it: the second server failed to bind, or the test talked to
-    another's."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port: int = sock.getsockname()[1]
-    _held.append(sock)
-    while len(_held) > HELD_PORTS:
-        with suppress(IndexError):  # another thread took the oldest first
-            _held.popleft().close()
-    return port
-
-
-@atexit.register
-def _release_held_ports() -> None:
-    while _held:
-        _held.pop().close()
+from tools.gateway_cost.ports import free_port as free_port  # the tools' own, held ports
 
 
 def wait_until_ready(
