@@ -40,7 +40,8 @@ class CompletionResponse(Response, Generic[Request]):
         request_id: str,
         pinned: Pin | None = None,
     ) -> None:
-        super().__init__()
+        # Not Response's own state (a body and its headers): whatever is sent, __call__
+        # makes it.
         self._pinned = pinned
         self._tracker = tracker
         self._service = service
@@ -154,6 +155,9 @@ class DisconnectWatch:
         self._task.uncancel()
 
 
+EVENT_STREAM_TYPE = (b"content-type", b"text/event-stream; charset=utf-8")
+
+
 class EventStreamResponse(StreamingResponse):
     """An SSE response whose body iterator is cancelled as soon as the client
     disconnects, not at the next write, and always closed before this returns. A client that
@@ -176,7 +180,18 @@ class EventStreamResponse(StreamingResponse):
     ) -> None:
         """``first``: an event already read from ``content``, sent before the rest;
         ``watch``: the request's, where it has one (else the response watches on its own)."""
-        super().__init__(content, headers=headers)
+        # As StreamingResponse's own, which also looks for a body, a length and a charset
+        # none of which an event stream has.
+        self.status_code = 200
+        self.background = None
+        self.body_iterator = content
+        self.raw_headers = [
+            *(
+                (name.lower().encode("latin-1"), value.encode("latin-1"))
+                for name, value in (headers or {}).items()
+            ),
+            EVENT_STREAM_TYPE,
+        ]
         self._events = content
         self._first = first
         self._watch = watch

@@ -53,7 +53,7 @@ class AccessLog:
         unauthenticated = record.status == 401 and record.tenant is None
         if unauthenticated and not self._throttle.allow(record.client or "unknown"):
             return
-        access_log.LOGGER.info(record.line())
+        access_log.write(record.line())
 
 
 class RequestIdMiddleware:
