@@ -43,6 +43,13 @@ class Settings(BaseSettings):
         description="Front role: longest wait for the upstream's answer (a whole JSON answer, "
         "or a stream's next chunk); past it the client gets a 504.",
     )
+    upstream_idle_connections: int = Field(
+        1024,
+        ge=0,
+        description="Front role: most connections to the upstream kept open between requests "
+        "for the next ones. Past it, a request's connection is closed when it ends, and a "
+        "later request opens a new one: keep it above the requests in flight at peak.",
+    )
     scheduler: Literal["fair", "fcfs"] = Field(
         "fair",
         description="Admission to the in-process engine: fair (per-tenant weighted queues, "

@@ -63,6 +63,7 @@ async def open_upstream(settings: Settings) -> AsyncIterator[Upstream]:
         settings.upstream_url,
         timeout=settings.upstream_timeout_seconds,
         connect_timeout=min(CONNECT_SECONDS, settings.upstream_timeout_seconds),
+        max_idle=settings.upstream_idle_connections,
     )
     try:
         yield Upstream(client, settings.stream_interval)

@@ -11,6 +11,8 @@ from contextlib import asynccontextmanager
 import pytest
 
 from app.serving.front.http1 import ConnectFailed, ConnectionLost, Http1Client, ReadTimedOut
+from app.serving.front.upstream import open_upstream
+from app.settings import Settings
 from tests.support.servers import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
@@ -95,6 +97,33 @@ async def test_a_connection_read_to_its_end_serves_the_next_request() -> None:
     request = seen[0][1]
     assert request.startswith(b"POST /prefix/v1/x HTTP/1.1\r\n")
     assert b"\r\nx-request-id: r1\r\n" in request and request.endswith(b'\r\n\r\n{"a":1}')
+
+
+@pytest.mark.parametrize("kept", [1, 3])
+async def test_connections_are_kept_for_the_next_requests_up_to_the_setting(kept: int) -> None:
+    """Four requests at once, then four more: the second wave reuses as many connections as
+    the deployment keeps idle, and opens the rest anew."""
+    used: list[int] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while True:
+            await read_request(reader)
+            used.append(n)
+            writer.write(answer(b"{}"))
+
+    async def request(upstream: Http1Client) -> None:
+        response = await upstream.post("/v1/x", b"{}", {})
+        assert await response.read() == b"{}"
+
+    async with server(handler) as (url, _):
+        settings = Settings(role="front", upstream_url=url, upstream_idle_connections=kept)
+        async with open_upstream(settings) as upstream:
+            await asyncio.gather(*(request(upstream.client) for _ in range(4)))
+            first = set(used)
+            await asyncio.gather(*(request(upstream.client) for _ in range(4)))
+    second = set(used[4:])
+    assert first == {1, 2, 3, 4}
+    assert len(second & first) == kept and len(second - first) == 4 - kept
 
 
 async def test_a_kept_connection_the_upstream_dropped_is_retried_once_on_a_new_one() -> None:
