@@ -26,11 +26,15 @@ class StreamingApp(FastAPI):
     turns this off for the whole app: it is never bypassed.
     """
 
+    _bypassable: bool | None = None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and all(
-            getattr(middleware.cls, "passes_bodies_through", False)
-            for middleware in self.user_middleware
-        ):
+        if self._bypassable is None:  # the middleware are fixed once the app has started
+            self._bypassable = all(
+                getattr(middleware.cls, "passes_bodies_through", False)
+                for middleware in self.user_middleware
+            )
+        if scope["type"] == "http" and self._bypassable:
             scope[SERVER_SEND] = send
         await super().__call__(scope, receive, send)
 

@@ -39,6 +39,14 @@ class Reservation:
     def subjects(self) -> tuple[str, ...]:
         return tuple(charge.subject for charge in self.charges)
 
+    @property
+    def leased(self) -> bool:
+        """Whether it holds a concurrency lease (one of its subjects limits requests in
+        flight), which lapses unless renewed."""
+        return not self.unchecked and any(
+            charge.limits.max_concurrent is not None for charge in self.charges
+        )
+
 
 @dataclass(frozen=True)
 class Levels:

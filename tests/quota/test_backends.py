@@ -230,6 +230,16 @@ async def test_renew_keeps_a_live_lease(make_backend: MakeBackend, clock: Clock)
     await backend.reserve([(TENANT, limits)], 1)
 
 
+async def test_only_a_reservation_under_a_concurrency_limit_holds_a_lease(
+    backend: QuotaBackend,
+) -> None:
+    """What the tracker renews while a request runs: nothing, for a reservation that holds
+    no lease."""
+    capped = await backend.reserve([(TENANT, Limits(max_concurrent=5)), (KEY, Limits())], 1)
+    paced = await backend.reserve([(TENANT, Limits(tokens_per_minute=100))], 1)
+    assert capped.leased and not paced.leased
+
+
 async def test_renew_does_not_revive_an_expired_lease(
     make_backend: MakeBackend, clock: Clock
 ) -> None:

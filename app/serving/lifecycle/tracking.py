@@ -288,7 +288,9 @@ class RequestTracker:
             if adapter is not None:
                 self.last_used[adapter.lora_id] = started_at
             lease = (
-                LeaseRenewal(self._quota, reservation, self._renew_every) if reservation else None
+                LeaseRenewal(self._quota, reservation, self._renew_every)
+                if reservation is not None and reservation.leased
+                else None
             )
             ticket = ticket_of(generation)
             if batch is not None:
