@@ -131,6 +131,11 @@ class OtlpExport:
         self._thread = threading.Thread(target=self._work, name="otlp-request-traces", daemon=True)
         self._thread.start()
 
+    @property
+    def thread(self) -> threading.Thread:
+        """The thread that exports (a measure reads its CPU clock)."""
+        return self._thread
+
     def submit(self, finished: FinishedTrace) -> None:
         # Encoded here rather than in the thread: the queue holds bytes, which the garbage
         # collector never follows, and the thread takes the interpreter's lock only to send.
