@@ -422,6 +422,9 @@ class RecordedTrace(RequestTrace):
         self._open.clear()
         self._root.end = now
         finished = FinishedTrace(self._trace_id, self._trace_state, self._remote, self._spans)
+        # The request's objects often end as a reference cycle, which only the garbage
+        # collector's full collection frees: its spans are let go now, not kept that long.
+        self._spans = []
         for sink in self._tracing.sinks:
             sink.submit(finished)
 

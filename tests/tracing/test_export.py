@@ -5,6 +5,7 @@ and over gRPC to receivers on loopback; a sink for each exporter named."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
@@ -70,6 +71,42 @@ def test_a_flush_sends_everything_queued_in_batches_of_at_most_the_batch_size() 
     finally:
         exporting.shutdown()
     assert sender.shut
+
+
+def sent_within(sender: Recording, posts: int, seconds: float = 10) -> list[int]:
+    """The spans of each request ``sender`` was given, once it was given ``posts``."""
+    deadline = time.monotonic() + seconds
+    while len(sender.sent) < posts and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return [decoded for decoded, _ in sender.sent]
+
+
+def test_a_full_batch_goes_at_once_alone_and_the_rest_waits_for_the_schedule() -> None:
+    sender = Recording()
+    environ = {"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "7", "OTEL_BSP_SCHEDULE_DELAY": "60000"}
+    exporting = export.OtlpExport(sender, ENVELOPE, environ)
+    try:
+        for trace_id in range(1, 4):  # 9 spans: a batch of 6 (traces are not split) is full
+            exporting.submit(finished(trace_id))
+        assert sent_within(sender, 1) == [6]
+        # The third trace waits for a batch to fill, the schedule or a flush: not sent alone.
+        assert exporting.force_flush(10_000)
+        assert [decoded for decoded, _ in sender.sent] == [6, 3]
+    finally:
+        exporting.shutdown()
+
+
+def test_the_schedule_sends_what_is_queued_without_a_full_batch() -> None:
+    sender = Recording()
+    environ = {"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "512", "OTEL_BSP_SCHEDULE_DELAY": "20"}
+    exporting = export.OtlpExport(sender, ENVELOPE, environ)
+    try:
+        exporting.submit(finished(1))
+        assert sent_within(sender, 1) == [3]
+        exporting.submit(finished(2, spans=2))
+        assert sent_within(sender, 2) == [3, 2]
+    finally:
+        exporting.shutdown()
 
 
 def test_a_full_queue_drops_and_counts_and_shutdown_sends_what_is_queued() -> None:

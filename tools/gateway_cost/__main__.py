@@ -11,7 +11,8 @@ another:
 * long: ``max_tokens`` ``--tokens``.
 
 The gateway process's CPU time (user + system, all its threads; not wall time) is read
-before and after each phase. A request costs the short phase's CPU per request; a token, the
+before and after each phase, to the nanosecond (:mod:`tools.gateway_cost.cpu`; its kernel's
+part in the kernel's 10 ms ticks). A request costs the short phase's CPU per request; a token, the
 long phase's CPU per request less that, over the tokens beyond the first.
 
 Part of a token's cost is the stand-in engine's (its steps, its outputs, waking the reader),
@@ -33,7 +34,9 @@ Each round also measures, with the same client and the same two phases:
   per request and per token over chat's in the same round (``--no-responses``);
 * with ``--tracing``, tracing: a second gateway with tracing on at full sampling (OTLP over
   HTTP to a receiver in this process that counts the spans and drops them), its CPU per
-  request and per token less the untraced gateway's in the same round. Every span must reach
+  request and per token less the untraced gateway's in the same round; per request, from a
+  short phase of ``--tracing-requests`` requests on each, one after the other (a difference
+  of two phases, so more requests than the others'). Every span must reach
   the receiver: a span the batch processor's queue dropped would cost less than one exported.
 
 Medians and the spread over rounds are printed and written to
@@ -70,6 +73,7 @@ import httpx
 import psutil
 
 from bench.targets import GATEWAY_COST_ALL_IN_LIMIT, GATEWAY_COST_LIMITS
+from tools.gateway_cost.cpu import cpu_seconds
 from tools.gateway_cost.load import (
     CHAT,
     RESPONSES,
@@ -96,10 +100,11 @@ class Gateway:
     model: str
 
     def cpu_seconds(self) -> float:
-        return sum(self.cpu_times())
+        """CPU seconds so far, user and system, to the nanosecond."""
+        return cpu_seconds(self.process.pid)
 
     def cpu_times(self) -> tuple[float, float]:
-        """CPU seconds so far: (user, system)."""
+        """CPU seconds so far: (user, system), in the kernel's ticks."""
         times = psutil.Process(self.process.pid).cpu_times()
         return float(times.user), float(times.system)
 
@@ -292,12 +297,11 @@ def measure(
     (``reference``, ``Responses``)."""
     build = responses_request if reading is RESPONSES else chat_request
     request = build(HOST, gw.port, gw.key, gw.model, max_tokens)
-    user_before, system_before = gw.cpu_times()
+    before, (_, system_before) = gw.cpu_seconds(), gw.cpu_times()
     result = asyncio.run(run_phase(HOST, gw.port, request, streams, requests_per_stream, reading))
     time.sleep(SETTLE_SECONDS)
-    user, system = gw.cpu_times()
+    cpu, (_, system) = gw.cpu_seconds() - before, gw.cpu_times()
     system -= system_before
-    cpu = user - user_before + system
     expected = result.requests * max_tokens
     if result.completion_tokens != expected:
         raise RuntimeError(f"{result.completion_tokens} tokens streamed, {expected} expected")
@@ -307,7 +311,7 @@ def measure(
 
 def measure_engine_alone(gw: Gateway, streams: int, max_tokens: int, each: int) -> Phase:
     """The same phase with the engine read directly in the gateway process."""
-    user_before, system_before = gw.cpu_times()
+    before, (_, system_before) = gw.cpu_seconds(), gw.cpu_times()
     started = time.monotonic()
     answer = httpx.post(
         f"http://{HOST}:{gw.port}/cost/engine-alone",
@@ -317,12 +321,11 @@ def measure_engine_alone(gw: Gateway, streams: int, max_tokens: int, each: int) 
     answer.raise_for_status()
     wall = time.monotonic() - started
     time.sleep(SETTLE_SECONDS)
-    user, system = gw.cpu_times()
+    cpu, (_, system) = gw.cpu_seconds() - before, gw.cpu_times()
     requests = streams * each
     if answer.json() != requests * max_tokens:
         raise RuntimeError(f"{answer.json()} tokens read, {requests * max_tokens} expected")
     result = PhaseResult(requests, requests * max_tokens, 0, wall)
-    cpu = user - user_before + system - system_before
     kind = "engine alone, " + ("short" if max_tokens == 1 else "long")
     return Phase(streams, kind, max_tokens, cpu, system - system_before, result)
 
@@ -437,12 +440,14 @@ def measure_rounds(
                 )
                 row["responses_token_ratio"].append(ratio(resp_token, per_token_us(short, long)))
             if traced is not None:
-                traced_short = measure(traced, streams, 1, each, of="traced")
+                each_traced = max(1, args.tracing_requests // streams)
+                beside = measure(gw, streams, 1, each_traced, of="untraced, beside traced")
+                traced_short = measure(traced, streams, 1, each_traced, of="traced")
                 traced_long = measure(traced, streams, args.tokens, each, of="traced")
-                phases += [traced_short, traced_long]
+                phases += [beside, traced_short, traced_long]
                 row["traced_request_us"].append(traced_short.cpu_per_request_us)
                 row["tracing_request_us"].append(
-                    traced_short.cpu_per_request_us - short.cpu_per_request_us
+                    traced_short.cpu_per_request_us - beside.cpu_per_request_us
                 )
                 row["tracing_token_us"].append(
                     per_token_us(traced_short, traced_long) - per_token_us(short, long)
@@ -516,6 +521,12 @@ def main(argv: list[str] | None = None) -> int:
         "--tracing",
         action="store_true",
         help="measure a gateway with tracing on (full sampling, OTLP/HTTP) beside the untraced",
+    )
+    parser.add_argument(
+        "--tracing-requests",
+        type=int,
+        default=2048,
+        help="requests of each short phase that tracing's cost per request is read from",
     )
     parser.add_argument("--profile", action="store_true", help="profile one long phase more")
     parser.add_argument("--profile-streams", type=int, default=256)
@@ -592,6 +603,7 @@ def main(argv: list[str] | None = None) -> int:
             "reference": args.reference,
             "responses": args.responses,
             "tracing": args.tracing,
+            "tracing_requests": args.tracing_requests,
         },
         "idle_us_per_second": idle_us_per_s,
         "spans_received": spans.count if spans is not None else 0,
