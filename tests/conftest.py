@@ -7,6 +7,7 @@ fixtures (the app, and with it vLLM and torch: about 10 s of CPU) is imported in
 
 from __future__ import annotations
 
+import atexit
 import functools
 import gc
 import os
@@ -146,12 +147,11 @@ def pytest_collection(session: pytest.Session) -> object:
         gc.enable()
         gc.collect()
         gc.freeze()
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """What was frozen back in the collector's care, for the interpreter's last collection
-    (nanobind's modules report what is still alive then as leaked)."""
-    gc.unfreeze()
+        # Back in the collector's care for the interpreter's last collection only (nanobind's
+        # modules report what is still alive then as leaked): pytest's own collections at
+        # the session's end (for unraisable exceptions, in pytest_unconfigure and in its
+        # cleanup) would otherwise each walk it all, at the end of every worker's run.
+        atexit.register(gc.unfreeze)
 
 
 @pytest.fixture(scope="session")
