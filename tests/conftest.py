@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import httpx._transports.default
 import pytest
-from xdist.scheduler import LoadFileScheduling, LoadScopeScheduling
+from xdist.scheduler import LoadFileScheduling, LoadScheduling
 
 if TYPE_CHECKING:
     from multiprocessing.context import ForkServerContext
 
     from xdist.remote import Producer
+    from xdist.workermanage import WorkerController
 
     from tests.support.serving import ServeFactory
 
@@ -78,7 +79,7 @@ def _shared_default_tls(verify: Any = True, cert: Any = None, trust_env: bool = 
 
 def pytest_xdist_make_scheduler(
     config: pytest.Config, log: Producer
-) -> LoadFileScheduling | LoadScopeScheduling | None:
+) -> LoadFileScheduling | LoadScheduling | None:
     """`make test` runs the end-to-end layer with ``-n 2 --dist loadfile``: its tests leave
     much of a core idle (their waits, an engine's start), which the other worker fills. The
     fast layer (``-n``, pytest-xdist's ``load``) runs the fork server's tests on one worker."""
@@ -103,13 +104,22 @@ class EngineScheduling(LoadFileScheduling):
         return path
 
 
-class ForkServerScheduling(LoadScopeScheduling):
-    """pytest-xdist's ``load``, each test a unit of its own, except FORK_SERVER_TESTS: they
-    are one unit, sent first (``loadscope`` sends the larger units first), so that one worker
-    starts one fork server for them all, early in the run."""
+class ForkServerScheduling(LoadScheduling):
+    """pytest-xdist's ``load``, with FORK_SERVER_TESTS at the head of the first worker's
+    first batch, so that one worker starts one fork server for them all, early in the run.
+    (Not ``loadscope``'s units: schemathesis gives all of an API's operations one node id.)"""
 
-    def _split_scope(self, nodeid: str) -> str:
-        return FORK_SERVER if nodeid in FORK_SERVER_TESTS else nodeid
+    _fork_server_sent = False
+
+    def _send_tests(self, node: WorkerController, num: int) -> None:
+        if not self._fork_server_sent:
+            self._fork_server_sent = True
+            collection = self.collection or []
+            first = [i for i in self.pending if collection[i] in FORK_SERVER_TESTS]
+            rest = [i for i in self.pending if collection[i] not in FORK_SERVER_TESTS]
+            self.pending[:] = first + rest
+            num = max(num, len(first))
+        super()._send_tests(node, num)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
