@@ -48,7 +48,6 @@ FORK_SERVER_TESTS = frozenset(
         "tests/serving/front/test_serving_front.py::test_lora_gateway_serve_runs_the_front_role",
     }
 )
-FORK_SERVER = "the fork server's tests"
 
 
 def pytest_configure(config: pytest.Config) -> None:
