@@ -7,6 +7,7 @@ fixtures (the app, and with it vLLM and torch: about 10 s of CPU) is imported in
 
 from __future__ import annotations
 
+import atexit
 import functools
 import gc
 import os
@@ -17,10 +18,13 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import httpx._transports.default
 import pytest
-from xdist.scheduler import LoadFileScheduling
+from xdist.scheduler import LoadFileScheduling, LoadScheduling
 
 if TYPE_CHECKING:
+    from multiprocessing.context import ForkServerContext
+
     from xdist.remote import Producer
+    from xdist.workermanage import WorkerController
 
     from tests.support.serving import ServeFactory
 
@@ -31,6 +35,19 @@ OWN_ENGINES = frozenset(
     f"tests/e2e/{name}.py" for name in ("test_isolation", "test_metrics", "test_serve_command")
 )
 SCALE_OUT = "tests/e2e/scale_out/"
+
+# The tests that start processes from the fork server (the fork_server fixture): one worker
+# runs them all, so that the fast layer's one fork server imports the gateway (vLLM, torch:
+# about 10 s of a core), not one on each worker that drew one of them.
+FORK_SERVER_TESTS = frozenset(
+    {
+        "tests/e2e/test_isolation_required.py::"
+        "test_serve_refuses_to_start_when_vllm_would_not_load_the_fix",
+        "tests/serving/batches/test_batch_restarts.py::"
+        "test_a_batch_resumes_after_each_kill_and_runs_each_line_once",
+        "tests/serving/front/test_serving_front.py::test_lora_gateway_serve_runs_the_front_role",
+    }
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -59,10 +76,18 @@ def _shared_default_tls(verify: Any = True, cert: Any = None, trust_env: bool = 
     return httpx.create_ssl_context(verify, cert, trust_env)
 
 
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadFileScheduling | None:
+def pytest_xdist_make_scheduler(
+    config: pytest.Config, log: Producer
+) -> LoadFileScheduling | LoadScheduling | None:
     """`make test` runs the end-to-end layer with ``-n 2 --dist loadfile``: its tests leave
-    much of a core idle (their waits, an engine's start), which the other worker fills."""
-    return EngineScheduling(config, log) if config.getoption("dist") == "loadfile" else None
+    much of a core idle (their waits, an engine's start), which the other worker fills. The
+    fast layer (``-n``, pytest-xdist's ``load``) runs the fork server's tests on one worker."""
+    dist = config.getoption("dist")
+    if dist == "loadfile":
+        return EngineScheduling(config, log)
+    if dist == "load":
+        return ForkServerScheduling(config, log)
+    return None
 
 
 class EngineScheduling(LoadFileScheduling):
@@ -78,10 +103,35 @@ class EngineScheduling(LoadFileScheduling):
         return path
 
 
+class ForkServerScheduling(LoadScheduling):
+    """pytest-xdist's ``load``, with FORK_SERVER_TESTS at the head of the first worker's
+    first batch, so that one worker starts one fork server for them all, early in the run.
+    (Not ``loadscope``'s units: schemathesis gives all of an API's operations one node id.)"""
+
+    _fork_server_sent = False
+
+    def _send_tests(self, node: WorkerController, num: int) -> None:
+        if not self._fork_server_sent:
+            self._fork_server_sent = True
+            collection = self.collection or []
+            first = [i for i in self.pending if collection[i] in FORK_SERVER_TESTS]
+            rest = [i for i in self.pending if collection[i] not in FORK_SERVER_TESTS]
+            self.pending[:] = first + rest
+            num = max(num, len(first))
+        super()._send_tests(node, num)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test on the session's engine outside its unit (an engine-role test, or a module of
-    OWN_ENGINES) would start a second one on another worker."""
+    OWN_ENGINES) would start a second one on another worker; a test of the fork server's
+    outside FORK_SERVER_TESTS, a second fork server."""
     for item in items:
+        uses_fork_server = "fork_server" in getattr(item, "fixturenames", ())
+        if uses_fork_server != (item.nodeid in FORK_SERVER_TESTS):
+            raise pytest.UsageError(
+                f"{item.nodeid}: the tests that use the fork_server fixture, and only they, "
+                "are FORK_SERVER_TESTS (tests/conftest.py)"
+            )
         path = item.nodeid.split("::", 1)[0]
         if "gateway" in getattr(item, "fixturenames", ()) and (
             path in OWN_ENGINES or path.startswith(SCALE_OUT)
@@ -106,12 +156,11 @@ def pytest_collection(session: pytest.Session) -> object:
         gc.enable()
         gc.collect()
         gc.freeze()
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """What was frozen back in the collector's care, for the interpreter's last collection
-    (nanobind's modules report what is still alive then as leaked)."""
-    gc.unfreeze()
+        # Back in the collector's care for the interpreter's last collection only (nanobind's
+        # modules report what is still alive then as leaked): pytest's own collections at
+        # the session's end (for unraisable exceptions, in pytest_unconfigure and in its
+        # cleanup) would otherwise each walk it all, at the end of every worker's run.
+        atexit.register(gc.unfreeze)
 
 
 @pytest.fixture(scope="session")
@@ -119,6 +168,15 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tools.gateway_cost.server import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-model")
+
+
+@pytest.fixture
+def fork_server() -> ForkServerContext:
+    """Where the tests start gateway processes: the fork server that imported the gateway
+    once (tests/support/scripted_gateway.py). Only FORK_SERVER_TESTS use it."""
+    from tests.support.scripted_gateway import gateway_processes
+
+    return gateway_processes()
 
 
 @pytest.fixture

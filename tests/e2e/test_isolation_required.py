@@ -7,18 +7,21 @@ The command runs in a process forked from one that imported the gateway already
 from __future__ import annotations
 
 import os
+from multiprocessing.context import ForkServerContext
 from pathlib import Path
 
 from uvicorn.config import STARTUP_FAILURE
 
 from tests.support.harness import ADMIN_TOKEN
-from tests.support.scripted_gateway import gateway_processes, run_command
+from tests.support.scripted_gateway import run_command
 from tests.support.servers import free_port
 
 TIMEOUT_S = 120
 
 
-def test_serve_refuses_to_start_when_vllm_would_not_load_the_fix(tmp_path: Path) -> None:
+def test_serve_refuses_to_start_when_vllm_would_not_load_the_fix(
+    fork_server: ForkServerContext, tmp_path: Path
+) -> None:
     env = {
         **os.environ,
         "LORA_GATEWAY_PORT": str(free_port()),
@@ -29,7 +32,7 @@ def test_serve_refuses_to_start_when_vllm_would_not_load_the_fix(tmp_path: Path)
         "VLLM_PLUGINS": "lora_filesystem_resolver",
     }
     log = tmp_path / "serve.log"
-    served = gateway_processes().Process(target=run_command, args=(["serve"], env, log))
+    served = fork_server.Process(target=run_command, args=(["serve"], env, log))
     served.start()
     served.join(TIMEOUT_S)
     if served.exitcode is None:

@@ -270,13 +270,16 @@ async def test_concurrent_cold_fetches_on_one_host_download_once(
 async def test_concurrent_cold_loads_by_eight_processes_download_once(
     admin: AdminService, location: S3Location, tmp_path: Path
 ) -> None:
-    """As eight engine processes of one host would: each its own client and cache object."""
+    """As eight engine processes of one host would: each its own client and cache object.
+    They are forked from this one, which has what they import imported already (eight new
+    interpreters importing boto3 and the cache took several seconds of CPU); the cache's
+    locks are taken in each process, on files none of them had open before."""
     digest, path = await register(admin, "legal")
-    spawn = multiprocessing.get_context("spawn")
-    start, results = spawn.Barrier(8), spawn.Queue()
+    fork = multiprocessing.get_context("fork")
+    start, results = fork.Barrier(8), fork.Queue()
     cache_root = tmp_path / "host-b-cache"
     loaders = [
-        spawn.Process(target=cold_load, args=(cache_root, location, digest, start, results))
+        fork.Process(target=cold_load, args=(cache_root, location, digest, start, results))
         for _ in range(8)
     ]
     for loader in loaders:

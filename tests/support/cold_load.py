@@ -1,5 +1,5 @@
 """One engine process's cold load of stored adapter content, for tests that start several
-processes at once (kept free of heavy imports so spawning them is quick)."""
+processes at once."""
 
 from __future__ import annotations
 

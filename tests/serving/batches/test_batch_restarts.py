@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from sqlalchemy import create_engine, select
 from app.store.tables import UsageRow
 from tests.support.batches import chat_line, jsonl
 from tests.support.harness import admin_client_options
-from tests.support.scripted_gateway import gateway_processes, run_gateway
+from tests.support.scripted_gateway import run_gateway
 from tests.support.servers import free_port, wait_until_ready
 
 LINES = 40
@@ -41,10 +42,12 @@ SETTINGS = {
 
 
 @contextmanager
-def gateway_process(state_dir: Path, model_dir: Path) -> Iterator[Gateway]:
+def gateway_process(
+    fork_server: ForkServerContext, state_dir: Path, model_dir: Path
+) -> Iterator[Gateway]:
     """A gateway process on the store in ``state_dir``, and a client of the tenant's."""
     port = free_port()
-    process = gateway_processes().Process(
+    process = fork_server.Process(
         target=run_gateway, args=(state_dir, model_dir, port, SETTINGS), daemon=True
     )
     process.start()
@@ -111,21 +114,21 @@ def started(base_url: str) -> tuple[dict[str, Any], str]:
 
 
 def test_a_batch_resumes_after_each_kill_and_runs_each_line_once(
-    tiny_model_dir: Path, tmp_path: Path
+    fork_server: ForkServerContext, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     state = tmp_path / "state"
-    with gateway_process(state, tiny_model_dir) as gateway:
+    with gateway_process(fork_server, state, tiny_model_dir) as gateway:
         options, batch_id = started(gateway.base_url)
         with httpx.Client(**options) as http:
             wait_for(http, batch_id, finished_at_least(KILL_POINTS[0]))
         gateway.kill()
     for point in KILL_POINTS[1:]:
-        with gateway_process(state, tiny_model_dir) as gateway:
+        with gateway_process(fork_server, state, tiny_model_dir) as gateway:
             with httpx.Client(**{**options, "base_url": gateway.base_url}) as http:
                 wait_for(http, batch_id, finished_at_least(point))
             gateway.kill()
     with (
-        gateway_process(state, tiny_model_dir) as gateway,
+        gateway_process(fork_server, state, tiny_model_dir) as gateway,
         httpx.Client(**{**options, "base_url": gateway.base_url}) as http,
     ):
         batch = wait_for(http, batch_id, lambda b: b["status"] in ("completed", "failed"))

@@ -13,6 +13,7 @@ import shutil
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from tests.support.fake_upstream import (
 from tests.support.front_app import Front, front_settings, running_front
 from tests.support.harness import ADMIN_TOKEN
 from tests.support.scripted_engine import ScriptedEngine
-from tests.support.scripted_gateway import gateway_processes, run_command
+from tests.support.scripted_gateway import run_command
 from tests.support.servers import free_port, wait_until_ready
 from tests.support.serving import TENANT as IN_PROCESS_TENANT
 from tests.support.serving import ServeFactory, sse_events
@@ -484,7 +485,9 @@ def test_the_fake_upstream_is_what_the_tests_think(upstream: FakeUpstream) -> No
     ]
 
 
-def test_lora_gateway_serve_runs_the_front_role(upstream: FakeUpstream, tmp_path: Path) -> None:
+def test_lora_gateway_serve_runs_the_front_role(
+    fork_server: ForkServerContext, upstream: FakeUpstream, tmp_path: Path
+) -> None:
     """``lora-gateway serve`` with LORA_GATEWAY_ROLE=front: no engine, ready once the upstream
     answers, requests forwarded; it stops cleanly."""
     upstream.script = Script()
@@ -502,7 +505,7 @@ def test_lora_gateway_serve_runs_the_front_role(upstream: FakeUpstream, tmp_path
     }
     log = tmp_path / "front.log"
     # The command in a process forked from one that imported the gateway already.
-    process = gateway_processes().Process(target=run_command, args=(["serve"], env, log))
+    process = fork_server.Process(target=run_command, args=(["serve"], env, log))
     process.start()
     base_url = f"http://127.0.0.1:{port}"
     try:
