@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from typing import Any
@@ -33,6 +33,9 @@ logger = logging.getLogger(__name__)
 
 Finish = Callable[[Body], Awaitable[None]]
 """Awaited with the finished Response, as JSON-ready data (what its model dumps)."""
+Failed = Callable[[Body], None]
+"""Called with the error (an OpenAI error body) of a stream that ends with
+``response.failed``."""
 
 _EMPTY_PART = '{"type": "output_text", "text": "", "annotations": [], "logprobs": []}'
 """An empty ``output_text`` part, as :meth:`_Events.event` writes it."""
@@ -57,8 +60,9 @@ class _Events:
     written around their ids, indexes and text (each text encoded once) rather than encoded
     whole: the same JSON as :meth:`event` writes."""
 
-    def __init__(self, translated: Translated) -> None:
+    def __init__(self, translated: Translated, on_failure: Failed | None = None) -> None:
         self.translated = translated
+        self.on_failure = on_failure
         self.sequence = 0
         self.items: list[Body] = []
         self.message: Body | None = None
@@ -260,6 +264,8 @@ class _Events:
     def failed(self, body: dict[str, Any]) -> str:
         error = output.error_of(body).model_dump()
         self.ended = True
+        if self.on_failure is not None:
+            self.on_failure(body)
         return self.event("response.failed", response=self.response("failed", error=error))
 
 
@@ -282,14 +288,17 @@ def _payloads(text: str) -> list[str]:
 
 
 async def response_events(
-    translated: Translated, chat_events: AsyncIterator[str], finish: Finish
-) -> AsyncIterator[str]:
+    translated: Translated,
+    chat_events: AsyncIterator[str],
+    finish: Finish,
+    failed: Failed | None = None,
+) -> AsyncGenerator[str]:
     """``chat_events`` (a chat service's stream) as the Response's events. ``finish`` is
     awaited with the finished Response before its last event (where it is stored: a client
     that continues the chain on that event finds it). A failure before the first chat event
     is raised, for the response to get its own status; any later one ends the stream with
-    ``response.failed``."""
-    events = _Events(translated)
+    ``response.failed``, its error given to ``failed`` too."""
+    events = _Events(translated, failed)
     opened = False
     try:
         async for text in chat_events:
@@ -326,13 +335,13 @@ async def response_events(
 
 
 async def text_events(
-    translated: Translated, pieces: TextStream, finish: Finish
-) -> AsyncIterator[str]:
+    translated: Translated, pieces: TextStream, finish: Finish, failed: Failed | None = None
+) -> AsyncGenerator[str]:
     """``pieces`` (a chat service's text stream) as the Response's events. ``finish`` is
     awaited with the finished Response before its last event, as for :func:`response_events`.
     A failure before the first piece is raised, for the response to get its own status; any
-    later one ends the stream with ``response.failed``."""
-    events = _Events(translated)
+    later one ends the stream with ``response.failed``, its error given to ``failed`` too."""
+    events = _Events(translated, failed)
     opened = False
     try:
         async for piece in pieces:
