@@ -4,7 +4,6 @@ and stores it. One per request: it carries the request's translation."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
@@ -54,12 +53,15 @@ class ResponsesService:
             generation = self._chat.prepare(request, principal, target, request_id)
         except GatewayError as exc:
             raise as_responses_error(exc) from None
+        # The chat service's Generation as the Responses endpoint's, its check's errors
+        # naming the Responses fields: built from its fields' values, as
+        # dataclasses.replace would, without its look at the class's fields each request.
+        values = dict(generation.__dict__)
+        values["endpoint"] = ENDPOINT
         check = generation.compile_check
-        return dataclasses.replace(
-            generation,
-            endpoint=ENDPOINT,
-            compile_check=None if check is None else _renamed(check),
-        )
+        if check is not None:
+            values["compile_check"] = _renamed(check)
+        return Generation(**values)
 
     def start(
         self,
