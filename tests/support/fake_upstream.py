@@ -54,7 +54,8 @@ class Script:
     hang: bool = False
     # A stream that ends (the connection closed) after this many tokens, with no [DONE].
     cut_after: int | None = None
-    # A stream that stops after this many tokens, until the front leaves.
+    # A stream that stops after this many tokens, until the front leaves (an answer that is
+    # not streamed never comes).
     hold_after: int | None = None
     # A stream's tokens for each choice, where they differ (else ``completion_tokens`` each).
     choice_tokens: tuple[int, ...] | None = None
@@ -108,6 +109,9 @@ def _app(fake: FakeUpstream) -> Starlette:
         chat = request.url.path.endswith("/chat/completions")
         n = int(body.get("n", 1))
         if not body.get("stream"):
+            if script.hold_after is not None:
+                await _until_disconnected(request, recorded)
+                return Response(status_code=204)
             if script.step_seconds:
                 # Generating: a client that leaves meanwhile is noticed, as vLLM notices.
                 waited = asyncio.create_task(_until_disconnected(request, recorded))

@@ -249,7 +249,9 @@ class FrontChatService(FrontEndpoint[ChatCompletionRequest]):
 
     async def text_stream(self, request: ChatCompletionRequest, run: UpstreamRun) -> TextStream:
         """The one choice's text as the upstream streams it (:mod:`app.serving.text_stream`):
-        each chunk read once, into the chunk model, and not written again."""
+        each chunk read once, into the chunk model, and not written again. (The relay's way,
+        ``json.loads`` and its checks in Python, reads a chunk in about twice the time
+        pydantic's parser takes: it pays only where it saves writing the chunk again.)"""
         async with aclosing(run.chunks(ChatCompletionChunk)) as chunks:
             async for chunk in chunks:
                 assert isinstance(chunk, ChatCompletionChunk)  # no relay: every chunk is read

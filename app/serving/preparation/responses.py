@@ -186,6 +186,7 @@ def translate(
     """``request`` as the chat request that runs it, after the chain's earlier ``context``.
     The instructions of earlier responses are not carried over (as at OpenAI)."""
     input_items = stored_items(request)
+    streamed = request.stream or request.background
     body: dict[str, Any] = {
         "model": request.model,
         "messages": chat_messages(request.instructions, [*context, *input_items]),
@@ -196,9 +197,11 @@ def translate(
         "tools": _tools(request),
         "tool_choice": _tool_choice(request),
         "parallel_tool_calls": request.parallel_tool_calls,
-        "stream": request.stream,
+        # A background response streams too, in both roles: its counts come as it runs, and
+        # a cancel charges what was produced (app/serving/responses/background.py).
+        "stream": streamed,
         # Usage on the last chunk: the Response's usage.
-        "stream_options": {"include_usage": True} if request.stream else None,
+        "stream_options": {"include_usage": True} if streamed else None,
     }
     text_format = request.text.format if request.text is not None else None
     if text_format is not None:

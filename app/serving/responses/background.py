@@ -1,7 +1,8 @@
 """Background responses (``background: true``, docs/responses.md): stored at once as
 ``queued``, then run detached from the HTTP request, through the same path as a foreground
 response (:meth:`RequestTracker.track`: admission, quotas reserved then settled, the ledger),
-their end written to their stored row.
+their end written to their stored row. Each runs as a stream read to its end, in both roles
+(:meth:`ResponsesService.run_detached`): its counts come as it runs.
 
 Each running background response holds a lease in the store (:mod:`app.store.leases`, the one
 the Batch API's runner uses), renewed while it runs. A replica that dies stops renewing: every
@@ -170,7 +171,8 @@ class BackgroundResponses:
         queued: dict[str, Any],
         prechecked: bool,
     ) -> None:
-        """Run it on the chat path; the service stores its end (completed or incomplete).
+        """Run it on the chat path, streamed; the service stores its end (completed or
+        incomplete).
         A failure, a cancel or a stop is written here, with what the engine produced."""
         response_id = translated.response_id
         request = translated.chat
@@ -182,7 +184,7 @@ class BackgroundResponses:
                 ran.append(run)
                 started = {**queued, "status": "in_progress"}
                 await shield(self.store.finish(response_id, started, only_from=("queued",)))
-                await service.complete(request, run)
+                await service.run_detached(request, run)
         except asyncio.CancelledError:
             running = self._running.get(response_id)
             if running is not None and running.cancelled:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from typing import Any
@@ -33,6 +33,9 @@ logger = logging.getLogger(__name__)
 
 Finish = Callable[[Body], Awaitable[None]]
 """Awaited with the finished Response, as JSON-ready data (what its model dumps)."""
+Failed = Callable[[Body], None]
+"""Called with the error (an OpenAI error body) of a stream that ends with
+``response.failed``."""
 
 _EMPTY_PART = '{"type": "output_text", "text": "", "annotations": [], "logprobs": []}'
 """An empty ``output_text`` part, as :meth:`_Events.event` writes it."""
@@ -46,6 +49,12 @@ def _output_text(text: str) -> Body:
 class _Call:
     output_index: int
     item: Body
+    head: str
+    """The item's JSON text up to its status: its id and type."""
+    tail: str
+    """The item's JSON text from its call id to its arguments' key."""
+    where: str
+    """Its events' ``item_id`` and ``output_index``, as JSON text."""
     arguments: list[str] = field(default_factory=list)
 
 
@@ -53,14 +62,19 @@ class _Events:
     """The events of one response, numbered as they are made.
 
     Its output items are JSON-ready data (the shapes of :mod:`app.protocol.responses_api`'s
-    models, as they dump), and the events of a message, which every response has, are
-    written around their ids, indexes and text (each text encoded once) rather than encoded
-    whole: the same JSON as :meth:`event` writes."""
+    models, as they dump), and its events, but a failure's, are written around their ids,
+    indexes and texts (each encoded once) rather than encoded whole: the same JSON as
+    :meth:`event` writes. So are its Responses (:class:`~.output.ResponseText`), and each
+    item's JSON text is kept as it is done, for the last one."""
 
-    def __init__(self, translated: Translated) -> None:
+    def __init__(self, translated: Translated, on_failure: Failed | None = None) -> None:
         self.translated = translated
+        self.on_failure = on_failure
         self.sequence = 0
         self.items: list[Body] = []
+        self.done_items: dict[int, str] = {}
+        """The JSON text of each output item that is done, by its output index."""
+        self.response_text = output.ResponseText(translated)
         self.message: Body | None = None
         self.message_index = 0
         """The open message's output index."""
@@ -69,6 +83,7 @@ class _Events:
         self.open_calls: list[_Call] = []
         self.finish_reason: str | None = None
         self.usage: Body | None = None
+        self.usage_text: str | None = None
         self.delta_template = ("", "", "")
         """The open message's text delta event, cut where its sequence number and text go."""
         self.ended = False
@@ -97,6 +112,11 @@ class _Events:
         head, middle, tail = self.delta_template
         return f"{head}{sequence}{middle}{encode_basestring_ascii(text)}{tail}"
 
+    def counted(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """The response's usage, as the chat service counted it."""
+        self.usage = output.usage_body(prompt_tokens, completion_tokens)
+        self.usage_text = output.usage_json(prompt_tokens, completion_tokens)
+
     def response(self, status: str, error: Body | None = None) -> Body:
         return output.response_body(
             self.translated,
@@ -108,8 +128,8 @@ class _Events:
         )
 
     def opening(self) -> list[str]:
-        # Both events show the same Response: encoded once.
-        opened = f', "response": {json.dumps(self.response("in_progress"))}'
+        # Both events show the same Response: written once.
+        opened = f', "response": {self.response_text.write([], status="in_progress")}'
         return [
             self.written("response.created", opened),
             self.written("response.in_progress", opened),
@@ -119,7 +139,7 @@ class _Events:
         events: list[str] = []
         if chunk.get("usage") is not None:
             used = chunk["usage"]
-            self.usage = output.usage_body(used["prompt_tokens"], used["completion_tokens"])
+            self.counted(used["prompt_tokens"], used["completion_tokens"])
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             if delta.get("content"):
@@ -166,36 +186,46 @@ class _Events:
             events.append(self.text_delta(text))
         return events
 
-    def _added(self, item: Body) -> str:
-        self.items.append(item)
-        return self.event("response.output_item.added", output_index=len(self.items) - 1, item=item)
-
     def _call(self, delta: dict[str, Any]) -> list[str]:
         events: list[str] = []
         function = delta.get("function") or {}
         call = self.calls.get(delta["index"])
         if call is None:
             events += self._close_message()
+            item_id, call_id = new_id("fc"), delta.get("id") or new_id("call")
+            name = function.get("name") or ""
             item = {
-                "id": new_id("fc"),
+                "id": item_id,
                 "type": "function_call",
                 "status": "in_progress",
-                "call_id": delta.get("id") or new_id("call"),
-                "name": function.get("name") or "",
+                "call_id": call_id,
+                "name": name,
                 "arguments": "",
             }
-            call = self.calls[delta["index"]] = _Call(len(self.items), item)
+            index = len(self.items)
+            self.items.append(item)
+            quoted = _json(item_id)
+            call = self.calls[delta["index"]] = _Call(
+                index,
+                item,
+                head=f'{{"id": {quoted}, "type": "function_call", "status": ',
+                tail=f', "call_id": {_json(call_id)}, "name": {_json(name)}, "arguments": ',
+                where=f', "item_id": {quoted}, "output_index": {index}',
+            )
             self.open_calls.append(call)
-            events.append(self._added(item))
+            events.append(
+                self.written(
+                    "response.output_item.added",
+                    f', "output_index": {index}, "item": {call.head}"in_progress"{call.tail}""}}',
+                )
+            )
         piece = function.get("arguments")
         if piece:
             call.arguments.append(piece)
             events.append(
-                self.event(
+                self.written(
                     "response.function_call_arguments.delta",
-                    item_id=call.item["id"],
-                    output_index=call.output_index,
-                    delta=piece,
+                    f'{call.where}, "delta": {_json(piece)}',
                 )
             )
         return events
@@ -217,6 +247,7 @@ class _Events:
             f'"content": [{part}]}}'
         )
         where = f', "item_id": {quoted}, "output_index": {index}, "content_index": 0'
+        self.done_items[index] = item
         return [
             self.written(
                 "response.output_text.done", f'{where}, "text": {encoded}, "logprobs": []'
@@ -224,9 +255,6 @@ class _Events:
             self.written("response.content_part.done", f'{where}, "part": {part}'),
             self.written("response.output_item.done", f', "output_index": {index}, "item": {item}'),
         ]
-
-    def _done(self, item: Body, index: int) -> str:
-        return self.event("response.output_item.done", output_index=index, item=item)
 
     def closing(self) -> list[str]:
         """The events that close every open item; an output with none gets an empty message,
@@ -239,31 +267,53 @@ class _Events:
             arguments = "".join(call.arguments)
             call.item["arguments"] = arguments
             call.item["status"] = "completed"
+            encoded = _json(arguments)
+            item = self.done_items[call.output_index] = (
+                f'{call.head}"completed"{call.tail}{encoded}}}'
+            )
             events.append(
-                self.event(
+                self.written(
                     "response.function_call_arguments.done",
-                    item_id=call.item["id"],
-                    output_index=call.output_index,
-                    arguments=arguments,
+                    f'{call.where}, "arguments": {encoded}',
                 )
             )
-            events.append(self._done(call.item, call.output_index))
+            events.append(
+                self.written(
+                    "response.output_item.done",
+                    f', "output_index": {call.output_index}, "item": {item}',
+                )
+            )
         self.open_calls = []
         return events
 
     def final(self) -> tuple[Body, str]:
+        """The finished Response, and its last event: written of the items' JSON texts, all
+        done by then (:meth:`closing`)."""
         made = self.response("completed")
         kind = "response.incomplete" if made["status"] == "incomplete" else "response.completed"
         self.ended = True
-        return made, self.event(kind, response=made)
+        written = self.response_text.write(
+            [self.done_items[index] for index in range(len(self.items))],
+            status="completed",
+            finish_reason=self.finish_reason,
+            token_usage=self.usage_text,
+        )
+        return made, self.written(kind, f', "response": {written}')
 
     def failed(self, body: dict[str, Any]) -> str:
         error = output.error_of(body).model_dump()
         self.ended = True
+        if self.on_failure is not None:
+            self.on_failure(body)
         return self.event("response.failed", response=self.response("failed", error=error))
 
 
 _DELTA = "response.output_text.delta"
+
+
+def _json(value: Any) -> str:
+    """``value`` as ``json.dumps`` writes it: a string (most) encoded directly."""
+    return encode_basestring_ascii(value) if type(value) is str else json.dumps(value)
 
 
 def _delta_template(item_id: str, output_index: int) -> tuple[str, str, str]:
@@ -282,14 +332,17 @@ def _payloads(text: str) -> list[str]:
 
 
 async def response_events(
-    translated: Translated, chat_events: AsyncIterator[str], finish: Finish
-) -> AsyncIterator[str]:
+    translated: Translated,
+    chat_events: AsyncIterator[str],
+    finish: Finish,
+    failed: Failed | None = None,
+) -> AsyncGenerator[str]:
     """``chat_events`` (a chat service's stream) as the Response's events. ``finish`` is
     awaited with the finished Response before its last event (where it is stored: a client
     that continues the chain on that event finds it). A failure before the first chat event
     is raised, for the response to get its own status; any later one ends the stream with
-    ``response.failed``."""
-    events = _Events(translated)
+    ``response.failed``, its error given to ``failed`` too."""
+    events = _Events(translated, failed)
     opened = False
     try:
         async for text in chat_events:
@@ -326,18 +379,18 @@ async def response_events(
 
 
 async def text_events(
-    translated: Translated, pieces: TextStream, finish: Finish
-) -> AsyncIterator[str]:
+    translated: Translated, pieces: TextStream, finish: Finish, failed: Failed | None = None
+) -> AsyncGenerator[str]:
     """``pieces`` (a chat service's text stream) as the Response's events. ``finish`` is
     awaited with the finished Response before its last event, as for :func:`response_events`.
     A failure before the first piece is raised, for the response to get its own status; any
-    later one ends the stream with ``response.failed``."""
-    events = _Events(translated)
+    later one ends the stream with ``response.failed``, its error given to ``failed`` too."""
+    events = _Events(translated, failed)
     opened = False
     try:
         async for piece in pieces:
             if not isinstance(piece, TextPiece):  # the end: its counts
-                events.usage = output.usage_body(piece.prompt_tokens, piece.completion_tokens)
+                events.counted(piece.prompt_tokens, piece.completion_tokens)
                 continue
             if opened and events.message is not None and piece.finish_reason is None:
                 if piece.text:  # most pieces: the message's next text

@@ -8,6 +8,7 @@ only to dump it again cost a streamed response most of what it spent beyond chat
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -110,6 +111,57 @@ def response_body(
         **echoed,  # the model's order: the instructions stay where they are
         "usage": token_usage,
     }
+
+
+_INCOMPLETE_JSON = '{"reason": "max_output_tokens"}'
+
+
+def usage_json(prompt_tokens: int, completion_tokens: int) -> str:
+    """:func:`usage_body`, as ``json.dumps`` writes it."""
+    return (
+        f'{{"input_tokens": {prompt_tokens}, "input_tokens_details": {{"cached_tokens": 0, '
+        f'"cache_write_tokens": 0}}, "output_tokens": {completion_tokens}, '
+        f'"output_tokens_details": {{"reasoning_tokens": 0}}, '
+        f'"total_tokens": {prompt_tokens + completion_tokens}}}'
+    )
+
+
+class ResponseText:
+    """The Responses of one request as JSON text, as ``json.dumps`` writes
+    :func:`response_body`'s: what they all repeat of the request (its echoed fields, most of
+    a Response) encoded once, each Response then written around its state, output and
+    usage (a stream writes two or three)."""
+
+    def __init__(self, translated: Translated) -> None:
+        echoed = translated.echoed
+        self._head = (
+            f'{{"id": {json.dumps(translated.response_id)}, "object": "response", '
+            f'"created_at": {json.dumps(translated.created_at)}, "completed_at": '
+        )
+        self._model = (
+            f', "model": {json.dumps(translated.request.model)}, '
+            f'"instructions": {json.dumps(echoed["instructions"])}, "output": ['
+        )
+        rest = {name: value for name, value in echoed.items() if name != "instructions"}
+        self._tail = f"], {json.dumps(rest)[1:-1]}, " + '"usage": '
+
+    def write(
+        self,
+        output: list[str],
+        *,
+        status: str,
+        finish_reason: str | None = None,
+        token_usage: str | None = None,
+    ) -> str:
+        """:func:`response_body` (with no error) as JSON text, of the ``output`` items' and
+        the ``token_usage``'s JSON texts."""
+        status, completed_at, incomplete = _state(status, finish_reason)
+        return (
+            f"{self._head}{'null' if completed_at is None else completed_at}, "
+            f'"status": "{status}", "error": null, "incomplete_details": '
+            f"{'null' if incomplete is None else _INCOMPLETE_JSON}{self._model}"
+            f"{', '.join(output)}{self._tail}{token_usage or 'null'}}}"
+        )
 
 
 def output_items(

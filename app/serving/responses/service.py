@@ -4,9 +4,9 @@ and stores it. One per request: it carries the request's translation."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any, cast
 
 from pydantic import BaseModel
@@ -17,7 +17,7 @@ from app.quota import Reservation
 from app.serving.lifecycle.runs import Run, Service
 from app.serving.preparation.generation import Generation
 from app.serving.preparation.responses import Translated, as_responses_error
-from app.serving.responses.events import response_events, text_events
+from app.serving.responses.events import Failed, response_events, text_events
 from app.serving.responses.output import Body, from_chat
 from app.serving.text_stream import TextStreaming, streams_as_text
 from app.store.responses import ResponseStore, StoredResponse
@@ -53,12 +53,15 @@ class ResponsesService:
             generation = self._chat.prepare(request, principal, target, request_id)
         except GatewayError as exc:
             raise as_responses_error(exc) from None
+        # The chat service's Generation as the Responses endpoint's, its check's errors
+        # naming the Responses fields: built from its fields' values, as
+        # dataclasses.replace would, without its look at the class's fields each request.
+        values = dict(generation.__dict__)
+        values["endpoint"] = ENDPOINT
         check = generation.compile_check
-        return dataclasses.replace(
-            generation,
-            endpoint=ENDPOINT,
-            compile_check=None if check is None else _renamed(check),
-        )
+        if check is not None:
+            values["compile_check"] = _renamed(check)
+        return Generation(**values)
 
     def start(
         self,
@@ -76,6 +79,25 @@ class ResponsesService:
         return response
 
     def stream(self, request: ChatCompletionRequest, run: Run) -> AsyncIterator[str]:
+        return self._events(request, run)
+
+    async def run_detached(self, request: ChatCompletionRequest, run: Run) -> None:
+        """Run a background response's ``request`` to its end and store its Response; a
+        failure is raised (:class:`StreamFailed` for one the stream met). Read from the chat
+        service's stream (:func:`~app.serving.preparation.responses.translate` streams a
+        background response's request), never its whole answer: the counts come as it runs,
+        and a cancel charges what was produced (in the front role, a whole answer says its
+        counts only at its end, which a cancel never sees)."""
+        failures: list[Body] = []
+        async with aclosing(self._events(request, run, failures.append)) as events:
+            async for _ in events:
+                pass
+        if failures:
+            raise StreamFailed(failures[0])
+
+    def _events(
+        self, request: ChatCompletionRequest, run: Run, failed: Failed | None = None
+    ) -> AsyncGenerator[str]:
         """The Response's events: from the chat service's text stream where it has one for
         ``request`` (plain text), else read back from its chat stream (tools)."""
 
@@ -85,8 +107,8 @@ class ResponsesService:
         chat = self._chat
         if _streams_text(type(chat)) and streams_as_text(request):
             pieces = cast(TextStreaming, chat).text_stream(request, run)
-            return text_events(self._translated, pieces, finish)
-        return response_events(self._translated, chat.stream(request, run), finish)
+            return text_events(self._translated, pieces, finish, failed)
+        return response_events(self._translated, chat.stream(request, run), finish, failed)
 
     async def _keep(self, run: Run, body: Body) -> None:
         """Store the Response ``body`` when its request asked for it (a shadow run's never)."""
@@ -113,6 +135,17 @@ class ResponsesService:
             )
             return
         await self._store.save(generation.principal.tenant.uid, stored)
+
+
+class StreamFailed(GatewayError):
+    """A response's stream ended with ``response.failed``: its error, as its body."""
+
+    def __init__(self, body: Body) -> None:
+        super().__init__(str((body.get("error") or {}).get("message", "The response failed.")))
+        self._body = body
+
+    def body(self) -> dict[str, Any]:
+        return self._body
 
 
 @functools.cache

@@ -5,6 +5,7 @@ stored in the front's store."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from openai.types.responses import Response
 
 from tests.support.fake_upstream import CHAT_BODY_KEYS, UPSTREAM_PROMPT_TOKENS, FakeUpstream, Script
 from tests.support.front_app import Front, front_settings, running_front
+from tests.support.serving import eventually
 
 ADAPTER_SOURCE = Path(__file__).resolve().parents[3] / "var/adapters/medical_scribe"
 ALIAS = "notes"
@@ -111,3 +113,76 @@ async def test_a_streamed_response_from_the_upstreams_chunks(front: Setup) -> No
     assert kinds[-1] == "response.incomplete"
     assert Response.model_validate(final.to_dict()).output_text == "xxx"
     assert final.usage is not None and final.usage.output_tokens == 3
+
+
+async def test_a_background_response_cancelled_is_charged_what_the_upstream_streamed(
+    front: Setup,
+) -> None:
+    """A background response runs upstream as a stream, counted as it goes: a cancel aborts
+    it there and charges the tokens it produced, as in-process, not the worst case reserved
+    (a non-streamed answer says its counts only at its end, which a cancel never sees)."""
+    gateway = front.front
+    await gateway.admin(
+        "PUT", "/tenants/tenant-a/quota", {"token_budget": 10**6, "budget_period": "day"}
+    )
+    known = len(await gateway.usage_records())
+    before = await budget_used(front)
+    front.upstream.script = Script(completion_tokens=200, hold_after=3)
+    client = front.client()
+    created = await client.responses.create(
+        model=ALIAS, input="hi", max_output_tokens=200, background=True
+    )
+    await eventually(lambda: front.upstream.requests)
+    [sent] = front.upstream.requests
+    assert sent.body.get("stream") is True
+    await eventually(lambda: sent.streamed == 3)
+    cancelled = await client.responses.cancel(created.id)
+    assert cancelled.status == "cancelled" and cancelled.output == []
+    assert await asyncio.to_thread(sent.disconnected.wait, 60)
+    # What the front had read of the 3 tokens streamed when the cancel came.
+    assert cancelled.usage is not None and 0 < cancelled.usage.output_tokens <= 3
+    [*_, record] = await gateway.records_after(known)
+    assert (record.endpoint, record.status) == ("responses", "cancelled")
+    assert record.completion_tokens == cancelled.usage.output_tokens
+    assert record.prompt_tokens == cancelled.usage.input_tokens == UPSTREAM_PROMPT_TOKENS
+    assert await budget_used(front) - before == record.prompt_tokens + record.completion_tokens
+    usage = await gateway.admin("GET", "/tenants/tenant-a/quota/usage")
+    assert usage["concurrent_requests"] == 0
+    assert (await client.responses.retrieve(created.id)).usage == cancelled.usage
+
+
+async def test_a_background_response_runs_to_its_end_and_is_stored(front: Setup) -> None:
+    front.upstream.script = Script(completion_tokens=3)
+    client = front.client()
+    created = await client.responses.create(
+        model=ALIAS, input="hi", max_output_tokens=3, background=True
+    )
+    while (done := await client.responses.retrieve(created.id)).status in ("queued", "in_progress"):
+        await asyncio.sleep(0.01)
+    assert done.status == "incomplete" and done.output_text == "xxx"
+    assert done.usage is not None
+    assert (done.usage.input_tokens, done.usage.output_tokens) == (UPSTREAM_PROMPT_TOKENS, 3)
+
+
+async def test_a_background_response_whose_stream_fails_ends_failed_with_its_counts(
+    front: Setup,
+) -> None:
+    known = len(await front.front.usage_records())
+    front.upstream.script = Script(completion_tokens=50, cut_after=2)
+    client = front.client()
+    created = await client.responses.create(
+        model=ALIAS, input="hi", max_output_tokens=50, background=True
+    )
+    while (done := await client.responses.retrieve(created.id)).status in ("queued", "in_progress"):
+        await asyncio.sleep(0.01)
+    assert done.status == "failed" and done.output == []
+    assert done.error is not None and done.error.code == "server_error"
+    assert "ended the stream early" in done.error.message
+    assert done.usage is not None and done.usage.output_tokens == 2
+    [*_, record] = await front.front.records_after(known)
+    assert (record.status, record.completion_tokens) == ("error", 2)
+
+
+async def budget_used(front: Setup) -> int:
+    used: int = (await front.front.admin("GET", "/tenants/tenant-a/quota/usage"))["budget_used"]
+    return used

@@ -76,6 +76,10 @@ def test_fields_move_to_chats_shapes() -> None:
     assert chat.tools is not None and chat.tools[0].function.name == "get_weather"
     assert chat.forced_tool == "get_weather" and not chat.parallel_tool_calls
     assert chat.stream and chat.include_usage
+    # A background response runs as a stream, counted as it goes (a cancel charges that).
+    background = translate(request(background=True), []).chat
+    assert background.stream and background.include_usage
+    assert not translate(request(), []).chat.stream
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
     formatted = translate(
         request(text={"format": {"type": "json_schema", "name": "x", "schema": schema}}), []

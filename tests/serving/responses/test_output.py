@@ -97,3 +97,36 @@ def test_the_body_is_what_the_model_dumps(
     )
     assert json.dumps(body) == json.dumps(model)  # the same fields, values and order
     assert Response.model_validate(body).id == "resp_1"
+
+
+@pytest.mark.parametrize("fields", REQUESTS)
+@pytest.mark.parametrize(("status", "finish_reason"), [s[:2] for s in STATES if not s[2]])
+def test_the_text_is_what_json_writes_of_the_body(
+    monkeypatch: pytest.MonkeyPatch, fields: dict[str, Any], status: str, finish_reason: str | None
+) -> None:
+    monkeypatch.setattr("app.serving.responses.output.time.time", lambda: 1_700_000_000.5)
+    request = ResponsesRequest.model_validate({"model": "m", **fields})
+    translated = translate(request, [], response_id="resp_1")
+    items = [
+        {"id": "msg_1", "type": "message", "content": [{"text": '"hi"\n\u2603'}]},
+        {"id": "fc_1", "type": "function_call", "arguments": "{}"},
+    ]
+    writer = output.ResponseText(translated)
+    for usage in (None, (5, 2)):
+        body = output.response_body(
+            translated,
+            items,
+            status=status,
+            finish_reason=finish_reason,
+            token_usage=None if usage is None else output.usage_body(*usage),
+        )
+        text = writer.write(
+            [json.dumps(item) for item in items],
+            status=status,
+            finish_reason=finish_reason,
+            token_usage=None if usage is None else output.usage_json(*usage),
+        )
+        assert text == json.dumps(body)
+    assert writer.write([], status="in_progress") == json.dumps(
+        output.response_body(translated, [], status="in_progress")
+    )
