@@ -9,7 +9,10 @@ tenant, granted them all. Each round, on that gateway:
 3. the same lines as a batch alone, through the official ``openai`` client: the file uploaded,
    the batch created and polled until ``completed``, its output and error files read back
    (one record per line; the batch's time runs from the upload to ``completed`` seen);
-   ``--alone-only`` runs only 2 and 3 (``batches.alone``, a few minutes);
+   ``--alone-only`` runs only 2 and 3 (``batches.alone``, a few minutes); ``--probe-rate``
+   sends (a)'s requests cut to one output token at that rate beside the batch alone, and then
+   as long with no batch: how long an interactive request arriving at a batch alone waits for
+   its first token (the batch's ``batches.alone`` then counts the probes' interruptions);
 4. (a)'s interactive open loop at ``load`` of saturation, with the batch (submitted as it
    starts; arrivals stop once it has completed) and without it (for as long as the last
    run with it took), in alternating order from round to round.
@@ -71,6 +74,8 @@ from bench.workload import PlannedRequest
 
 BATCH_TENANT = "tenant-batch"
 TERMINAL = ("completed", "failed", "expired", "cancelled")
+PROBES_BESIDE = "f: one-token interactive probes beside the batch alone"
+PROBES_ALONE = "f: the same probes with no batch"
 POLL_SECONDS = 0.5
 DRAIN_SECONDS = 120.0
 
@@ -86,6 +91,8 @@ class BatchBenchConfig:
     gateway_settings: tuple[tuple[str, str], ...] = ()
     # Each round the lines online and the batch alone only: no interactive load.
     alone_only: bool = False
+    # One-token interactive probes a second beside the batch alone, and as long without it.
+    probe_rate: float = 0.0
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -305,11 +312,63 @@ async def online_and_alone(
     )  # fmt: skip
     online = Sample(GATEWAY, BATCH_ONLINE, round_, tuple(records), wall)
     say(f"round {round_ + 1}: lines online {OUTPUT_TPS.of(online) or 0:.1f} tok/s, {wall:.0f} s")
-    alone_run = await tenant.run(sizes, BATCH_ALONE, config.timeout_seconds)
+    if config.probe_rate <= 0:
+        alone_run = await tenant.run(sizes, BATCH_ALONE, config.timeout_seconds)
+        probes: list[Sample] = []
+    else:
+        alone_run, probes = await alone_with_probes(system, tenant, config, round_)
+        say(f"round {round_ + 1}: probes' TTFT p99 {_ms(TTFT_P99, probes[0])} ms beside the "
+            f"batch alone, {_ms(TTFT_P99, probes[1])} ms without")  # fmt: skip
     alone = batch_sample(BATCH_ALONE, round_, alone_run)
     say(f"round {round_ + 1}: batch alone {OUTPUT_TPS.of(alone) or 0:.1f} tok/s, "
         f"{alone_run.seconds:.0f} s")  # fmt: skip
-    return [online, alone]
+    return [online, alone, *probes]
+
+
+async def alone_with_probes(
+    system: GatewaySystem, tenant: BatchTenant, config: BatchBenchConfig, round_: int
+) -> tuple[BatchRun, list[Sample]]:
+    """The batch alone with one-token probes from (a)'s tenants at ``probe_rate`` from its
+    creation until it has completed, then the same probes with no batch, as long."""
+    done, created = asyncio.Event(), asyncio.Event()
+
+    async def batch() -> BatchRun:
+        try:
+            return await tenant.run(config.sizes, BATCH_ALONE, config.timeout_seconds, created)
+        finally:
+            created.set()
+            done.set()
+
+    running = asyncio.create_task(batch())
+    await created.wait()
+    timeout = config.timeout_seconds
+    beside = await probe(system, tenant, config, round_, PROBES_BESIDE, timeout, done)
+    run_ = await running
+    without = await probe(system, tenant, config, round_, PROBES_ALONE, run_.seconds)
+    return run_, [beside, without]
+
+
+def probe_plan(sizes: BatchSizes, rate: float, seconds: float, round_: int) -> list[PlannedRequest]:
+    """(a)'s open loop at ``rate`` for ``seconds``, each request cut to one output token: it
+    ends with its first token, so that the batch is alone again at once."""
+    return [replace(p, max_tokens=1) for p in sizes.interactive_plan(rate, seconds, round_)]
+
+
+async def probe(
+    system: GatewaySystem,
+    tenant: BatchTenant,
+    config: BatchBenchConfig,
+    round_: int,
+    point: str,
+    seconds: float,
+    until: asyncio.Event | None = None,
+) -> Sample:
+    plan = probe_plan(config.sizes, config.probe_rate, seconds, round_)
+    records, wall = await run_workload(
+        system.base_url, system.name, point, plan,
+        lambda p: system.call_for(p, tenant.adapters), drain_seconds=DRAIN_SECONDS, until=until,
+    )  # fmt: skip
+    return Sample(GATEWAY, point, round_, tuple(records), wall)
 
 
 def _ms(figure: Figure, sample: Sample) -> str:
@@ -469,6 +528,11 @@ def parse(argv: Sequence[str] | None = None) -> BatchBenchConfig:
         "--alone-only", action="store_true",
         help="each round only the lines online and the batch alone (batches.alone)",
     )  # fmt: skip
+    parser.add_argument(
+        "--probe-rate", type=float,
+        help="one-token interactive probes a second beside the batch alone, then as long "
+        "without it",
+    )  # fmt: skip
     parser.add_argument("--draws", type=int)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
@@ -489,6 +553,7 @@ def parse(argv: Sequence[str] | None = None) -> BatchBenchConfig:
             ("out", args.out),
             ("gateway_settings", args.gateway_settings),
             ("alone_only", args.alone_only or None),
+            ("probe_rate", args.probe_rate),
         )
         if value is not None
     }

@@ -17,7 +17,7 @@ from bench.batch_workload import (
     custom_id,
     index_of,
 )
-from bench.batches import parse, render
+from bench.batches import parse, probe_plan, render
 from bench.client import CHAT_PATH, Call, RequestRecord, run_workload
 from bench.config import (
     BATCH_ALONE,
@@ -231,6 +231,17 @@ def test_alone_only_judges_the_batch_alone_and_reports_no_load() -> None:
     assert "no interactive load (`--alone-only`)" in text and len(targets) == 4
     assert f"| {BATCH_ALONE} |" in text and f"| {INTERACTIVE_WITH} |" not in text
     assert parse(["--alone-only"]).alone_only and not parse([]).alone_only
+
+
+def test_the_probes_are_the_interactive_arrivals_cut_to_one_token() -> None:
+    sizes = BatchSizes()
+    probes, load = probe_plan(sizes, 0.5, 100.0, 1), sizes.interactive_plan(0.5, 100.0, 1)
+    assert [(p.at, p.adapter, p.prompt) for p in probes] == [
+        (p.at, p.adapter, p.prompt) for p in load
+    ]
+    assert probes and {p.max_tokens for p in probes} == {1}
+    assert parse(["--alone-only", "--probe-rate", "0.2"]).probe_rate == 0.2
+    assert parse([]).probe_rate == 0.0
 
 
 def test_nothing_measured_is_not_measured() -> None:
