@@ -107,14 +107,6 @@ class Settings(BaseSettings):
         "(prompt + max_tokens) of batch lines let into the engine per engine step, on "
         "average; one line is always let run. 0: no cap but the seats.",
     )
-    scheduler_batch_alone_step_tokens: int = Field(
-        256,
-        ge=0,
-        description="Fair scheduler: with no interactive request in the engine or waiting, the "
-        "worst-case tokens of batch lines let in per engine step, on average, so that the "
-        "step an arriving interactive request waits behind is short; a figure for the "
-        "engine's step cost, tuned on the CPU engine. 0: the window at once.",
-    )
     scheduler_max_queue_depth: int = Field(
         256,
         ge=1,

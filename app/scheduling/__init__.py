@@ -54,7 +54,6 @@ def admission_for(settings: Settings) -> Admission:
         max_constrained=settings.scheduler_max_constrained_per_tenant,
         batch_share=settings.scheduler_batch_share,
         batch_step_tokens=settings.scheduler_batch_step_tokens,
-        batch_alone_step_tokens=settings.scheduler_batch_alone_step_tokens,
     )
     return FairAdmission(
         queue,

@@ -64,16 +64,13 @@ class FairQueue:
         max_constrained: int = 1,
         batch_share: float = 1.0,
         batch_step_tokens: int = 0,
-        batch_alone_step_tokens: int = 0,
     ) -> None:
         self.window = window
         # Beside interactive requests, batch lines hold at most this share of the window (at
         # least one seat), and take at most ``batch_step_tokens`` worst-case tokens per engine
-        # step on average (0: no such cap); alone, the window less the headroom, and at most
-        # ``batch_alone_step_tokens`` a step (0: no such cap).
+        # step on average (0: no such cap); alone, neither.
         self.batch_share = batch_share
         self.batch_step_tokens = batch_step_tokens
-        self.batch_alone_step_tokens = batch_alone_step_tokens
         self.batch_in_flight = 0
         self._batch_credit = float(batch_step_tokens)
         self._interactive_waiting = 0
@@ -161,7 +158,7 @@ class FairQueue:
         ``steps`` steps' worth of tokens, never more than one step's in hand."""
         self._this_step = 0
         self._blocked = False
-        budget = self._batch_step_budget()
+        budget = self.batch_step_tokens
         self._batch_credit = min(float(budget), self._batch_credit + steps * budget)
 
     def started(self, ticket: Ticket) -> None:
@@ -398,28 +395,18 @@ class FairQueue:
     def _batch_may_go(self, seqs: int) -> bool:
         """Whether a batch line may go in: never while an interactive request waits (here or
         inside the engine); alone, into the window as any request; beside interactive
-        requests, into its seats; and while the lines' tokens for the engine's steps (their
-        share beside interactive requests, their own alone) last. One line at least is always
-        in flight: it keeps the engine's steps coming."""
+        requests, into its seats, and while the lines' share of the engine's steps has tokens
+        left (one line at least is always in flight: it keeps the engine's steps coming)."""
         if self.interactive_waiting():
             return False
         if self.batch_in_flight + seqs > self.batch_seats():
             return False
-        if not self._batch_step_capped():
-            return True
-        # Credit gathered alone is not spent beside interactive requests.
-        self._batch_credit = min(self._batch_credit, float(self._batch_step_budget()))
-        return self._batch_credit > 0 or not self.batch_in_flight
-
-    def _batch_step_budget(self) -> int:
-        """Batch lines' worst-case tokens per engine step now (0: no cap)."""
-        return self.batch_alone_step_tokens if self.batch_alone() else self.batch_step_tokens
+        return not self._batch_step_capped() or self._batch_credit > 0 or not self.batch_in_flight
 
     def _batch_step_capped(self) -> bool:
-        """Whether batch lines are held to their tokens per engine step now: where the engine
-        reports its steps, and a budget is set for the lines' state (beside interactive
-        requests, or alone)."""
-        return self._steps_reported and self._batch_step_budget() > 0
+        """Whether batch lines are held to their tokens per engine step now: only beside
+        interactive requests, and where the engine reports its steps."""
+        return self._steps_reported and self.batch_step_tokens > 0 and not self.batch_alone()
 
     def _take(self, name: str, waiting: Waiting) -> Waiting:
         state = self._tenants[name]

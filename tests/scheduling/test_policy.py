@@ -675,40 +675,6 @@ def test_beside_interactive_requests_batch_lines_take_their_tokens_per_engine_st
     assert request_ids([fair.pop(0.0), fair.pop(0.0)]) == ["a-line-5", None]
 
 
-def test_alone_batch_lines_take_their_own_tokens_per_engine_step() -> None:
-    fair = FairQueue(
-        window=32,
-        headroom=2,
-        quantum=SMALL,
-        max_adapter_wait=10.0,
-        max_loras=2,
-        batch_step_tokens=50,
-        batch_alone_step_tokens=300,
-    )
-    fair.pace(True)  # the engine reports its steps
-    for number in range(20):
-        fair.push(batch_line("a", number, cost=100), 0.0)
-    # Nothing interactive: 30 seats, but only the tokens in hand go in before the next step.
-    assert request_ids([fair.pop(0.0), fair.pop(0.0)]) == ["a-line-0", None]
-    assert fair.batch_alone() and fair.batch_seats() == 30
-    # Each step then lets 300 tokens' worth in (lines of 100), the credit never more than a
-    # step's however many steps pass unseen.
-    fair.new_step()
-    assert len(popped(fair)) == 3  # -50 + 300
-    fair.new_step(5)
-    assert len(popped(fair)) == 3
-    assert fair.batch_in_flight == 7
-    fair.new_step()  # 300 in hand
-    # An interactive request arrives and has its first token: beside it, the share's 50 a
-    # step, not the 300 the lines gathered alone.
-    fair.push(ticket("b", 0), 0.0)
-    interactive = fair.pop(0.0)
-    assert interactive is not None and interactive.waiting.ticket.tenant == "b"
-    fair.started(interactive.waiting.ticket)
-    assert request_ids([fair.pop(0.0), fair.pop(0.0)]) == ["a-line-7", None]
-    assert stepped(fair, 4) == [None, "a-line-8", None, "a-line-9"]
-
-
 def test_batch_lines_tokens_per_step_are_not_counted_alone_nor_without_step_reports() -> None:
     alone = batch_queue(8, step_tokens=50)
     alone.pace(True)
