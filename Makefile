@@ -147,8 +147,9 @@ bench-shadow: install model
 
 # Scenario (f): a batch through the Files and Batch APIs beside (a)'s interactive load at 50% of
 # saturation, and alone against its lines sent online (bench/batches.py; docs/performance.md,
-# the batches.* rows). Default: 3 rounds of a 2,000-line batch of 4-token lines; on a 2-core
-# CPU BENCH_ARGS="--batch-lines 800" keeps a round near 9 minutes, --quick is one round of 200.
+# the batches.* rows). Default: 3 rounds of a 2,000-line batch of (a)'s 32-token lines; on a
+# 2-core CPU BENCH_ARGS="--batch-lines 300 --line-tokens 4" keeps a round near 10 minutes,
+# --alone-only measures batches.alone alone, --quick is one round of 50 lines.
 bench-batches: install model
 	$(BIN)/python -m bench.batches $(BENCH_ARGS)
 

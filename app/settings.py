@@ -114,12 +114,6 @@ class Settings(BaseSettings):
         "(prompt + max_tokens) of batch lines let into the engine per engine step, on "
         "average; one line is always let run. 0: no cap but the seats.",
     )
-    scheduler_batch_idle_seconds: float = Field(
-        5.0,
-        ge=0,
-        description="Fair scheduler: how long no interactive request has been in the engine "
-        "or waiting before batch lines may fill the window as online requests do.",
-    )
     scheduler_max_queue_depth: int = Field(
         256,
         ge=1,

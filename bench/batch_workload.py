@@ -16,12 +16,13 @@ from bench.workload import Mix, PlannedRequest, WorkloadSpec, closed_plan, plan
 @dataclass(frozen=True)
 class BatchSizes:
     """What scenario (f) runs: a batch of ``lines`` lines over (a)'s adapters, popularity,
-    base-model share and prompts, each with ``line_tokens`` output tokens, beside (a)'s
-    interactive load at ``load`` of (a)'s saturation (measured at ``saturation_concurrency``).
-    The batch alone is compared with its lines sent online at ``online_concurrency``."""
+    base-model share and prompts, each with ``line_tokens`` output tokens ((a)'s own by
+    default, as issue #52 asks), beside (a)'s interactive load at ``load`` of (a)'s saturation
+    (measured at ``saturation_concurrency``). The batch alone is compared with its lines sent
+    online at ``online_concurrency``."""
 
     lines: int = 2000
-    line_tokens: int = 4
+    line_tokens: int = 32
     load: float = 0.5
     adapters: int = 32
     zipf: float = 1.0

@@ -9,6 +9,10 @@ tenant, granted them all. Each round, on that gateway:
 3. the same lines as a batch alone, through the official ``openai`` client: the file uploaded,
    the batch created and polled until ``completed``, its output and error files read back
    (one record per line; the batch's time runs from the upload to ``completed`` seen);
+   ``--alone-only`` runs only 2 and 3 (``batches.alone``, a few minutes); ``--probe-rate``
+   sends (a)'s requests cut to one output token at that rate beside the batch alone, and then
+   as long with no batch: how long an interactive request arriving at a batch alone waits for
+   its first token (the batch's ``batches.alone`` then counts the probes' interruptions);
 4. (a)'s interactive open loop at ``load`` of saturation, with the batch (submitted as it
    starts; arrivals stop once it has completed) and without it (for as long as the last
    run with it took), in alternating order from round to round.
@@ -70,6 +74,8 @@ from bench.workload import PlannedRequest
 
 BATCH_TENANT = "tenant-batch"
 TERMINAL = ("completed", "failed", "expired", "cancelled")
+PROBES_BESIDE = "f: one-token interactive probes beside the batch alone"
+PROBES_ALONE = "f: the same probes with no batch"
 POLL_SECONDS = 0.5
 DRAIN_SECONDS = 120.0
 
@@ -83,6 +89,10 @@ class BatchBenchConfig:
     out: Path = Path("bench/results")
     # More LORA_GATEWAY_* settings for the gateway (name without the prefix -> value).
     gateway_settings: tuple[tuple[str, str], ...] = ()
+    # Each round the lines online and the batch alone only: no interactive load.
+    alone_only: bool = False
+    # One-token interactive probes a second beside the batch alone, and as long without it.
+    probe_rate: float = 0.0
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -90,8 +100,8 @@ class BatchBenchConfig:
 
     @classmethod
     def quick(cls) -> BatchBenchConfig:
-        """One round of a 200-line batch (a few minutes on a 2-core CPU)."""
-        return cls(sizes=BatchSizes(lines=200), rounds=1)
+        """One round of a 50-line batch (a few minutes on a 2-core CPU)."""
+        return cls(sizes=BatchSizes(lines=50), rounds=1)
 
 
 @dataclass
@@ -248,6 +258,8 @@ async def one_round(
     """One round's samples, the interactive rate (set by round 1's saturation) and how long
     the run with the batch took (the run without it lasts as long)."""
     sizes = config.sizes
+    if config.alone_only:
+        return await online_and_alone(system, tenant, config, round_, say), rate, load_seconds
     records, wall = await run_closed_loop(
         system.base_url, system.name, BATCH_SATURATION, sizes.saturation_plan(),
         lambda p: system.call_for(p, adapters), concurrency=sizes.saturation_concurrency,
@@ -259,16 +271,7 @@ async def one_round(
         if rate <= 0:
             raise RuntimeError("(a) completed nothing at saturation")
     say(f"round {round_ + 1}: (a) at saturation {OUTPUT_TPS.of(saturation) or 0:.1f} tok/s")
-    records, wall = await run_closed_loop(
-        system.base_url, system.name, BATCH_ONLINE, sizes.batch_plan(), tenant.call_for,
-        concurrency=sizes.online_concurrency, timeout_seconds=config.timeout_seconds,
-    )  # fmt: skip
-    online = Sample(GATEWAY, BATCH_ONLINE, round_, tuple(records), wall)
-    say(f"round {round_ + 1}: lines online {OUTPUT_TPS.of(online) or 0:.1f} tok/s, {wall:.0f} s")
-    alone_run = await tenant.run(sizes, BATCH_ALONE, config.timeout_seconds)
-    alone = batch_sample(BATCH_ALONE, round_, alone_run)
-    say(f"round {round_ + 1}: batch alone {OUTPUT_TPS.of(alone) or 0:.1f} tok/s, "
-        f"{alone_run.seconds:.0f} s")  # fmt: skip
+    online, alone = await online_and_alone(system, tenant, config, round_, say)
     samples = [saturation, online, alone]
     # Without the batch first in odd rounds, for as long as the last run with it took.
     without: Sample | None = None
@@ -292,6 +295,80 @@ async def one_round(
         f"{beside_run.seconds:.0f} s; load TTFT p99 {_ms(TTFT_P99, load)} ms with, "
         f"{_ms(TTFT_P99, without)} ms without")  # fmt: skip
     return [*samples, beside, load, without, left], rate, load_seconds
+
+
+async def online_and_alone(
+    system: GatewaySystem,
+    tenant: BatchTenant,
+    config: BatchBenchConfig,
+    round_: int,
+    say: Callable[[str], None],
+) -> list[Sample]:
+    """The batch's lines sent online at saturation, then the same lines as a batch alone."""
+    sizes = config.sizes
+    records, wall = await run_closed_loop(
+        system.base_url, system.name, BATCH_ONLINE, sizes.batch_plan(), tenant.call_for,
+        concurrency=sizes.online_concurrency, timeout_seconds=config.timeout_seconds,
+    )  # fmt: skip
+    online = Sample(GATEWAY, BATCH_ONLINE, round_, tuple(records), wall)
+    say(f"round {round_ + 1}: lines online {OUTPUT_TPS.of(online) or 0:.1f} tok/s, {wall:.0f} s")
+    if config.probe_rate <= 0:
+        alone_run = await tenant.run(sizes, BATCH_ALONE, config.timeout_seconds)
+        probes: list[Sample] = []
+    else:
+        alone_run, probes = await alone_with_probes(system, tenant, config, round_)
+        say(f"round {round_ + 1}: probes' TTFT p99 {_ms(TTFT_P99, probes[0])} ms beside the "
+            f"batch alone, {_ms(TTFT_P99, probes[1])} ms without")  # fmt: skip
+    alone = batch_sample(BATCH_ALONE, round_, alone_run)
+    say(f"round {round_ + 1}: batch alone {OUTPUT_TPS.of(alone) or 0:.1f} tok/s, "
+        f"{alone_run.seconds:.0f} s")  # fmt: skip
+    return [online, alone, *probes]
+
+
+async def alone_with_probes(
+    system: GatewaySystem, tenant: BatchTenant, config: BatchBenchConfig, round_: int
+) -> tuple[BatchRun, list[Sample]]:
+    """The batch alone with one-token probes from (a)'s tenants at ``probe_rate`` from its
+    creation until it has completed, then the same probes with no batch, as long."""
+    done, created = asyncio.Event(), asyncio.Event()
+
+    async def batch() -> BatchRun:
+        try:
+            return await tenant.run(config.sizes, BATCH_ALONE, config.timeout_seconds, created)
+        finally:
+            created.set()
+            done.set()
+
+    running = asyncio.create_task(batch())
+    await created.wait()
+    timeout = config.timeout_seconds
+    beside = await probe(system, tenant, config, round_, PROBES_BESIDE, timeout, done)
+    run_ = await running
+    without = await probe(system, tenant, config, round_, PROBES_ALONE, run_.seconds)
+    return run_, [beside, without]
+
+
+def probe_plan(sizes: BatchSizes, rate: float, seconds: float, round_: int) -> list[PlannedRequest]:
+    """(a)'s open loop at ``rate`` for ``seconds``, each request cut to one output token: it
+    ends with its first token, so that the batch is alone again at once."""
+    return [replace(p, max_tokens=1) for p in sizes.interactive_plan(rate, seconds, round_)]
+
+
+async def probe(
+    system: GatewaySystem,
+    tenant: BatchTenant,
+    config: BatchBenchConfig,
+    round_: int,
+    point: str,
+    seconds: float,
+    until: asyncio.Event | None = None,
+) -> Sample:
+    plan = probe_plan(config.sizes, config.probe_rate, seconds, round_)
+    records, wall = await run_workload(
+        system.base_url, system.name, point, plan,
+        lambda p: system.call_for(p, tenant.adapters), drain_seconds=DRAIN_SECONDS, until=until,
+    )  # fmt: skip
+    return Sample(GATEWAY, point, round_, tuple(records), wall)
 
 
 def _ms(figure: Figure, sample: Sample) -> str:
@@ -318,8 +395,12 @@ def render(samples: Sequence[Sample], context: dict[str, Any]) -> tuple[str, lis
             if (settings := context.get("gateway_settings"))
             else []
         ),
-        f"- interactive rate: {context['rate']:.3f} req/s ({context['load']:.0%} of round 1's "
-        "saturation)",
+        (
+            f"- interactive rate: {context['rate']:.3f} req/s ({context['load']:.0%} of round "
+            "1's saturation)"
+            if context["rate"] is not None
+            else "- no interactive load (`--alone-only`): the lines online and the batch alone"
+        ),
         f"- the batch's time, upload to `completed` (s), by round: alone "
         f"{context['alone_seconds']}, beside the load {context['beside_seconds']}",
         f"- {BOOTSTRAP.format(draws=context['draws'], seed=context['seed'])}",
@@ -375,7 +456,8 @@ async def run(config: BatchBenchConfig, settings: Settings, command: str) -> Pat
             )
             samples += measured
             alone_seconds.append(next(s.wall_seconds for s in measured if s.point == BATCH_ALONE))
-            beside_seconds.append(load_seconds)
+            if load_seconds is not None:
+                beside_seconds.append(load_seconds)
     finally:
         await asyncio.to_thread(system.stop)
     context = {
@@ -389,7 +471,7 @@ async def run(config: BatchBenchConfig, settings: Settings, command: str) -> Pat
         "rate": rate,
         "load": config.sizes.load,
         "alone_seconds": ", ".join(f"{s:.0f}" for s in alone_seconds),
-        "beside_seconds": ", ".join(f"{s:.0f}" for s in beside_seconds),
+        "beside_seconds": ", ".join(f"{s:.0f}" for s in beside_seconds) or "-",
         "seed": config.sizes.seed,
         "draws": config.draws,
     }
@@ -430,15 +512,26 @@ def _sizes_text(sizes: BatchSizes) -> str:
 
 def parse(argv: Sequence[str] | None = None) -> BatchBenchConfig:
     parser = argparse.ArgumentParser(prog="python -m bench.batches", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="one round of a 200-line batch")
+    parser.add_argument("--quick", action="store_true", help="one round of a 50-line batch")
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--batch-lines", type=int, help="lines of the batch (default 2000)")
-    parser.add_argument("--line-tokens", type=int, help="output tokens of each line (default 4)")
+    parser.add_argument(
+        "--line-tokens", type=int, help="output tokens of each line (default 32, (a)'s)"
+    )
     parser.add_argument("--load", type=float, help="interactive load, share of saturation")
     parser.add_argument("--online-concurrency", type=int, help="the lines sent online")
     parser.add_argument(
         "--gateway-settings", type=settings_pairs, help="more LORA_GATEWAY_* settings, e.g. "
         "BATCH_CONCURRENCY=32",
+    )  # fmt: skip
+    parser.add_argument(
+        "--alone-only", action="store_true",
+        help="each round only the lines online and the batch alone (batches.alone)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--probe-rate", type=float,
+        help="one-token interactive probes a second beside the batch alone, then as long "
+        "without it",
     )  # fmt: skip
     parser.add_argument("--draws", type=int)
     parser.add_argument("--out", type=Path)
@@ -459,6 +552,8 @@ def parse(argv: Sequence[str] | None = None) -> BatchBenchConfig:
             ("draws", args.draws),
             ("out", args.out),
             ("gateway_settings", args.gateway_settings),
+            ("alone_only", args.alone_only or None),
+            ("probe_rate", args.probe_rate),
         )
         if value is not None
     }

@@ -54,7 +54,6 @@ def admission_for(settings: Settings) -> Admission:
         max_constrained=settings.scheduler_max_constrained_per_tenant,
         batch_share=settings.scheduler_batch_share,
         batch_step_tokens=settings.scheduler_batch_step_tokens,
-        batch_idle_seconds=settings.scheduler_batch_idle_seconds,
     )
     return FairAdmission(
         queue,

@@ -177,7 +177,7 @@ class FairAdmission:
 
     def _release(self, ticket: Ticket, held: float, used: int | None) -> None:
         self._mean_hold += HOLD_SMOOTHING * (held - self._mean_hold)
-        self.queue.done(ticket, used, self._clock())
+        self.queue.done(ticket, used)
         self._dispatch()
         if not self.queue.in_flight:
             self._idle.set()

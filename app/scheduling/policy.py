@@ -64,15 +64,13 @@ class FairQueue:
         max_constrained: int = 1,
         batch_share: float = 1.0,
         batch_step_tokens: int = 0,
-        batch_idle_seconds: float = 0.0,
     ) -> None:
         self.window = window
         # Beside interactive requests, batch lines hold at most this share of the window (at
         # least one seat), and take at most ``batch_step_tokens`` worst-case tokens per engine
-        # step on average (0: no such cap); alone for ``batch_idle_seconds``, neither.
+        # step on average (0: no such cap); alone, neither.
         self.batch_share = batch_share
         self.batch_step_tokens = batch_step_tokens
-        self.batch_idle_seconds = batch_idle_seconds
         self.batch_in_flight = 0
         self._batch_credit = float(batch_step_tokens)
         self._interactive_waiting = 0
@@ -80,9 +78,6 @@ class FairQueue:
         # Interactive requests in the engine with no first token yet: they wait there (for its
         # queue, a device slot, their prompt's step) and count as waiting for batch lines.
         self._unstarted: set[str] = set()
-        # When interactive requests were last in the engine or waiting (-inf: never).
-        self._interactive_until = -math.inf
-        self._now = 0.0  # the latest time the queue was told
         self._steps_reported = False
         self.max_constrained = max_constrained
         self.per_step = per_step
@@ -132,13 +127,9 @@ class FairQueue:
         return bool(self._interactive_waiting or self._unstarted)
 
     def batch_alone(self) -> bool:
-        """Whether batch lines have the engine to themselves: no interactive request in it or
-        waiting, nor any for ``batch_idle_seconds``."""
-        return (
-            not self._interactive_in_flight
-            and not self._interactive_waiting
-            and self._now - self._interactive_until >= self.batch_idle_seconds
-        )
+        """Whether batch lines have the engine to themselves: no interactive request is in it
+        or waiting. It holds from the moment the last one ends, and stops as one arrives."""
+        return not self._interactive_in_flight and not self._interactive_waiting
 
     def batch_seats(self) -> int:
         """The seats batch lines may hold now: the window less the headroom, alone; beside
@@ -183,7 +174,6 @@ class FairQueue:
         self._blocked = False
 
     def push(self, ticket: Ticket, now: float) -> Waiting:
-        self._tick(now)
         state = self._tenants.get(ticket.tenant)
         if state is None:
             state = self._tenants[ticket.tenant] = TenantState(0)
@@ -219,10 +209,6 @@ class FairQueue:
 
     def pop(self, now: float) -> Dispatch | None:
         """The next request to dispatch, if the window lets any in; it is then in flight."""
-        alone = self.batch_alone()
-        self._tick(now)
-        if not alone and self.batch_alone():
-            self._blocked = False  # batch lines' idle wait has passed: they may go
         if self.in_flight >= self.window or not self._backlogged or self._blocked:
             return None
         visiting = self._visiting
@@ -267,14 +253,12 @@ class FairQueue:
         self._pending.discard(winner)
         return Dispatch(self._take(winner, next_up), reason)
 
-    def done(self, ticket: Ticket, used: int | None, now: float | None = None) -> None:
-        """A dispatched request left the engine at ``now`` (None: the latest time the queue
-        was told), having used ``used`` tokens (None: unknown, charged its worst case)."""
+    def done(self, ticket: Ticket, used: int | None) -> None:
+        """A dispatched request left the engine, having used ``used`` tokens (None: unknown,
+        charged its worst case)."""
         state = self._tenants.get(ticket.tenant)
         if state is None:
             return
-        if now is not None:
-            self._tick(now)
         seqs = self._seqs(ticket)
         state.in_flight -= seqs
         self.in_flight -= seqs
@@ -283,8 +267,6 @@ class FairQueue:
         if ticket.interactive:
             self._unstarted.discard(ticket.request_id)
             self._interactive_in_flight -= seqs
-            if not self._interactive_in_flight:
-                self._interactive_until = self._now
         self._blocked = False
         self.affinity.finished(ticket.adapter)
         if ticket.constrained:
@@ -425,13 +407,6 @@ class FairQueue:
         """Whether batch lines are held to their tokens per engine step now: only beside
         interactive requests, and where the engine reports its steps."""
         return self._steps_reported and self.batch_step_tokens > 0 and not self.batch_alone()
-
-    def _tick(self, now: float) -> None:
-        """The time is ``now``: interactive requests in the engine or waiting move the time
-        batch lines' idle wait counts from."""
-        self._now = max(self._now, now)
-        if self._interactive_in_flight or self._interactive_waiting:
-            self._interactive_until = self._now
 
     def _take(self, name: str, waiting: Waiting) -> Waiting:
         state = self._tenants[name]

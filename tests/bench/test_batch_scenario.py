@@ -17,7 +17,7 @@ from bench.batch_workload import (
     custom_id,
     index_of,
 )
-from bench.batches import parse
+from bench.batches import parse, probe_plan, render
 from bench.client import CHAT_PATH, Call, RequestRecord, run_workload
 from bench.config import (
     BATCH_ALONE,
@@ -216,6 +216,34 @@ def test_a_failed_batch_line_misses_the_batch_targets_but_not_the_loads() -> Non
     assert got["batches.ttft"] == "met" and got["batches.tpot"] == "met"
 
 
+def test_alone_only_judges_the_batch_alone_and_reports_no_load() -> None:
+    samples = [s for s in run() if s.point in (BATCH_ONLINE, BATCH_ALONE)]
+    assert verdicts(samples) == {
+        "batches.ttft": "not measured", "batches.tpot": "not measured",
+        "batches.share": "not measured", "batches.alone": "met",
+    }  # fmt: skip
+    context = {
+        "command": "python -m bench.batches --alone-only", "started": "now", "wall_seconds": 1.0,
+        "machine": "m", "sizes": "s", "rate": None, "load": 0.5, "alone_seconds": "20, 20, 20",
+        "beside_seconds": "-", "seed": 0, "draws": 200,
+    }  # fmt: skip
+    text, targets = render(samples, context)
+    assert "no interactive load (`--alone-only`)" in text and len(targets) == 4
+    assert f"| {BATCH_ALONE} |" in text and f"| {INTERACTIVE_WITH} |" not in text
+    assert parse(["--alone-only"]).alone_only and not parse([]).alone_only
+
+
+def test_the_probes_are_the_interactive_arrivals_cut_to_one_token() -> None:
+    sizes = BatchSizes()
+    probes, load = probe_plan(sizes, 0.5, 100.0, 1), sizes.interactive_plan(0.5, 100.0, 1)
+    assert [(p.at, p.adapter, p.prompt) for p in probes] == [
+        (p.at, p.adapter, p.prompt) for p in load
+    ]
+    assert probes and {p.max_tokens for p in probes} == {1}
+    assert parse(["--alone-only", "--probe-rate", "0.2"]).probe_rate == 0.2
+    assert parse([]).probe_rate == 0.0
+
+
 def test_nothing_measured_is_not_measured() -> None:
     assert set(verdicts([]).values()) == {"not measured"}
 
@@ -224,7 +252,9 @@ def test_the_command_line_sets_the_sizes() -> None:
     config = parse(["--quick", "--batch-lines", "500", "--line-tokens", "2", "--rounds", "3"])
     assert (config.sizes.lines, config.sizes.line_tokens, config.rounds) == (500, 2, 3)
     assert parse([]).sizes.lines == 2000 and parse([]).rounds == 3
-    assert parse(["--quick"]).sizes.lines == 200
+    assert parse(["--quick"]).sizes.lines == 50
+    # The issue's lines: (a)'s output tokens, as its interactive requests have.
+    assert parse([]).sizes.line_tokens == parse([]).sizes.output_tokens == 32
     with pytest.raises(SystemExit):
         parse(["--load", "1.5"])
     settings = parse(["--gateway-settings", "BATCH_CONCURRENCY=64"]).gateway_settings

@@ -543,9 +543,7 @@ def batch_line(tenant: str, number: int, cost: int = SMALL) -> Ticket:
     )
 
 
-def batch_queue(
-    window: int, *, share: float = 1.0, step_tokens: int = 0, idle: float = 0.0
-) -> FairQueue:
+def batch_queue(window: int, *, share: float = 1.0, step_tokens: int = 0) -> FairQueue:
     return FairQueue(
         window=window,
         headroom=0,
@@ -554,7 +552,6 @@ def batch_queue(
         max_loras=2,
         batch_share=share,
         batch_step_tokens=step_tokens,
-        batch_idle_seconds=idle,
     )
 
 
@@ -612,7 +609,7 @@ def test_batch_lines_hold_their_share_of_the_window_beside_interactive_requests(
     assert request_ids([fair.pop(0.0)]) == ["a-line-4"]
 
 
-def test_a_batch_alone_fills_the_window_once_interactive_requests_are_gone_a_while() -> None:
+def test_a_batch_fills_the_window_as_soon_as_no_interactive_request_runs_or_waits() -> None:
     fair = FairQueue(
         window=8,
         headroom=2,
@@ -620,27 +617,32 @@ def test_a_batch_alone_fills_the_window_once_interactive_requests_are_gone_a_whi
         max_adapter_wait=10.0,
         max_loras=2,
         batch_share=0.5,
-        batch_idle_seconds=5.0,
     )
     for number in range(20):
         fair.push(batch_line("a", number), 0.0)
     # Nothing interactive: the window less its headroom, as any tenant alone.
     assert len(popped(fair)) == 6 and fair.batch_alone()
-    # An interactive request goes in (the headroom); lines that end are not replaced until
-    # the batch is back to its share.
+    # An interactive request arrives: the batch is held to its share from that moment, and
+    # the request goes in at once (the headroom).
     fair.push(ticket("b", 0), 1.0)
+    assert not fair.batch_alone()
     interactive = fair.pop(1.0)
     assert interactive is not None and not fair.batch_alone()
     fair.started(interactive.waiting.ticket)
+    # Lines that end are not replaced until the batch is back to its share.
     for number in range(3):
         fair.done(batch_line("a", number), None)
     assert fair.batch_in_flight == 3 and fair.batch_seats() == 4
     assert request_ids([fair.pop(1.0), fair.pop(1.0)]) == ["a-line-6", None]
-    # The interactive request ends at 2.0: the share holds for 5 s more, then the window.
-    fair.done(interactive.waiting.ticket, None, 2.0)
-    assert fair.pop(6.9) is None and not fair.batch_alone()
-    assert request_ids([fair.pop(7.0) for _ in range(3)]) == ["a-line-7", "a-line-8", None]
-    assert fair.batch_alone() and fair.batch_in_flight == 6
+    # The interactive request ends: the window is the batch's again at once, with no wait.
+    fair.done(interactive.waiting.ticket, None)
+    assert fair.batch_alone()
+    assert request_ids([fair.pop(1.0) for _ in range(3)]) == ["a-line-7", "a-line-8", None]
+    assert fair.batch_in_flight == 6
+    # One queued in the gateway (not yet in the engine) is enough to hold the lines back.
+    fair.push(ticket("b", 1), 1.0)
+    fair.done(batch_line("a", 3), None)
+    assert not fair.batch_alone() and request_ids([fair.pop(1.0)]) == ["b-1"]
 
 
 def stepped(fair: FairQueue, steps: int) -> list[str | None]:
