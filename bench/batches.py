@@ -254,9 +254,10 @@ async def one_round(
     rate: float | None,
     load_seconds: float | None,
     say: Callable[[str], None],
-) -> tuple[list[Sample], float, float]:
+) -> tuple[list[Sample], float | None, float | None]:
     """One round's samples, the interactive rate (set by round 1's saturation) and how long
-    the run with the batch took (the run without it lasts as long)."""
+    the run with the batch took (the run without it lasts as long); with ``alone_only``,
+    neither (no interactive load runs)."""
     sizes = config.sizes
     if config.alone_only:
         return await online_and_alone(system, tenant, config, round_, say), rate, load_seconds
