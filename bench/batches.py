@@ -218,6 +218,25 @@ async def interactive(
     return Sample(GATEWAY, point, round_, tuple(records), wall)
 
 
+async def started_batch(
+    tenant: BatchTenant, config: BatchBenchConfig, point: str
+) -> tuple[asyncio.Task[BatchRun], asyncio.Event]:
+    """A batch run as ``point``, once it has been created (or has failed to be): its task,
+    and an event set when it has ended."""
+    done, created = asyncio.Event(), asyncio.Event()
+
+    async def batch() -> BatchRun:
+        try:
+            return await tenant.run(config.sizes, point, config.timeout_seconds, created)
+        finally:
+            created.set()
+            done.set()
+
+    running = asyncio.create_task(batch())
+    await created.wait()
+    return running, done
+
+
 async def with_batch(
     system: GatewaySystem,
     adapters: Sequence[BenchAdapter],
@@ -227,17 +246,7 @@ async def with_batch(
     round_: int,
 ) -> tuple[Sample, BatchRun]:
     """The interactive load from the batch's creation until it has completed."""
-    done, created = asyncio.Event(), asyncio.Event()
-
-    async def batch() -> BatchRun:
-        try:
-            return await tenant.run(config.sizes, BATCH_BESIDE, config.timeout_seconds, created)
-        finally:
-            created.set()
-            done.set()
-
-    running = asyncio.create_task(batch())
-    await created.wait()
+    running, done = await started_batch(tenant, config, BATCH_BESIDE)
     load = await interactive(
         system, adapters, config.sizes, rate, config.timeout_seconds, round_,
         INTERACTIVE_WITH, until=done,
@@ -331,17 +340,7 @@ async def alone_with_probes(
 ) -> tuple[BatchRun, list[Sample]]:
     """The batch alone with one-token probes from (a)'s tenants at ``probe_rate`` from its
     creation until it has completed, then the same probes with no batch, as long."""
-    done, created = asyncio.Event(), asyncio.Event()
-
-    async def batch() -> BatchRun:
-        try:
-            return await tenant.run(config.sizes, BATCH_ALONE, config.timeout_seconds, created)
-        finally:
-            created.set()
-            done.set()
-
-    running = asyncio.create_task(batch())
-    await created.wait()
+    running, done = await started_batch(tenant, config, BATCH_ALONE)
     timeout = config.timeout_seconds
     beside = await probe(system, tenant, config, round_, PROBES_BESIDE, timeout, done)
     run_ = await running
