@@ -139,7 +139,7 @@ class OtlpExport:
     def submit(self, finished: FinishedTrace) -> None:
         # Encoded here rather than in the thread: the queue holds bytes, which the garbage
         # collector never follows, and the thread takes the interpreter's lock only to send.
-        spans = len(finished.spans)
+        spans = finished.span_count
         encoded = otlp.spans(finished)
         with self._lock:
             queued = self._queued

@@ -13,7 +13,7 @@ from typing import Any, Final
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.util.types import AttributeValue
 
-from app.tracing.records import FinishedTrace, SpanRecord
+from app.tracing.records import INTERNAL, ROW, FinishedTrace, SpanRecord
 
 # Span's fields (opentelemetry/proto/trace/v1/trace.proto): trace_id 1, span_id 2,
 # trace_state 3, parent_span_id 4, name 5, kind 6, start 7 and end 8 (fixed64), attributes 9,
@@ -85,29 +85,48 @@ def _any_value(value: Any) -> bytes:
     return _sequence(value)
 
 
-_pairs: dict[tuple[bytes, str, type, AttributeValue], bytes] = {}
+_MAX_KEPT_PER_KEY: Final = 1024
+_kept: dict[tuple[bytes, str], dict[object, bytes]] = {}
+"""Encoded ``KeyValue`` fields by field tag and key, then by value: strings and ints as
+themselves, booleans as :data:`_TRUE` or :data:`_FALSE` (``True == 1`` as a key)."""
+_TRUE: Final = object()
+_FALSE: Final = object()
 
 
 def _attribute(tag: bytes, key: str, value: AttributeValue) -> bytes:
-    """The ``KeyValue`` (key 1, value 2) field ``tag``. Most of a request's attributes
-    (tenants, keys, models, the short lists names come from, token counts) recur from one
-    request to the next: they are kept once encoded, up to a bound."""
-    kind = type(value)
-    cacheable = kind is str or kind is int or kind is bool
-    if cacheable and (field := _pairs.get((tag, key, kind, value))) is not None:
-        return field
+    """The ``KeyValue`` (key 1, value 2) field ``tag``."""
     pair = _string_field(b"\x0a", key) + _delimited(b"\x12", _any_value(value))
-    field = _delimited(tag, pair)
-    if cacheable:
-        if len(_pairs) >= _MAX_CACHED:
-            _pairs.clear()
-        _pairs[(tag, key, kind, value)] = field
-    return field
+    return _delimited(tag, pair)
 
 
 def attributes(tag: bytes, values: Mapping[str, AttributeValue]) -> bytes:
-    """``values`` as the repeated ``KeyValue`` field ``tag``."""
-    return b"".join([_attribute(tag, key, value) for key, value in values.items()])
+    """``values`` as the repeated ``KeyValue`` field ``tag``. Most of a request's attributes
+    (tenants, keys, models, the short lists names come from, token counts) recur from one
+    request to the next: strings, ints and booleans are kept once encoded, up to a bound per
+    key."""
+    fields = []
+    for key, value in values.items():
+        kind = type(value)
+        if kind is str or kind is int:
+            kept_as: object = value
+        elif kind is bool:
+            kept_as = _TRUE if value else _FALSE
+        else:
+            fields.append(_attribute(tag, key, value))
+            continue
+        kept = _kept.get((tag, key))
+        if kept is None:
+            if len(_kept) >= _MAX_CACHED:
+                _kept.clear()
+            kept = _kept[(tag, key)] = {}
+        field = kept.get(kept_as)
+        if field is None:
+            field = _attribute(tag, key, value)
+            if len(kept) >= _MAX_KEPT_PER_KEY:
+                kept.clear()
+            kept[kept_as] = field
+        fields.append(field)
+    return b"".join(fields)
 
 
 _names: dict[tuple[str, int, int], bytes] = {}
@@ -152,17 +171,57 @@ def _span(trace: bytes, span: SpanRecord, flags: int) -> bytes:
     return _delimited(b"\x12", b"".join(parts))
 
 
+_children: dict[tuple[str, int], tuple[struct.Struct, bytes]] = {}
+
+
+def _child_layout(name: str, trace_field: int) -> tuple[struct.Struct, bytes]:
+    """How a child span ``name`` that carries no attributes is written, in a trace whose
+    trace id (and state) field is ``trace_field`` bytes long: its length is fixed, so its
+    ``ScopeSpans.spans`` tag and length, name, kind, flags and status are one constant
+    ``lead``, then come the trace's field, its ids and its times (one ``struct`` pack)."""
+    layout = _children.get((name, trace_field))
+    if layout is None:
+        constant = _constant_part(name, INTERNAL, _HAS_IS_REMOTE) + _UNSET_STATUS
+        length = len(constant) + trace_field + 2 * 10 + 2 * 9  # ids, times: tag and value
+        lead = b"\x12" + _varint(length) + constant
+        packing = struct.Struct(f"<{len(lead)}s{trace_field}s2s8s2s8sBQBQ")
+        layout = (packing, lead)
+        if len(_children) < _MAX_CACHED:
+            _children[(name, trace_field)] = layout
+    return layout
+
+
 def spans(finished: FinishedTrace) -> bytes:
     """The trace's spans, each as a ``ScopeSpans.spans`` field, its children first and the
     request's last (as :func:`app.tracing.sinks.readable_spans` orders them)."""
     trace = b"\x0a\x10" + finished.trace_id.to_bytes(16, "big")
     if finished.trace_state:
         trace += _string_field(b"\x1a", finished.trace_state.to_header())
-    root, *children = finished.spans
+    parts = []
+    rows, failures, size = finished.children, finished.failures, len(trace)
+    for at in range(0, len(rows), ROW):
+        name, span_id, parent_id, start, end = rows[at : at + ROW]
+        if (failures and span_id in failures) or not parent_id:
+            parts.append(_span(trace, finished.child(at), _HAS_IS_REMOTE))
+            continue
+        packing, lead = _child_layout(name, size)
+        parts.append(
+            packing.pack(
+                lead,
+                trace,
+                b"\x12\x08",
+                span_id.to_bytes(8, "big"),
+                b"\x22\x08",
+                parent_id.to_bytes(8, "big"),
+                0x39,
+                start,
+                0x41,
+                end,
+            )
+        )
     remote = _HAS_IS_REMOTE | (_IS_REMOTE if finished.remote_parent is not None else 0)
-    return b"".join(_span(trace, span, _HAS_IS_REMOTE) for span in children) + _span(
-        trace, root, remote
-    )
+    parts.append(_span(trace, finished.root, remote))
+    return b"".join(parts)
 
 
 def envelope(resource: Resource, scope: str, version: str) -> Callable[[bytes], bytes]:

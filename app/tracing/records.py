@@ -1,18 +1,28 @@
 """A finished request's spans as plain data (:class:`FinishedTrace`), what
 :mod:`app.tracing.request` records and the sinks (:mod:`app.tracing.sinks`) export: no
-OpenTelemetry span object is made on the request path."""
+OpenTelemetry span object is made on the request path.
+
+The request's own span is a :class:`SpanRecord`; its children, which carry no attributes
+unless they failed, are rows of one flat list (:data:`ROW` fields each), so that a traced
+request in flight holds a few objects for the garbage collector to follow, not one per span."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, NamedTuple
 
 from opentelemetry.trace import SpanContext, TraceState
 from opentelemetry.util.types import AttributeValue
 
+from app.tracing.names import ERROR_TYPE
+
 SERVER: Final = 2
 """OTLP's ``SPAN_KIND_SERVER`` (the request's span); every other span is ``INTERNAL`` (1)."""
 INTERNAL: Final = 1
+ROW: Final = 5
+"""A child span's fields in :attr:`FinishedTrace.children`: its name, its span id, its
+parent's span id, its start and its end (ns since the epoch)."""
 
 
 class SpanRecord:
@@ -52,12 +62,67 @@ class SpanRecord:
         self.message: str | None = None
 
 
+class Failure(NamedTuple):
+    """How a child span failed: its status's message, if any, and its ``error.type``."""
+
+    message: str | None
+    error_type: str
+
+
 @dataclass(frozen=True, slots=True)
 class FinishedTrace:
-    """A request's ended spans, its own (the first) and its children, in one trace; the
-    request span's parent, where it has one, came with the request (``remote_parent``)."""
+    """A request's ended spans in one trace: its own (``root``, whose parent, where it has
+    one, came with the request: ``remote_parent``) and its children, as rows of
+    ``children`` (:data:`ROW`); the children that failed, by span id, in ``failures``."""
 
     trace_id: int
     trace_state: TraceState | None
     remote_parent: SpanContext | None
-    spans: list[SpanRecord]
+    root: SpanRecord
+    children: list[Any]
+    failures: dict[int, Failure] | None = None
+
+    @classmethod
+    def of(
+        cls,
+        trace_id: int,
+        trace_state: TraceState | None,
+        remote_parent: SpanContext | None,
+        spans: Sequence[SpanRecord],
+    ) -> FinishedTrace:
+        """The trace of ``spans``, the request's first; a child's only attribute may be the
+        ``error.type`` of its failure."""
+        root, *children = spans
+        rows: list[Any] = []
+        failures: dict[int, Failure] = {}
+        for span in children:
+            rows += (span.name, span.span_id, span.parent_id, span.start, span.end)
+            attributes = dict(span.attributes or {})
+            error_type = attributes.pop(ERROR_TYPE, None)
+            if attributes or (error_type is not None and not span.failed):
+                raise ValueError(
+                    f"{span.name}: a child span carries no attributes but its failure's"
+                )
+            if span.failed:
+                failures[span.span_id] = Failure(span.message, str(error_type or "_OTHER"))
+        return cls(trace_id, trace_state, remote_parent, root, rows, failures or None)
+
+    @property
+    def span_count(self) -> int:
+        return 1 + len(self.children) // ROW
+
+    @property
+    def spans(self) -> list[SpanRecord]:
+        """Every span as a :class:`SpanRecord`, the request's first."""
+        return [self.root, *(self.child(at) for at in range(0, len(self.children), ROW))]
+
+    def child(self, at: int) -> SpanRecord:
+        """The child whose row begins at ``at`` in :attr:`children`, as a :class:`SpanRecord`."""
+        name, span_id, parent_id, start, end = self.children[at : at + ROW]
+        record = SpanRecord(name, span_id, parent_id, start)
+        record.end = end
+        failure = self.failures.get(span_id) if self.failures else None
+        if failure is not None:
+            record.failed, record.message = True, failure.message
+            record.attributes = {ERROR_TYPE: failure.error_type}
+        return record

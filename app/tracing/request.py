@@ -15,14 +15,15 @@ The tree (docs/operations.md, "Traces")::
     │   └── engine.rest            ... then the rest
     └── settlement
 
-No OpenTelemetry span is made on the request path: a span is a :class:`SpanRecord` of its
-name, ids and times, and the request's trace goes to the sinks (:mod:`app.tracing.sinks`) in
-one piece once it has ended. The sampler decides once, as the request arrives, on its trace
-id; an unsampled request records nothing (:class:`RequestTrace`'s methods do nothing but
-hand on its trace context). Nothing is recorded per streamed token: the engine's two children
-are made once the run has ended, from the times it noted. With tracing off (:func:`use`
-``None``), :func:`start` returns ``None`` and no other function here is reached on the
-request path.
+No OpenTelemetry span is made on the request path: the request's span is a
+:class:`SpanRecord`, each child a row of its name, ids and times in one list
+(:mod:`app.tracing.records`), and the request's trace goes to the sinks
+(:mod:`app.tracing.sinks`) in one piece once it has ended. The sampler decides once, as the
+request arrives, on its trace id; an unsampled request records nothing
+(:class:`RequestTrace`'s methods do nothing but hand on its trace context). Nothing is
+recorded per streamed token: the engine's two children are made once the run has ended,
+from the times it noted. With tracing off (:func:`use` ``None``), :func:`start` returns
+``None`` and no other function here is reached on the request path.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from opentelemetry.util.types import AttributeValue
 
 from app.errors import GatewayError
 from app.tracing import names
-from app.tracing.records import SERVER, FinishedTrace, SpanRecord
+from app.tracing.records import SERVER, Failure, FinishedTrace, SpanRecord
 from app.tracing.sinks import Sink
 
 if TYPE_CHECKING:
@@ -199,8 +200,9 @@ class RequestTrace:
             headers["tracestate"] = state
         return headers
 
-    def begin(self, name: str, under: str | None = None) -> SpanRecord | None:
-        """Open the child span ``name``, under the open span ``under`` or the request's."""
+    def begin(self, name: str, under: str | None = None) -> int | None:
+        """Open the child span ``name``, under the open span ``under`` or the request's; its
+        span id (``None``: not recorded)."""
         return None
 
     def end(self, name: str, failure: BaseException | None = None) -> None:
@@ -255,21 +257,23 @@ class RequestTrace:
 
 
 class RecordedTrace(RequestTrace):
-    """A sampled request's trace: its spans recorded as :class:`SpanRecord` s, handed to the
-    sinks as one :class:`FinishedTrace` once the request has ended (nothing recorded
-    after that)."""
+    """A sampled request's trace: its own span a :class:`SpanRecord`, its children rows of one
+    list (:data:`app.tracing.records.ROW`), handed to the sinks as one
+    :class:`FinishedTrace` once the request has ended (nothing recorded after that)."""
 
     __slots__ = (
+        "_attributes",
+        "_children",
         "_closing",
         "_ended",
         "_engine_began",
         "_failed",
+        "_failures",
         "_open",
         "_operation",
         "_remote",
         "_root",
         "_settling",
-        "_spans",
     )
 
     sampled = True
@@ -289,35 +293,33 @@ class RecordedTrace(RequestTrace):
         self._operation = operation
         parent_id = remote.span_id if remote is not None else 0
         self._root = SpanRecord(operation, span_id, parent_id, time.time_ns(), SERVER, attributes)
-        self._spans = [self._root]
-        self._open: dict[str, SpanRecord] = {}
+        self._attributes = attributes
+        self._children: list[Any] = []
+        self._open: dict[str, int] = {}
+        """The open children: where each one's row begins in ``_children``."""
+        self._failures: dict[int, Failure] | None = None
         self._closing = self._settling = self._failed = self._ended = False
         self._engine_began = 0.0
 
-    @property
-    def _attributes(self) -> dict[str, AttributeValue]:
-        attributes = self._root.attributes
-        assert attributes is not None
-        return attributes
-
-    def begin(self, name: str, under: str | None = None) -> SpanRecord | None:
+    def begin(self, name: str, under: str | None = None) -> int | None:
         if self._ended:
             return None
-        parent = self._open.get(under, self._root) if under is not None else self._root
-        span = SpanRecord(
-            name, self._tracing.ids.generate_span_id(), parent.span_id, time.time_ns()
-        )
-        self._spans.append(span)
-        self._open[name] = span
-        return span
+        children = self._children
+        parent = self._span_id
+        if under is not None and (at := self._open.get(under)) is not None:
+            parent = children[at + 1]
+        span_id: int = self._tracing.ids.generate_span_id()
+        self._open[name] = len(children)
+        children += (name, span_id, parent, time.time_ns(), 0)
+        return span_id
 
     def end(self, name: str, failure: BaseException | None = None) -> None:
-        span = self._open.pop(name, None)
-        if span is None:
+        at = self._open.pop(name, None)
+        if at is None:
             return
         if failure is not None:
-            _fail(span, failure)
-        span.end = time.time_ns()
+            self._fail_child(at, failure)
+        self._children[at + 4] = time.time_ns()
         if name == names.SETTLEMENT:
             self._settling = False
             if self._closing:
@@ -355,7 +357,7 @@ class RecordedTrace(RequestTrace):
         self._engine_began = time.monotonic()
         if engine is None:
             return super().admitted(queue_wait)
-        return self._headers(engine.span_id)
+        return self._headers(engine)
 
     def expect_settlement(self) -> None:
         self._settling = True
@@ -374,24 +376,23 @@ class RecordedTrace(RequestTrace):
             attributes[names.FINISH_REASONS] = (finish_reason,)
         engine = self._open.pop(names.ENGINE, None)
         if engine is not None:
+            children = self._children
             if first_token_at is not None:
                 # time.monotonic's readings as times since the epoch, as a span's are.
                 offset = time.time_ns() - int(time.monotonic() * 1e9)
                 began = int(self._engine_began * 1e9) + offset
                 first = int(first_token_at * 1e9) + offset
                 last = max(first, int((last_token_at or time.monotonic()) * 1e9) + offset)
-                self._child(names.FIRST_TOKEN, engine, began, first)
-                self._child(names.REST, engine, first, last)
+                ids, engine_id = self._tracing.ids, children[engine + 1]
+                children += (
+                    *(names.FIRST_TOKEN, ids.generate_span_id(), engine_id, began, first),
+                    *(names.REST, ids.generate_span_id(), engine_id, first, last),
+                )
             if outcome == "error" and failure is not None:
-                _fail(engine, failure)
-            engine.end = time.time_ns()
+                self._fail_child(engine, failure)
+            children[engine + 4] = time.time_ns()
         if outcome == "error":
             self.failed(failure)
-
-    def _child(self, name: str, parent: SpanRecord, start: int, end: int) -> None:
-        span = SpanRecord(name, self._tracing.ids.generate_span_id(), parent.span_id, start)
-        span.end = end
-        self._spans.append(span)
 
     def used(self, prompt_tokens: int, completion_tokens: int) -> None:
         attributes = self._attributes
@@ -402,10 +403,16 @@ class RecordedTrace(RequestTrace):
         if self._failed:
             return
         self._failed = True
-        for span in (self._root, *self._open.values()):
-            _fail(span, failure)
+        _fail(self._root, failure)
+        for at in self._open.values():
+            self._fail_child(at, failure)
         if isinstance(failure, GatewayError):
             self._attributes[names.STATUS_CODE] = failure.status_code
+
+    def _fail_child(self, at: int, failure: BaseException | None) -> None:
+        if self._failures is None:
+            self._failures = {}
+        self._failures[self._children[at + 1]] = Failure(_message(failure), _error_type(failure))
 
     def close(self) -> None:
         self._closing = True
@@ -417,14 +424,17 @@ class RecordedTrace(RequestTrace):
             return
         self._ended = True
         now = time.time_ns()
-        for span in self._open.values():
-            span.end = now
+        children = self._children
+        for at in self._open.values():
+            children[at + 4] = now
         self._open.clear()
         self._root.end = now
-        finished = FinishedTrace(self._trace_id, self._trace_state, self._remote, self._spans)
-        # The request's objects often end as a reference cycle, which only the garbage
-        # collector's full collection frees: its spans are let go now, not kept that long.
-        self._spans = []
+        finished = FinishedTrace(
+            self._trace_id, self._trace_state, self._remote, self._root, children, self._failures
+        )
+        # The sinks have the spans now: the trace, which may live on with the request's
+        # objects, lets them go.
+        self._children = []
         for sink in self._tracing.sinks:
             sink.submit(finished)
 
@@ -451,14 +461,21 @@ class _Step:
         self._trace.end(self._name, failure)
 
 
+def _message(failure: BaseException | None) -> str | None:
+    return failure.message if isinstance(failure, GatewayError) else None
+
+
+def _error_type(failure: BaseException | None) -> str:
+    return error_type(failure) if failure is not None else "_OTHER"
+
+
 def _fail(span: SpanRecord, failure: BaseException | None) -> None:
     span.failed = True
-    span.message = failure.message if isinstance(failure, GatewayError) else None
-    kind = error_type(failure) if failure is not None else "_OTHER"
+    span.message = _message(failure)
     if span.attributes is None:
-        span.attributes = {names.ERROR_TYPE: kind}
+        span.attributes = {names.ERROR_TYPE: _error_type(failure)}
     else:
-        span.attributes[names.ERROR_TYPE] = kind
+        span.attributes[names.ERROR_TYPE] = _error_type(failure)
 
 
 class PhaseSpans:

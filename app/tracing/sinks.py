@@ -33,12 +33,13 @@ def readable_spans(
 ) -> list[ReadableSpan]:
     """The trace as the SDK's spans, its children first and the request's last."""
     trace_id, state = finished.trace_id, finished.trace_state
+    records = finished.spans
     contexts = {
         span.span_id: SpanContext(trace_id, span.span_id, False, _SAMPLED, state)
-        for span in finished.spans
+        for span in records
     }
     out = []
-    root, *children = finished.spans
+    root, *children = records
     for span in (*children, root):
         parent = finished.remote_parent if span is root else contexts.get(span.parent_id)
         status = Status(StatusCode.ERROR, span.message) if span.failed else _UNSET

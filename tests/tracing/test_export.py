@@ -33,7 +33,7 @@ ENVELOPE = otlp.envelope(Resource.create({"service.name": "gw-test"}), SCOPE.nam
 def finished(trace_id: int, spans: int = 3) -> FinishedTrace:
     root = SpanRecord("chat m", 1, 0, 1_000, SERVER, {"lora_gateway.tenant.id": "t"})
     children = [SpanRecord(f"step{n}", n + 2, 1, 1_000 + n) for n in range(spans - 1)]
-    return FinishedTrace(trace_id, None, None, [root, *children])
+    return FinishedTrace.of(trace_id, None, None, [root, *children])
 
 
 def span_count(request: bytes) -> int:

@@ -53,7 +53,7 @@ def trace_of(*, remote: bool, failed: bool, state: TraceState | None) -> Finishe
         root.failed, root.message = True, "The model `nope` does not exist."
         root.attributes = {**ATTRIBUTES, "error.type": "model_not_found"}
         child.failed, child.attributes = True, {"error.type": "RuntimeError"}
-    return FinishedTrace(trace_id, state, parent, [root, child, grandchild])
+    return FinishedTrace.of(trace_id, state, parent, [root, child, grandchild])
 
 
 @pytest.mark.parametrize(

@@ -49,5 +49,5 @@ def test_an_ended_trace_holds_none_of_the_spans_it_handed_on() -> None:
         names.ADMISSION,
         names.ENGINE,
     ]
-    assert gc.get_referrers(finished.spans) == [finished]  # the sink's, no longer the trace's
+    assert gc.get_referrers(finished.children) == [finished]  # the sink's, no longer the trace's
     assert trace.trace_id  # the trace itself lives on, as the request's objects may
