@@ -9,6 +9,10 @@ receiver on loopback), each round. Each phase reads the CPU time of the event lo
 and of the export thread (their own clocks: the receiver's threads in this process are not
 counted). Tracing's cost is the traced phase's, both threads, less the untraced phase's loop.
 
+Each phase also counts the garbage collector's work (``gc.callbacks``): its CPU time, in
+whichever thread a collection ran, the collections of each generation and the objects they
+freed (garbage in reference cycles, which only a collection frees), per request.
+
 Where :mod:`tools.trace_cost` times tracing's calls alone (the code and its data warm, nothing
 between two requests), this times them among the app's own work, with its garbage collector
 and caches; and where ``make gateway-cost --tracing`` compares two gateway processes under
@@ -26,6 +30,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +46,35 @@ SETTLE_SECONDS = 0.3
 """After a phase, the time its last requests get to settle, inside the measured window."""
 
 
+class Collections:
+    """The garbage collector's work while :meth:`counting`, by generation: the CPU seconds of
+    its collections (each timed in the thread that ran it) and how many; and the objects they
+    found unreachable."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.runs = [0, 0, 0]
+        self.freed = 0
+        self._began = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.thread_time()
+            return
+        generation = info["generation"]
+        self.seconds[generation] += time.thread_time() - self._began
+        self.runs[generation] += 1
+        self.freed += info["collected"]
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[Collections]:
+        gc.callbacks.append(self._callback)
+        try:
+            yield self
+        finally:
+            gc.callbacks.remove(self._callback)
+
+
 def _thread_cpu(thread: threading.Thread) -> float:
     assert thread.ident is not None
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
@@ -52,16 +86,27 @@ async def _phase(
     streams: int,
     each: int,
     exporter: threading.Thread,
-) -> tuple[float, float]:
-    """CPU seconds per request of the loop's thread and of the export thread."""
+) -> tuple[float, float, Collections]:
+    """CPU seconds per request of the loop's thread and of the export thread, and the
+    collector's work in the phase."""
     scope, body = call
-    loop_before, export_before = time.thread_time(), _thread_cpu(exporter)
-    await in_process._phase(app, scope, body, streams, each)
-    await asyncio.sleep(SETTLE_SECONDS)
+    with Collections().counting() as collections:
+        loop_before, export_before = time.thread_time(), _thread_cpu(exporter)
+        await in_process._phase(app, scope, body, streams, each)
+        await asyncio.sleep(SETTLE_SECONDS)
+        loop, exported = time.thread_time() - loop_before, _thread_cpu(exporter) - export_before
     requests = streams * each
+    return loop / requests, exported / requests, collections
+
+
+def _collected(collections: Collections, requests: int) -> str:
+    each = "/".join(
+        f"{seconds / requests * 1e6:.1f} us in {runs}"
+        for seconds, runs in zip(collections.seconds, collections.runs, strict=True)
+    )
     return (
-        (time.thread_time() - loop_before) / requests,
-        (_thread_cpu(exporter) - export_before) / requests,
+        f"{sum(collections.seconds) / requests * 1e6:.1f} us ({each}, gen 0/1/2), "
+        f"{collections.freed / requests:.1f} objects freed"
     )
 
 
@@ -85,15 +130,21 @@ async def measure(args: argparse.Namespace, url: str, workdir: Path) -> dict[str
             gc.freeze()  # as the server does once the engine has started
             for number in range(args.rounds):
                 tracing.install(None)
-                off, _ = await _phase(app, call, args.streams, each, exporter)
+                off, _, off_gc = await _phase(app, call, args.streams, each, exporter)
                 tracing.install(provider, sinks)
-                on, exported = await _phase(app, call, args.streams, each, exporter)
+                on, exported, on_gc = await _phase(app, call, args.streams, each, exporter)
                 tracing.install(None)
                 rows.append((on - off, exported, on + exported - off))
                 print(
                     f"round {number + 1}: loop {off * 1e6:.0f} us untraced, {on * 1e6:.0f} "
                     f"traced; export thread {exported * 1e6:.1f}; tracing "
                     f"{rows[-1][2] * 1e6:.1f} us a request",
+                    flush=True,
+                )
+                requests = args.streams * each
+                print(
+                    f"  the collector, a request: untraced {_collected(off_gc, requests)}; "
+                    f"traced {_collected(on_gc, requests)}",
                     flush=True,
                 )
     finally:
