@@ -156,6 +156,25 @@ def error_type(failure: BaseException) -> str:
     return type(failure).__qualname__
 
 
+_FLAGS: Final = (TraceFlags(TraceFlags.DEFAULT), TraceFlags(TraceFlags.SAMPLED))
+"""The trace flags of a request's span, by whether it is sampled."""
+
+
+class _RequestSpan(NonRecordingSpan):
+    """The request's span as the OpenTelemetry API sees it, current in the request: its
+    :class:`SpanContext` is made only when something asks for it (most requests never do),
+    so that a request in flight holds fewer objects for the garbage collector to follow."""
+
+    def __init__(self, request: RequestTrace) -> None:  # its context is made when asked for
+        self._request = request
+
+    def get_span_context(self) -> SpanContext:
+        return self._request.span_context()
+
+    def __repr__(self) -> str:
+        return f"_RequestSpan({self.get_span_context()!r})"
+
+
 class RequestTrace:
     """A request's trace that is not sampled: its context (the request's span's, current in
     the request: :meth:`attach`, and the engine's, handed on: :meth:`admitted`) and nothing
@@ -182,11 +201,14 @@ class RequestTrace:
         """The request's trace id, 32 hex digits (as the access log and the logs name it)."""
         return format(self._trace_id, "032x")
 
+    def span_context(self) -> SpanContext:
+        """The request's span's context."""
+        flags = _FLAGS[self.sampled]
+        return SpanContext(self._trace_id, self._span_id, False, flags, self._trace_state)
+
     def attach(self) -> Token[Context]:
         """Make the request's span current in this context; the token to :meth:`detach`."""
-        flags = TraceFlags(TraceFlags.SAMPLED if self.sampled else TraceFlags.DEFAULT)
-        span = SpanContext(self._trace_id, self._span_id, False, flags, self._trace_state)
-        return context.attach(trace.set_span_in_context(NonRecordingSpan(span)))
+        return context.attach(trace.set_span_in_context(_RequestSpan(self)))
 
     @staticmethod
     def detach(token: Token[Context]) -> None:
