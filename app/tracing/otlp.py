@@ -87,23 +87,33 @@ def _any_value(value: Any) -> bytes:
 
 _MAX_KEPT_PER_KEY: Final = 1024
 _kept: dict[tuple[bytes, str], dict[object, bytes]] = {}
-"""Encoded ``KeyValue`` fields by field tag and key, then by value: strings and ints as
-themselves, booleans as :data:`_TRUE` or :data:`_FALSE` (``True == 1`` as a key)."""
+"""Encoded ``KeyValue`` fields by field tag and key, then by value: strings, ints and tuples
+of strings as themselves, booleans as :data:`_TRUE` or :data:`_FALSE` (``True == 1`` as a
+key)."""
 _TRUE: Final = object()
 _FALSE: Final = object()
 
 
+_key_fields: dict[str, bytes] = {}
+
+
 def _attribute(tag: bytes, key: str, value: AttributeValue) -> bytes:
     """The ``KeyValue`` (key 1, value 2) field ``tag``."""
-    pair = _string_field(b"\x0a", key) + _delimited(b"\x12", _any_value(value))
-    return _delimited(tag, pair)
+    key_field = _key_fields.get(key)
+    if key_field is None:
+        key_field = _string_field(b"\x0a", key)
+        if len(_key_fields) < _MAX_CACHED:
+            _key_fields[key] = key_field
+    encoded = _any_value(value)
+    pair = key_field + b"\x12" + _varint(len(encoded)) + encoded
+    return tag + _varint(len(pair)) + pair
 
 
 def attributes(tag: bytes, values: Mapping[str, AttributeValue]) -> bytes:
     """``values`` as the repeated ``KeyValue`` field ``tag``. Most of a request's attributes
     (tenants, keys, models, the short lists names come from, token counts) recur from one
-    request to the next: strings, ints and booleans are kept once encoded, up to a bound per
-    key."""
+    request to the next: strings, ints, booleans and tuples of strings are kept once encoded,
+    up to a bound per key."""
     fields = []
     for key, value in values.items():
         kind = type(value)
@@ -111,6 +121,8 @@ def attributes(tag: bytes, values: Mapping[str, AttributeValue]) -> bytes:
             kept_as: object = value
         elif kind is bool:
             kept_as = _TRUE if value else _FALSE
+        elif isinstance(value, tuple) and all(type(item) is str for item in value):
+            kept_as = value
         else:
             fields.append(_attribute(tag, key, value))
             continue
