@@ -5,6 +5,7 @@ found, exactly as an unknown one. A file past its expiry is not found either, an
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -42,6 +43,7 @@ class FileStore:
         self._sessions = sessions
         self.retention = retention
         self.default_storage_bytes = default_storage_bytes
+        self._room_reads: dict[tuple[str, str], asyncio.Future[tuple[int, int]]] = {}
 
     def row(
         self, tenant_uid: str, file_id: str, *, purpose: str, filename: str, size: int
@@ -163,7 +165,25 @@ class FileStore:
     async def storage_room(self, tenant_id: str, tenant_uid: str) -> tuple[int, int]:
         """The tenant's storage cap and what it holds (:meth:`storage_cap`,
         :meth:`storage_used`), read by one query that takes no write lock: a check on a
-        request's path."""
+        request's path. The tenant's checks at once share one query: one that starts while
+        another's query is under way gets that query's answer, no older than the query (a
+        check, not a claim: requests checked at once all pass it alike)."""
+        key = (tenant_id, tenant_uid)
+        read = self._room_reads.get(key)
+        if read is None:
+            read = asyncio.ensure_future(self._read_room(tenant_id, tenant_uid))
+            self._room_reads[key] = read
+            read.add_done_callback(lambda done: self._room_read_done(key, done))
+        # A caller that stops waiting does not stop the query: the others sharing it need it.
+        return await asyncio.shield(read)
+
+    def _room_read_done(self, key: tuple[str, str], read: asyncio.Future[tuple[int, int]]) -> None:
+        if self._room_reads.get(key) is read:
+            del self._room_reads[key]
+        if not read.cancelled():
+            read.exception()  # its callers raise it; none left is no reason to log it
+
+    async def _read_room(self, tenant_id: str, tenant_uid: str) -> tuple[int, int]:
         query = select(self._cap_query(tenant_id), self._used_query(tenant_uid))
         async with self._sessions() as session:
             await session.connection(execution_options=READ_ONLY)

@@ -260,3 +260,30 @@ def stored_response_row(tenant_uid: str, size: int) -> StoredResponseRow:
         size_bytes=size,
         created_at=NOW,
     )
+
+
+async def test_the_room_checks_of_a_tenant_at_once_share_one_query(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    files = FileStore(sessions, timedelta(days=1), 1 << 20)
+    await files.add_within_cap("a", "uid-a", new_file_id(), purpose="batch", filename="f", size=30)
+    selects: list[str] = []
+
+    def statement(_conn: Any, _cursor: Any, text: str, *_: Any) -> None:
+        if text.startswith("SELECT"):
+            selects.append(text)
+
+    event.listen(Engine, "before_cursor_execute", statement)
+    try:
+        at_once = await asyncio.gather(*(files.storage_room("a", "uid-a") for _ in range(5)))
+        other = await files.storage_room("b", "uid-b")
+        assert len(selects) == 2
+        await files.add_within_cap(
+            "a", "uid-a", new_file_id(), purpose="batch", filename="f", size=5
+        )
+        selects.clear()
+        after = await files.storage_room("a", "uid-a")
+    finally:
+        event.remove(Engine, "before_cursor_execute", statement)
+    assert at_once == [(1 << 20, 30)] * 5 and other == (1 << 20, 0)
+    assert after == (1 << 20, 35) and len(selects) == 1
