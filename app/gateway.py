@@ -194,6 +194,7 @@ class Gateway:
                 for task in late:
                     task.cancel()
                 await asyncio.gather(*late, return_exceptions=True)
+            await self.responses.close()
             await self.ledger.close()
             self.tracker.close()
             self.store_version.close()
