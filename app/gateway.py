@@ -33,6 +33,7 @@ from app.serving.preparation.tools import tool_parser_class
 from app.serving.responses.background import BackgroundResponses
 from app.settings import Settings
 from app.store.batches import BatchStore
+from app.store.changes import StoreVersion
 from app.store.file_contents import open_file_contents, spool_directory
 from app.store.files import FileStore
 from app.store.leases import Leases, new_holder_id
@@ -49,6 +50,8 @@ logger = logging.getLogger(__name__)
 # How long shutdown waits for work handed to ``Gateway.background`` (quota reconciliations,
 # adapter retirements) before cancelling what is left.
 BACKGROUND_GRACE_SECONDS = 5.0
+# How often the keys' last use is written to the store (and at shutdown).
+KEY_USE_SECONDS = 10.0
 
 
 class Gateway:
@@ -111,6 +114,9 @@ class Gateway:
             on_unservable=self.admin.adapter_unservable,
             role=settings.role,
         )
+        # Commits to the store, counted where it can tell: a poll that finds none since its
+        # last query skips its query.
+        self.store_version = StoreVersion(sessions)
         batch_store = BatchStore(sessions)
         self.batches = Batches(
             batch_store, self.files, timedelta(seconds=settings.batch_window_seconds)
@@ -131,6 +137,7 @@ class Gateway:
             concurrency=settings.batch_concurrency or settings.max_num_seqs,
             lease_seconds=settings.batch_lease_seconds,
             poll_seconds=settings.batch_poll_seconds,
+            store_version=self.store_version,
         )
         self.background_responses = BackgroundResponses(
             self.responses,
@@ -143,7 +150,9 @@ class Gateway:
         self.startup_error: str | None = None
         self._backend: Backend | None = None
         self._revision = -1
+        self._revision_read_at: int | None = None  # the store's version when it was read
         self._used_keys: set[str] = set()
+        self._keys_touched = time.monotonic()
 
     # -- the in-memory view of the store --------------------------------------
 
@@ -185,8 +194,10 @@ class Gateway:
                 for task in late:
                     task.cancel()
                 await asyncio.gather(*late, return_exceptions=True)
+            await self.responses.close()
             await self.ledger.close()
             self.tracker.close()
+            self.store_version.close()
 
     async def watch_store(self, stop: asyncio.Event) -> None:
         """Follow changes made by other replicas and to the admin token file; record key use
@@ -198,14 +209,16 @@ class Gateway:
             with suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.registry_poll_seconds)
             if stop.is_set():
+                try:
+                    await self._touch_keys(now=True)  # the last uses are recorded too
+                except Exception:
+                    logger.exception("could not record the keys' last use")
                 return
             try:
                 # A token removed from the token file is refused from the next poll on.
                 self.admin_tokens = self.settings.admin_tokens()
-                if await revision(self.sessions) != self._revision:
-                    await self.reload()
-                used, self._used_keys = self._used_keys, set()
-                await self.admin.touch_keys(used, datetime.now(timezone.utc))
+                await self._follow_revision()
+                await self._touch_keys()
                 if time.monotonic() - rules_checked >= self.settings.rollback_check_seconds:
                     rules_checked = time.monotonic()
                     await self.ledger.flush()  # this replica's latest requests count too
@@ -224,6 +237,26 @@ class Gateway:
                     await self.files.purge()
                 except Exception:
                     logger.exception("could not purge expired files")
+
+    async def _follow_revision(self) -> None:
+        """Reload where another replica (or the CLI) changed the registry; the revision is not
+        read again while the store has had no commit since it was."""
+        version = self.store_version.current()
+        if version is not None and version == self._revision_read_at:
+            return
+        if await revision(self.sessions) != self._revision:
+            await self.reload()
+        self._revision_read_at = version
+
+    async def _touch_keys(self, now: bool = False) -> None:
+        """Record the keys used since the last record, every :data:`KEY_USE_SECONDS` (or
+        ``now``): a write per poll would be most of an idle replica's CPU."""
+        due = now or time.monotonic() - self._keys_touched >= KEY_USE_SECONDS
+        used: set[str] = set()
+        if due:
+            used, self._used_keys = self._used_keys, set()
+            self._keys_touched = time.monotonic()
+        await self.admin.touch_keys(used, datetime.now(timezone.utc))
 
     def authenticate(self, key: str | None) -> Principal:
         principal = self.registry.authenticate(key)

@@ -363,23 +363,55 @@ METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
 
 
 class Children(Generic[M]):
-    """A labelled metric's children by their label values, each looked up through
-    ``labels()`` once: ``labels()`` takes a lock and formats its values on every call, several
-    times a request on the hot path. Follows the metric when its children are cleared (a new
-    multiprocess directory: :func:`multiprocess_dir`). Holds as many children as the metric."""
+    """A labelled metric's children by their label values, for writes held until read
+    (:func:`held`, :func:`add_held`, :func:`set_held`): each is a :class:`Child` handle, made
+    once, whose metric child is made (``labels()``) only when its writes are flushed. In
+    multiprocess mode making a child writes a value to the metric's file for each of its
+    samples, a histogram's every bucket: the first request of each tenant and model would pay
+    for a dozen of them; a scrape pays instead. Follows the metric when its children are
+    cleared (a new multiprocess directory: :func:`multiprocess_dir`). Holds as many handles as
+    the metric has children."""
 
     def __init__(self, metric: M) -> None:
-        self._metric = metric
+        self.metric = metric
         self._of: object = metric._metrics
+        self._handles: dict[tuple[str, ...], Child[M]] = {}
         self._children: dict[tuple[str, ...], M] = {}
 
-    def __call__(self, *values: str) -> M:
-        if self._metric._metrics is not self._of:  # cleared since
-            self._of, self._children = self._metric._metrics, {}
+    def __call__(self, *values: str) -> Child[M]:
+        handle = self._handles.get(values)
+        if handle is None:
+            handle = self._handles[values] = Child(self, values)
+        return handle
+
+    def child(self, values: tuple[str, ...]) -> M:
+        """The metric's child for ``values``, looked up through ``labels()`` once: it takes a
+        lock and formats the values on every call."""
+        if self.metric._metrics is not self._of:  # cleared since
+            self._of, self._children = self.metric._metrics, {}
         child = self._children.get(values)
         if child is None:
-            child = self._children[values] = self._metric.labels(*values)
+            child = self._children[values] = self.metric.labels(*values)
         return child
+
+
+class Child(Generic[M]):
+    """One child of a labelled metric, by its label values; made when first written."""
+
+    __slots__ = ("_children", "values")
+
+    def __init__(self, children: Children[M], values: tuple[str, ...]) -> None:
+        self._children = children
+        self.values = values
+
+    @property
+    def metric(self) -> M:
+        """The labelled metric (the parent)."""
+        return self._children.metric
+
+    def made(self) -> M:
+        """The metric's child, made now if it was not."""
+        return self._children.child(self.values)
 
 
 # -- batched observations ------------------------------------------------------
@@ -391,10 +423,11 @@ class HistogramTally:
     streamed token writes two values to its multiprocess file per token, which cost more
     than the rest of the token's way through the gateway; a tally costs a bisection."""
 
-    def __init__(self, histogram: Histogram) -> None:
+    def __init__(self, histogram: Histogram | Child[Histogram]) -> None:
         self._histogram = histogram
-        # The child's own bounds, +Inf last: a value lands where Histogram.observe puts it.
-        self._bounds: list[float] = list(histogram._upper_bounds)
+        # The histogram's own bounds, +Inf last: a value lands where Histogram.observe puts it.
+        parent = histogram.metric if isinstance(histogram, Child) else histogram
+        self._bounds: list[float] = list(parent._upper_bounds)
         self._counts = [0] * len(self._bounds)
         self._sum = 0.0
         self.pending = 0
@@ -410,6 +443,8 @@ class HistogramTally:
         if not self.pending:
             return
         histogram = self._histogram
+        if isinstance(histogram, Child):
+            histogram = histogram.made()
         histogram._sum.inc(self._sum)
         for index, count in enumerate(self._counts):
             if count:
@@ -421,12 +456,12 @@ class HistogramTally:
 
 # -- writes held until read ----------------------------------------------------
 
-_held_tallies: dict[Histogram, HistogramTally] = {}
-_held_amounts: dict[Counter | Gauge, float] = {}
-_held_values: dict[Gauge, float] = {}
+_held_tallies: dict[Child[Histogram], HistogramTally] = {}
+_held_amounts: dict[Child[Counter] | Child[Gauge], float] = {}
+_held_values: dict[Child[Gauge], float] = {}
 
 
-def held(histogram: Histogram) -> HistogramTally:
+def held(histogram: Child[Histogram]) -> HistogramTally:
     """This process's tally for ``histogram`` (a child): observations counted in memory and
     written by :func:`flush_held`. Every write to a multiprocess file costs more than the
     bookkeeping around it, and a request makes dozens; the files are read by this process
@@ -437,13 +472,13 @@ def held(histogram: Histogram) -> HistogramTally:
     return tally
 
 
-def add_held(metric: Counter | Gauge, amount: float = 1.0) -> None:
+def add_held(metric: Child[Counter] | Child[Gauge], amount: float = 1.0) -> None:
     """``metric`` (a counter's or a gauge's child) goes up by ``amount``, written by
     :func:`flush_held` (see :func:`held`)."""
     _held_amounts[metric] = _held_amounts.get(metric, 0.0) + amount
 
 
-def set_held(gauge: Gauge, value: float) -> None:
+def set_held(gauge: Child[Gauge], value: float) -> None:
     """``gauge`` (a child) reads ``value``, written by :func:`flush_held` (see :func:`held`)."""
     _held_values[gauge] = value
 
@@ -458,9 +493,9 @@ def flush_held() -> None:
     _held_values.clear()
     for metric, amount in amounts:
         if amount:
-            metric.inc(amount)
+            metric.made().inc(amount)
     for gauge, value in values:
-        gauge.set(value)
+        gauge.made().set(value)
 
 
 # -- multiprocess plumbing -----------------------------------------------------

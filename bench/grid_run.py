@@ -1,9 +1,11 @@
 """``python -m bench.grid_run`` (``make bench-grid``, ``make bench-grid-quick``): scenario (e),
 the gateway against vLLM's server with the same ops over the grid of :mod:`bench.grid`.
 
-In every round vLLM's server goes first: its one-adapter-per-slot points fix the round's
-objectives and the open loop's rate, which the gateway then runs with. Each system starts once
-per round and runs every point on one engine; the adapters of both pools are registered on both
+In every round vLLM's server runs its one-adapter-per-slot points first: they fix the round's
+objectives and the open loop's rate, which the gateway then runs with. Its other points run
+before the gateway's in even rounds and after them in odd ones (:func:`round_plan`), so that a
+machine that drifts within a round weighs on both systems alike. A system runs its points of a
+visit on one engine, started for the visit; the adapters of both pools are registered on both
 (the gateway: one tenant per adapter, as in scenario a).
 """
 
@@ -37,7 +39,7 @@ from bench.status import StatusLine
 from bench.systems import EngineConfig, GatewaySystem, System, VLLMServer
 from bench.workload import PlannedRequest
 
-SYSTEMS = (VLLM, GATEWAY)  # the reference first: it fixes the round's objectives
+SYSTEMS = (VLLM, GATEWAY)
 TIMEOUT_SECONDS = 1800.0  # longest a closed loop may run
 
 
@@ -108,26 +110,41 @@ async def run_point(
     return await scenarios.sample_of(system, name, round_, measure)
 
 
+def round_plan(points: Sequence[GridPoint], round_: int) -> list[tuple[str, list[GridPoint]]]:
+    """Which system runs which points in round ``round_``, visit by visit: vLLM's server's
+    references (its points at one adapter per slot) always first, its other points before
+    the gateway's in even rounds and after them in odd ones."""
+    points = list(points)
+    references = [p for p in points if p == p.reference]
+    others = [p for p in points if p != p.reference]
+    if round_ % 2 == 0 or not others:
+        return [(VLLM, points), (GATEWAY, points)]
+    return [(VLLM, references), (GATEWAY, points), (VLLM, others)]
+
+
 async def visit(
     system: System,
+    points: Sequence[GridPoint],
     config: GridConfig,
     round_: int,
     this_round: Round,
     adapters: Sequence[BenchAdapter],
     prompts: SizedPrompts,
-    out_dir: Path,
+    log: Path,
     status: StatusLine,
 ) -> list[Sample]:
-    """Start ``system``, run every point, stop it."""
+    """Start ``system``, run ``points``, stop it."""
     label = f"round {round_ + 1}"
     status.set(system.name, f"{label}: starting")
     samples: list[Sample] = []
+    every_point = config.points()
     try:
-        await system.start(adapters, out_dir / "logs" / f"{system.name}-round{round_ + 1}.log")
+        await system.start(adapters, log)
         status.set(system.name, f"{label}: warm-up")
         await warm_up(system, adapters)
         serving: Objectives | None = None
-        for number, point in enumerate(config.points()):
+        for point in points:
+            number = every_point.index(point)  # both systems send a point the same prompts
             name = point.name(this_round.slots)
             objectives = this_round.objectives.get(point.group)
             if isinstance(system, GatewaySystem):
@@ -190,7 +207,7 @@ async def run_grid(config: GridConfig, settings: Settings, command: str) -> Path
     try:
         for round_ in range(config.rounds):
             this_round = Round(config, engine.settings.max_loras)
-            for name in SYSTEMS:
+            for visit_number, (name, points) in enumerate(round_plan(config.points(), round_)):
                 system: System = (
                     VLLMServer(engine)
                     if name == VLLM
@@ -201,8 +218,9 @@ async def run_grid(config: GridConfig, settings: Settings, command: str) -> Path
                         extra=dict(config.gateway_settings),
                     )
                 )
+                log = out_dir / "logs" / f"{name}-round{round_ + 1}-{visit_number + 1}.log"
                 samples += await visit(
-                    system, config, round_, this_round, adapters, prompts, out_dir, status
+                    system, points, config, round_, this_round, adapters, prompts, log, status
                 )
     finally:
         ticker.cancel()

@@ -62,6 +62,8 @@ class FairAdmission:
         self._spares: set[SpareSlot] = set()
         # Set when the engine may have become idle: spare work waiting for it looks again.
         self._idle = asyncio.Event()
+        # Set when a request arrives: the load poll, stopped while the engine is idle, resumes.
+        self._work = asyncio.Event()
         self._spare_waiters = 0
         if window is not None:
             queue.resize(window.size)
@@ -96,6 +98,7 @@ class FairAdmission:
             self._spare_waiters -= 1
         slot = SpareSlot(self, preempt)
         self._spares.add(slot)
+        self._work.set()
         return slot
 
     def _idle_for_spare(self) -> bool:
@@ -117,6 +120,8 @@ class FairAdmission:
         self._poller = asyncio.get_running_loop().create_task(self._poll())
 
     async def _poll(self) -> None:
+        """Follow the engine's reports while it has work; while it has none (and has said so),
+        wait for the next request rather than wake for nothing."""
         while True:
             await asyncio.sleep(LOAD_POLL_SECONDS)
             try:
@@ -124,6 +129,16 @@ class FairAdmission:
                     self._dispatch()
             except Exception:
                 logger.exception("the admission window could not follow the engine's load")
+            if self._engine_idle():
+                self._work.clear()
+                await self._work.wait()
+
+    def _engine_idle(self) -> bool:
+        queue = self.queue
+        if queue.in_flight or queue.waiting() or self._spares or self._load is None:
+            return False
+        load = self._load()
+        return load is not None and not load.running and not load.waiting
 
     def _adapt(self) -> bool:
         """Read the engine's latest report (shown as gauges): a new step opens the pacing
@@ -160,6 +175,7 @@ class FairAdmission:
         if self.queue.depth(ticket.tenant) >= self.max_queue_depth:
             raise self._refuse(ticket, "queue_full")
         waiting = self.queue.push(ticket, self._clock())
+        self._work.set()
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._granted[id(waiting)] = future
         self._depth_changed(ticket.tenant)

@@ -5,7 +5,7 @@ runs beside it): write-ahead logging (set in the file before it is opened), so r
 writer do not block each other; a busy timeout, so a writer waits for another's transaction
 instead of failing with "database is locked"; and every transaction begun IMMEDIATE, so one that
 reads and then writes takes the write lock before it reads (a deferred one could only fail, not
-wait, if another process wrote in between).
+wait, if another process wrote in between), except one that says it only reads (``READ_ONLY``).
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, event, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy import create_engine as create_sync_engine
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -104,8 +105,19 @@ def use_write_ahead_log(path: str) -> None:
         time.sleep(0.05)
 
 
+READ_ONLY = {"read_only": True}
+"""Execution options of a session that only reads, given before its first statement
+(``await session.connection(execution_options=READ_ONLY)``): on SQLite its transaction begins
+DEFERRED, taking no write lock, so that it neither waits for a writer nor holds one up (write-ahead
+logging gives it a snapshot). Such a session must not write: where another connection wrote
+since it read, SQLite fails its write at once instead of waiting."""
+
+
 def _begin_immediate(connection: Connection) -> None:
-    connection.exec_driver_sql("BEGIN IMMEDIATE")
+    if connection.get_execution_options().get("read_only"):
+        connection.exec_driver_sql("BEGIN")
+    else:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 async def lock_tenant(session: AsyncSession, tenant_uid: str) -> None:
@@ -140,6 +152,16 @@ def create_engine(url: str) -> AsyncEngine:
         event.listen(engine.sync_engine, "begin", _begin_immediate)
         return engine
     return create_async_engine(url, pool_pre_ping=True)
+
+
+def create_sync_sqlite_engine(url: URL) -> Engine:
+    """A synchronous engine (the standard library's driver) on the SQLite file of the async
+    ``url``, set up as :func:`create_engine`'s: for a writer whose whole transaction runs in
+    one call on a thread of its own (:mod:`app.store.batch_insert`)."""
+    engine = create_sync_engine(url.set(drivername="sqlite"), pool_size=1, max_overflow=0)
+    event.listen(engine, "connect", _configure_sqlite)
+    event.listen(engine, "begin", _begin_immediate)
+    return engine
 
 
 @asynccontextmanager

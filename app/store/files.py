@@ -5,16 +5,17 @@ found, exactly as an unknown one. A file past its expiry is not found either, an
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
 
-from sqlalchemy import and_, delete, func, or_, select
+from sqlalchemy import ColumnElement, ScalarSelect, and_, delete, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.errors import StorageLimitError
-from app.store.db import lock_tenant, now
+from app.store.db import READ_ONLY, lock_tenant, now
 from app.store.tables import FileRow, QuotaRow, StoredResponseRow
 
 PURGE_BATCH = 500
@@ -42,6 +43,7 @@ class FileStore:
         self._sessions = sessions
         self.retention = retention
         self.default_storage_bytes = default_storage_bytes
+        self._room_reads: dict[tuple[str, str], asyncio.Future[tuple[int, int]]] = {}
 
     def row(
         self, tenant_uid: str, file_id: str, *, purpose: str, filename: str, size: int
@@ -160,19 +162,55 @@ class FileStore:
         async with self._sessions() as session:
             return await self._used(session, tenant_uid)
 
+    async def storage_room(self, tenant_id: str, tenant_uid: str) -> tuple[int, int]:
+        """The tenant's storage cap and what it holds (:meth:`storage_cap`,
+        :meth:`storage_used`), read by one query that takes no write lock: a check on a
+        request's path. The tenant's checks at once share one query: one that starts while
+        another's query is under way gets that query's answer, no older than the query (a
+        check, not a claim: requests checked at once all pass it alike)."""
+        key = (tenant_id, tenant_uid)
+        read = self._room_reads.get(key)
+        if read is None:
+            read = asyncio.ensure_future(self._read_room(tenant_id, tenant_uid))
+            self._room_reads[key] = read
+            read.add_done_callback(lambda done: self._room_read_done(key, done))
+        # A caller that stops waiting does not stop the query: the others sharing it need it.
+        return await asyncio.shield(read)
+
+    def _room_read_done(self, key: tuple[str, str], read: asyncio.Future[tuple[int, int]]) -> None:
+        if self._room_reads.get(key) is read:
+            del self._room_reads[key]
+        if not read.cancelled():
+            read.exception()  # its callers raise it; none left is no reason to log it
+
+    async def _read_room(self, tenant_id: str, tenant_uid: str) -> tuple[int, int]:
+        query = select(self._cap_query(tenant_id), self._used_query(tenant_uid))
+        async with self._sessions() as session:
+            await session.connection(execution_options=READ_ONLY)
+            cap, used = (await session.execute(query)).one()
+        return (self.default_storage_bytes if cap is None else cap), int(used)
+
     async def _cap(self, session: AsyncSession, tenant_id: str) -> int:
-        query = select(QuotaRow.storage_bytes).where(QuotaRow.tenant_id == tenant_id)
-        cap = (await session.execute(query)).scalar_one_or_none()
+        cap = (await session.execute(select(self._cap_query(tenant_id)))).scalar_one()
         return self.default_storage_bytes if cap is None else cap
 
+    @classmethod
+    async def _used(cls, session: AsyncSession, tenant_uid: str) -> int:
+        return int((await session.execute(select(cls._used_query(tenant_uid)))).scalar_one())
+
     @staticmethod
-    async def _used(session: AsyncSession, tenant_uid: str) -> int:
+    def _cap_query(tenant_id: str) -> ScalarSelect[int | None]:
+        """The tenant's quota's storage cap; NULL where none is set."""
+        return (
+            select(QuotaRow.storage_bytes).where(QuotaRow.tenant_id == tenant_id).scalar_subquery()
+        )
+
+    @staticmethod
+    def _used_query(tenant_uid: str) -> ColumnElement[int]:
         files = select(func.coalesce(func.sum(FileRow.bytes), 0)).where(
             FileRow.tenant_uid == tenant_uid
         )
         responses = select(func.coalesce(func.sum(StoredResponseRow.size_bytes), 0)).where(
             StoredResponseRow.tenant_uid == tenant_uid
         )
-        used_by_files = (await session.execute(files)).scalar_one()
-        used_by_responses = (await session.execute(responses)).scalar_one()
-        return int(used_by_files) + int(used_by_responses)
+        return files.scalar_subquery() + responses.scalar_subquery()

@@ -11,7 +11,7 @@ from bench.client import RequestRecord
 from bench.config import GATEWAY, VLLM
 from bench.grid import GridConfig, GridPoint, Load, Objectives
 from bench.grid_report import evaluate_grid, render_grid, turn_lead
-from bench.grid_run import Round, build_parser, config_from
+from bench.grid_run import Round, build_parser, config_from, round_plan
 from bench.stats import ATTAINMENT, GOODPUT, SLO_TPOT, SLO_TTFT, TURN_LEAD, Sample
 
 C16, C64, OPEN = Load(concurrency=16), Load(concurrency=64), Load(share=0.7)
@@ -38,6 +38,22 @@ def test_the_quick_grid_is_its_two_points_with_their_references():
         "e: attention, 1x (4 adapters on 4 slots), concurrency 16",
         "e: attention, zipf 8x (32 adapters on 4 slots), concurrency 16",
     ]
+
+
+def test_vllms_references_go_first_and_its_other_points_alternate_with_the_gateways():
+    points = GridConfig().points()
+    references = [p for p in points if p == p.reference]
+    others = [p for p in points if p != p.reference]
+    assert round_plan(points, 0) == round_plan(points, 2) == [(VLLM, points), (GATEWAY, points)]
+    assert round_plan(points, 1) == [(VLLM, references), (GATEWAY, points), (VLLM, others)]
+    for round_ in range(4):  # every point once a system, the references before the gateway
+        plan = round_plan(points, round_)
+        for system in (VLLM, GATEWAY):
+            ran = [p for name, visit in plan if name == system for p in visit]
+            assert sorted(ran, key=points.index) == points
+        gateway_visit = next(i for i, (name, _) in enumerate(plan) if name == GATEWAY)
+        before = {p for _, visit in plan[:gateway_visit] for p in visit}
+        assert set(references) <= before
 
 
 def test_a_points_requests_name_adapters_of_its_pools_each_sent_by_its_own_tenant():

@@ -216,6 +216,30 @@ async def test_the_window_follows_the_engines_reports_unless_it_is_set(
     assert fair.queue.window == after
 
 
+async def test_the_load_poll_rests_while_the_engine_is_idle_until_a_request_arrives() -> None:
+    fair = admission_for(Settings(_env_file=None, max_num_seqs=16))  # type: ignore[call-arg]
+    assert isinstance(fair, FairAdmission)
+    engine = ReportingEngine()
+    fair.follow(engine)  # type: ignore[arg-type]
+    slot = fair.admit(ticket("a", 0))
+    try:
+        engine.report = EngineLoad(0, 0, 0.0, 0)  # nothing running, nothing waiting
+        deadline = time.monotonic() + 60  # bounds a hang only
+        while fair._step != 0:
+            assert time.monotonic() < deadline, "the poll never saw the report"
+            await asyncio.sleep(LOAD_POLL_SECONDS)
+        engine.report = EngineLoad(0, 0, 0.0, 1)
+        await asyncio.sleep(5 * LOAD_POLL_SECONDS)
+        assert fair._step == 0  # resting: not read
+        await slot.acquire()
+        while fair._step != 1:
+            assert time.monotonic() < deadline, "the poll never resumed"
+            await asyncio.sleep(LOAD_POLL_SECONDS)
+    finally:
+        fair.follow(None)
+        slot.release()
+
+
 async def test_paced_requests_go_in_as_the_engine_reports_its_steps() -> None:
     settings = Settings(_env_file=None, max_num_seqs=16, scheduler_dispatches_per_step=2)  # type: ignore[call-arg]
     fair = admission_for(settings)

@@ -1,6 +1,7 @@
 """Batches, their files and their lines on SQLite and PostgreSQL: a line finishes once,
 with what ``also`` writes in its transaction; progress counted; the tenant's files paged
-newest first; the usage rows of batch lines told from online ones."""
+newest first; the usage rows of batch lines told from online ones; the tenant's storage room
+read by one query that waits for no writer."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import contextlib
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Engine, event, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -18,7 +19,7 @@ from app.admin.service import AdminService
 from app.errors import StorageLimitError
 from app.store.batches import BatchStore, EnqueuedLimitPassed, PendingLine, new_batch_id
 from app.store.files import FileStore, new_file_id
-from app.store.tables import BatchRow, UsageRow
+from app.store.tables import BatchRow, StoredResponseRow, UsageRow
 from app.usage import UsageRecord, usage_by_bucket
 from app.usage.ledger import write_records
 
@@ -217,3 +218,72 @@ async def test_result_files_are_recorded_only_with_the_batch_they_finish(
     )
     assert await files.storage_used("uid-a") == 9
     assert (await store.by_id(batch.id)).output_file_id == output.id  # type: ignore[union-attr]
+
+
+async def test_the_room_check_is_one_read_that_waits_for_no_writer(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    files = FileStore(sessions, timedelta(days=1), 1 << 20)
+    await files.add_within_cap("a", "uid-a", new_file_id(), purpose="batch", filename="f", size=30)
+    async with sessions.begin() as session:
+        session.add(stored_response_row("uid-a", size=12))
+    sent: list[str] = []
+
+    def statement(_conn: Any, _cursor: Any, text: str, *_: Any) -> None:
+        sent.append(text)
+
+    # A writer's transaction open meanwhile (on SQLite it holds the write lock).
+    async with sessions.begin() as writer:
+        writer.add(stored_response_row("uid-a", size=100))
+        await writer.flush()
+        event.listen(Engine, "before_cursor_execute", statement)
+        try:
+            assert await files.storage_room("a", "uid-a") == (1 << 20, 42)
+        finally:
+            event.remove(Engine, "before_cursor_execute", statement)
+    assert [text.split()[0] for text in sent if not text.startswith("BEGIN")] == ["SELECT"]
+    assert "BEGIN IMMEDIATE" not in sent
+    assert await files.storage_room("a", "uid-a") == (1 << 20, 142)
+
+
+def stored_response_row(tenant_uid: str, size: int) -> StoredResponseRow:
+    return StoredResponseRow(
+        id=f"resp_{new_file_id()}",
+        tenant_uid=tenant_uid,
+        model="m",
+        adapter=None,
+        adapter_version=None,
+        body={},
+        status="completed",
+        input_items=[],
+        context=[],
+        size_bytes=size,
+        created_at=NOW,
+    )
+
+
+async def test_the_room_checks_of_a_tenant_at_once_share_one_query(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    files = FileStore(sessions, timedelta(days=1), 1 << 20)
+    await files.add_within_cap("a", "uid-a", new_file_id(), purpose="batch", filename="f", size=30)
+    selects: list[str] = []
+
+    def statement(_conn: Any, _cursor: Any, text: str, *_: Any) -> None:
+        if text.startswith("SELECT"):
+            selects.append(text)
+
+    event.listen(Engine, "before_cursor_execute", statement)
+    try:
+        at_once = await asyncio.gather(*(files.storage_room("a", "uid-a") for _ in range(5)))
+        other = await files.storage_room("b", "uid-b")
+        assert len(selects) == 2
+        await files.add_within_cap(
+            "a", "uid-a", new_file_id(), purpose="batch", filename="f", size=5
+        )
+        selects.clear()
+        after = await files.storage_room("a", "uid-a")
+    finally:
+        event.remove(Engine, "before_cursor_execute", statement)
+    assert at_once == [(1 << 20, 30)] * 5 and other == (1 << 20, 0)
+    assert after == (1 << 20, 35) and len(selects) == 1

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import gateway as gateway_module
+from app.admin.mutations import bump_revision
 from app.gateway import Gateway
 from app.serving.backend import backend_factory
 from app.serving.in_process.backend import start_vllm_engine
@@ -18,6 +19,7 @@ from app.settings import Settings
 from app.tenancy.base_model import BaseModelInfo
 from app.usage import UsageRecord, usage_totals
 from app.usage import ledger as usage_module
+from tests.support.store_polls import store_polls
 from tests.support.usage import ACME_UID, DAY, record
 
 
@@ -131,13 +133,83 @@ async def test_a_store_that_fails_a_poll_is_logged_and_polled_again(
     stop = asyncio.Event()
     with caplog.at_level(logging.ERROR, logger=gateway_module.__name__):
         watching = asyncio.create_task(gateway.watch_store(stop))
-        async with asyncio.timeout(60):  # bounds a hang only: three polls of 10 ms
-            while len(polls) < 3:
+        async with asyncio.timeout(60):  # bounds a hang only: two polls of 10 ms
+            while len(polls) < 2:
                 await asyncio.sleep(0.01)
         stop.set()
         await watching
-    assert len(polls) >= 3  # it went on polling after the failure
+    assert len(polls) >= 2  # the poll after the failure read the store again
     # The gateway's own records: caplog takes every logger's, a gateway served on a thread
     # of this worker included (the fuzz suite's).
     ours = [r.getMessage() for r in caplog.records if r.name == gateway_module.__name__]
     assert ours == ["could not refresh from the store"]
+
+
+async def test_the_revision_is_read_again_only_after_a_commit_where_the_store_counts_them(
+    sessions: async_sessionmaker[AsyncSession],
+    base_model: BaseModelInfo,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = Settings(_env_file=None, adapter_root=tmp_path, registry_poll_seconds=0.01)
+    gateway = Gateway(settings, sessions, base_model, backend_factory(settings, start_vllm_engine))
+    reads = []
+    real_revision = gateway_module.revision
+
+    async def counted_revision(store: async_sessionmaker[AsyncSession]) -> int:
+        reads.append(1)
+        return await real_revision(store)
+
+    monkeypatch.setattr(gateway_module, "revision", counted_revision)
+    counts_commits = gateway.store_version.current() is not None
+    assert counts_commits == (sessions.kw["bind"].dialect.name == "sqlite")
+    stop = asyncio.Event()
+    with store_polls(gateway) as polls:
+        watching = asyncio.create_task(gateway.watch_store(stop))
+        await polls.run_async(5)
+        idle_reads = len(reads)
+        async with sessions.begin() as session:  # as another replica's change
+            await bump_revision(session)
+        changed_revision = await real_revision(sessions)
+        polls.expect(lambda: gateway._revision == changed_revision)
+        assert await polls.seen_async() <= 2
+        await polls.run_async(5)
+        stop.set()
+        await watching
+    if counts_commits:
+        assert idle_reads == 1  # the first poll's: then no commit, no read
+        assert len(reads) == 2  # the commit's
+    else:
+        assert idle_reads >= 5 and len(reads) >= 10  # every poll reads
+
+
+async def test_a_gateway_records_its_keys_use_every_so_often_and_at_shutdown(
+    sessions: async_sessionmaker[AsyncSession],
+    base_model: BaseModelInfo,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = Settings(_env_file=None, adapter_root=tmp_path, registry_poll_seconds=0.01)
+    gateway = Gateway(settings, sessions, base_model, backend_factory(settings, start_vllm_engine))
+    written: list[set[str]] = []
+
+    async def touch_keys(key_ids: Iterable[str], at: object) -> None:
+        if ids := set(key_ids):
+            written.append(ids)
+
+    monkeypatch.setattr(gateway.admin, "touch_keys", touch_keys)
+    gateway._used_keys.add("key_a")
+    stop = asyncio.Event()
+    watching = asyncio.create_task(gateway.watch_store(stop))
+    await asyncio.sleep(0.1)  # polls of 10 ms: none is due yet
+    assert written == []
+    monkeypatch.setattr(gateway_module, "KEY_USE_SECONDS", 0.0)
+    async with asyncio.timeout(60):  # bounds a hang only
+        while not written:
+            await asyncio.sleep(0.01)
+    assert written == [{"key_a"}]
+    monkeypatch.setattr(gateway_module, "KEY_USE_SECONDS", 3600.0)
+    gateway._used_keys.add("key_b")
+    stop.set()
+    await watching
+    assert written == [{"key_a"}, {"key_b"}]  # the last use, recorded at shutdown

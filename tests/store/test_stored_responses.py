@@ -6,12 +6,13 @@ OpenAI pages."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import event, func, select, update
+import pytest
+from sqlalchemy import Engine, event, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -38,10 +39,18 @@ def stored(response_id: str) -> StoredResponse:
     )
 
 
-async def test_a_response_is_its_tenants_alone(
-    sessions: async_sessionmaker[AsyncSession],
-) -> None:
+@pytest.fixture
+async def store(sessions: async_sessionmaker[AsyncSession]) -> AsyncIterator[ResponseStore]:
     store = ResponseStore(sessions, 30 * DAY)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def test_a_response_is_its_tenants_alone(
+    store: ResponseStore,
+) -> None:
     await store.save("uid-a", stored("resp_1"))
     found = await store.get("uid-a", "resp_1")
     assert found == stored("resp_1")
@@ -53,28 +62,27 @@ async def test_a_response_is_its_tenants_alone(
 
 
 @contextmanager
-def statements_on_responses(sessions: async_sessionmaker[AsyncSession]) -> Iterator[list[str]]:
-    """The first word of each statement sent on the stored responses' table meanwhile."""
+def statements_on_responses() -> Iterator[list[str]]:
+    """The first word of each statement sent on the stored responses' table meanwhile, by any
+    engine (the store writes through a connection of its own)."""
     seen: list[str] = []
 
     def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         if "stored_responses" in statement:
             seen.append(statement.split()[0].upper())
 
-    engine = sessions.kw["bind"].sync_engine
-    event.listen(engine, "before_cursor_execute", count)
+    event.listen(Engine, "before_cursor_execute", count)
     try:
         yield seen
     finally:
-        event.remove(engine, "before_cursor_execute", count)
+        event.remove(Engine, "before_cursor_execute", count)
 
 
 async def test_responses_saved_at_once_are_one_insert_and_a_refused_one_fails_alone(
-    sessions: async_sessionmaker[AsyncSession],
+    store: ResponseStore,
 ) -> None:
-    store = ResponseStore(sessions, 30 * DAY)
     await store.save("uid-a", stored("resp_taken"))
-    with statements_on_responses(sessions) as seen:
+    with statements_on_responses() as seen:
         saved = await asyncio.gather(*(store.save("uid-a", stored(f"resp_{n}")) for n in range(8)))
     assert saved == [None] * 8 and seen == ["INSERT"]
     assert all([await store.get("uid-a", f"resp_{n}") for n in range(8)])
@@ -90,9 +98,8 @@ async def test_responses_saved_at_once_are_one_insert_and_a_refused_one_fails_al
 
 
 async def test_expired_responses_are_not_found_then_purged_in_batches(
-    sessions: async_sessionmaker[AsyncSession],
+    sessions: async_sessionmaker[AsyncSession], store: ResponseStore
 ) -> None:
-    store = ResponseStore(sessions, 30 * DAY)
     for n in range(6):
         await store.save("uid-a", stored(f"resp_{n}"))
     old = datetime.now(timezone.utc) - 31 * DAY
@@ -101,7 +108,7 @@ async def test_expired_responses_are_not_found_then_purged_in_batches(
             update(StoredResponseRow).where(StoredResponseRow.id != "resp_5").values(created_at=old)
         )
     assert await store.get("uid-a", "resp_0") is None
-    with statements_on_responses(sessions) as seen:
+    with statements_on_responses() as seen:
         assert await store.purge(batch=2) == 5
     # Three transactions of at most two rows each (the third finds one, and ends the purge).
     assert seen == ["SELECT", "DELETE"] * 3
@@ -125,8 +132,7 @@ def test_items_are_paged_after_an_id_in_either_order() -> None:
 
 
 async def test_the_store_benchmarks_timed_response_is_one_the_store_saves(
-    sessions: async_sessionmaker[AsyncSession],
+    store: ResponseStore,
 ) -> None:
-    store = ResponseStore(sessions, 30 * DAY)
     await store.save("bench", _typical("resp_1"))
     assert await store.get("bench", "resp_1") == _typical("resp_1")

@@ -51,7 +51,7 @@ class OwnMetrics:
             monkeypatch.setattr(metrics, name, copy)
             for module in users:
                 for attribute, value in vars(module).items():
-                    if isinstance(value, metrics.Children) and value._metric is original:
+                    if isinstance(value, metrics.Children) and value.metric is original:
                         monkeypatch.setattr(module, attribute, metrics.Children(copy))
 
     def value(self, sample: str, **labels: str) -> float:

@@ -98,8 +98,7 @@ class Files:
         whether anything more fits. A check before the work, not a claim: what is then
         recorded is checked again in its own transaction (an upload), or may pass the cap
         by its own size (a stored response, whose size is known only once it ran)."""
-        cap = await self.store.storage_cap(tenant.id)
-        used = await self.store.storage_used(tenant.uid)
+        cap, used = await self.store.storage_room(tenant.id, tenant.uid)
         if used + size > cap or (size == 0 and used >= cap):
             raise StorageLimitError(cap)
 

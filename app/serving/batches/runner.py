@@ -43,6 +43,7 @@ from app.serving.batches.files import Files
 from app.serving.batches.lines import Services, as_pin, check_lines, parsed_body
 from app.serving.lifecycle.tracking import BatchLine, RequestTracker
 from app.store.batches import BatchStore, EnqueuedLimitPassed, PendingLine
+from app.store.changes import StoreVersion
 from app.store.leases import Leases
 from app.store.tables import BatchRow, FileRow
 from app.tenancy.registry import TenantRegistry
@@ -106,6 +107,7 @@ class BatchRunner:
         concurrency: int,
         lease_seconds: float,
         poll_seconds: float,
+        store_version: StoreVersion | None = None,
     ) -> None:
         self.store = store
         self.files = files
@@ -117,6 +119,9 @@ class BatchRunner:
         self.concurrency = concurrency
         self.lease = timedelta(seconds=lease_seconds)
         self.poll_seconds = poll_seconds
+        self.store_version = store_version
+        # The store's version when a look found no unfinished batch: none until it moves.
+        self._none_at: int | None = None
         self._driven: dict[str, asyncio.Task[None]] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -141,7 +146,12 @@ class BatchRunner:
 
     async def take_new(self) -> None:
         """Drive every unfinished batch this replica can lease and does not drive yet."""
-        for batch_id in await shield(self.store.active_ids()):
+        version = self.store_version.current() if self.store_version is not None else None
+        if version is not None and version == self._none_at:
+            return  # no batch then, and nothing committed since
+        active = await shield(self.store.active_ids())
+        self._none_at = None if active else version
+        for batch_id in active:
             if batch_id in self._driven:
                 continue
             if not await shield(self.leases.take(lease_name(batch_id), self.lease)):

@@ -338,6 +338,33 @@ async def test_a_batch_whose_input_file_was_deleted_fails(serve: ServeFactory) -
         assert (error.code, error.param) == ("invalid_file", "input_file_id")
 
 
+async def test_a_replica_looks_for_batches_again_only_after_a_commit(
+    serve: ServeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looks: list[int] = []
+    active_ids = BatchStore.active_ids
+
+    async def counted(self: BatchStore) -> list[str]:
+        looks.append(1)
+        return await active_ids(self)
+
+    monkeypatch.setattr(BatchStore, "active_ids", counted)
+    # No poll comes by itself: the test looks.
+    async with serve(ScriptedEngine(), batch_poll_seconds=3600) as served:
+        runner = served.gateway.batch_runner
+        assert runner.store_version is not None and runner.store_version.current() is not None
+        await runner.take_new()
+        found_none = len(looks)
+        await runner.take_new()
+        await runner.take_new()
+        assert len(looks) == found_none  # no batch, and no commit since: no query
+        api = client(served)
+        created = await submitted(api, [chat_line("a", served.model)])
+        await runner.take_new()
+        assert len(looks) == found_none + 1
+        assert (await finished(api, created.id)).status == "completed"
+
+
 def responses_line(custom_id: str, model: str, **body: Any) -> dict[str, Any]:
     return {
         "custom_id": custom_id,

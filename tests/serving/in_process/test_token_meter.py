@@ -103,3 +103,19 @@ def test_the_meter_observes_each_token_after_the_first_held_until_the_metrics_ar
         "lora_gateway_time_to_first_token_seconds_sum", tenant="meter-test", model="m"
     )
     assert ttft == pytest.approx(1.0)
+
+
+def test_a_tenant_and_models_first_tokens_make_no_metric_child_until_the_metrics_are_read() -> None:
+    # A child is made in the metric's storage, a value per bucket: by the read, not the request.
+    def made() -> set[tuple[str, ...]]:
+        return set(metrics.TIME_TO_FIRST_TOKEN._metrics) | set(metrics.INTER_TOKEN_LATENCY._metrics)
+
+    clock = [100.0]
+    meter = TokenMeter("first-of-its-kind", "m", started=99.0, clock=lambda: clock[0])
+    meter.observe(output(1))
+    clock[0] += 0.02
+    meter.observe(output(2))
+    assert ("first-of-its-kind", "m") not in made()
+    metrics.flush_held()
+    assert ("first-of-its-kind", "m") in made()
+    assert itl("first-of-its-kind", "count") == 2
