@@ -135,6 +135,8 @@ def test_a_small_run_measures_the_gateway_process(
     assert "Responses / chat" in capsys.readouterr().out
 
 
+# A gateway process of its own too, and two of the engine alone: too slow for test-fast.
+@pytest.mark.slow
 def test_a_small_traced_run_reads_tracings_cost_from_phases_of_its_own_size(
     tmp_path: Path,
 ) -> None:
