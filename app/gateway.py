@@ -250,7 +250,7 @@ class Gateway:
 
     async def _touch_keys(self, now: bool = False) -> None:
         """Record the keys used since the last record, every :data:`KEY_USE_SECONDS` (or
-        ``now``): a write per poll would be most of an idle replica's CPU."""
+        ``now``): under load, a write at every poll cost more than the record is worth."""
         due = now or time.monotonic() - self._keys_touched >= KEY_USE_SECONDS
         used: set[str] = set()
         if due:
