@@ -23,6 +23,14 @@ from tests.support.store_polls import store_polls
 from tests.support.usage import ACME_UID, DAY, record
 
 
+def polling_gateway(
+    sessions: async_sessionmaker[AsyncSession], base_model: BaseModelInfo, tmp_path: Path
+) -> Gateway:
+    """A gateway whose store watcher polls every 10 ms."""
+    settings = Settings(_env_file=None, adapter_root=tmp_path, registry_poll_seconds=0.01)
+    return Gateway(settings, sessions, base_model, backend_factory(settings, start_vllm_engine))
+
+
 async def test_shutdown_leaves_nothing_running_and_nothing_unwritten(
     sessions: async_sessionmaker[AsyncSession],
     base_model: BaseModelInfo,
@@ -30,8 +38,7 @@ async def test_shutdown_leaves_nothing_running_and_nothing_unwritten(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(gateway_module, "BACKGROUND_GRACE_SECONDS", 0.5)
-    settings = Settings(_env_file=None, adapter_root=tmp_path, registry_poll_seconds=0.01)
-    gateway = Gateway(settings, sessions, base_model, backend_factory(settings, start_vllm_engine))
+    gateway = polling_gateway(sessions, base_model, tmp_path)
     finished = []
 
     async def short_work() -> None:
@@ -118,8 +125,7 @@ async def test_a_store_that_fails_a_poll_is_logged_and_polled_again(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    settings = Settings(_env_file=None, adapter_root=tmp_path, registry_poll_seconds=0.01)
-    gateway = Gateway(settings, sessions, base_model, backend_factory(settings, start_vllm_engine))
+    gateway = polling_gateway(sessions, base_model, tmp_path)
     polls = []
     real_revision = gateway_module.revision
 
@@ -151,8 +157,7 @@ async def test_the_revision_is_read_again_only_after_a_commit_where_the_store_co
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    settings = Settings(_env_file=None, adapter_root=tmp_path, registry_poll_seconds=0.01)
-    gateway = Gateway(settings, sessions, base_model, backend_factory(settings, start_vllm_engine))
+    gateway = polling_gateway(sessions, base_model, tmp_path)
     reads = []
     real_revision = gateway_module.revision
 
@@ -189,8 +194,7 @@ async def test_a_gateway_records_its_keys_use_every_so_often_and_at_shutdown(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    settings = Settings(_env_file=None, adapter_root=tmp_path, registry_poll_seconds=0.01)
-    gateway = Gateway(settings, sessions, base_model, backend_factory(settings, start_vllm_engine))
+    gateway = polling_gateway(sessions, base_model, tmp_path)
     written: list[set[str]] = []
 
     async def touch_keys(key_ids: Iterable[str], at: object) -> None:
