@@ -150,15 +150,22 @@ async def test_a_slow_reader_refused_counts_the_refusal() -> None:
 
 
 @contextmanager
-def server_in_a_thread() -> Iterator[int]:
-    """A 429 server on a loop of its own, for an attacker in another process."""
+def server_in_a_thread() -> Iterator[tuple[int, list[int]]]:
+    """A 429 server on a loop of its own, for an attacker in another process; its port, and
+    the count of requests it has answered (one item)."""
     ports: list[int] = []
+    answered = [0]
     loop = asyncio.new_event_loop()
     up = threading.Event()
     stop = asyncio.Event()
+    refuse = answering(429)
+
+    async def counted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await refuse(reader, writer)
+        answered[0] += 1
 
     async def main() -> None:
-        async with serving(answering(429)) as port:
+        async with serving(counted) as port:
             ports.append(port)
             up.set()
             await stop.wait()
@@ -167,26 +174,33 @@ def server_in_a_thread() -> Iterator[int]:
     thread.start()
     assert up.wait(10)
     try:
-        yield ports[0]
+        yield ports[0], answered
     finally:
         loop.call_soon_threadsafe(stop.set)
         thread.join(10)
 
 
 def test_the_attacker_runs_in_a_process_of_its_own_until_told_to_stop() -> None:
-    with server_in_a_thread() as port:
+    with server_in_a_thread() as (port, answered):
         plan = AttackPlan("flood", port, (http_request("GET", "/", port=port),), sources=LOCAL)
-        started = time.monotonic()
+        told: list[float] = []
 
         def victim() -> list[VictimRequest]:
-            time.sleep(1.0)  # while the attacker floods
+            # While the attacker floods, until one of its workers has sent a second request,
+            # so has counted its first answer: more answers than workers. A process starting
+            # on a busy machine may take seconds.
+            deadline = time.monotonic() + 60  # bounds a hang only
+            while answered[0] <= plan.concurrency:
+                assert time.monotonic() < deadline, "the attacker never flooded"
+                time.sleep(0.01)
+            told.append(time.monotonic())  # the victim is done: the attacker is told to stop
             return []
 
         measured, tally = under_attack(plan, 0.0, victim)
     assert measured == []
     assert tally["outcomes"].get("429", 0) > 0
     assert tally["attempts"] >= tally["outcomes"]["429"]
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - told[0] < 30  # it stopped when told, not at its own end
 
 
 async def test_a_slow_reader_told_to_stop_still_says_what_became_of_its_stream() -> None:
