@@ -153,6 +153,7 @@ async def tenant_page(
     keys = await admin.list_keys(tenant_id)
     key_quotas = {key.id: await admin.get_key_quota(tenant_id, key.id) for key in keys}
     grants = await admin.grants.for_tenant(tenant_id)
+    cap, used = await gateway.files.store.storage_room(tenant_id, row.uid)
     await gateway.ledger.flush()  # this replica's latest requests are in the charts
     comparisons = {}
     for grant in grants:
@@ -172,8 +173,8 @@ async def tenant_page(
         keys=keys,
         key_quotas=key_quotas,
         quota=await admin.get_quota(tenant_id),
-        storage_used=await gateway.files.store.storage_used(row.uid),
-        storage_cap=await gateway.files.store.storage_cap(tenant_id),
+        storage_used=used,
+        storage_cap=cap,
         grants=grants,
         comparisons=comparisons,
         adapters=await admin.adapters_page(limit=None),

@@ -151,11 +151,6 @@ class FileStore:
 
     # -- the tenant's storage cap ----------------------------------------------------
 
-    async def storage_cap(self, tenant_id: str) -> int:
-        """What the tenant's files and stored responses may hold together, in bytes."""
-        async with self._sessions() as session:
-            return await self._cap(session, tenant_id)
-
     async def storage_used(self, tenant_uid: str) -> int:
         """What the tenant's files and stored responses hold, in bytes (expired ones count
         until they are purged)."""
@@ -163,11 +158,12 @@ class FileStore:
             return await self._used(session, tenant_uid)
 
     async def storage_room(self, tenant_id: str, tenant_uid: str) -> tuple[int, int]:
-        """The tenant's storage cap and what it holds (:meth:`storage_cap`,
-        :meth:`storage_used`), read by one query that takes no write lock: a check on a
-        request's path. The tenant's checks at once share one query: one that starts while
-        another's query is under way gets that query's answer, no older than the query (a
-        check, not a claim: requests checked at once all pass it alike)."""
+        """What the tenant's files and stored responses may hold together, and what they
+        hold (:meth:`storage_used`), in bytes, read by one query that takes no write lock
+        (on a request's path, and the console's). The tenant's checks at once share one
+        query: one that starts while another's query is under way gets that query's answer,
+        no older than the query (a check, not a claim: requests checked at once all pass it
+        alike)."""
         key = (tenant_id, tenant_uid)
         read = self._room_reads.get(key)
         if read is None:

@@ -137,7 +137,7 @@ class ResponseStore:
         (not because it is down), each row again on its own, so that only the one refused
         fails."""
         try:
-            await self._insert([row for row, _ in batch])
+            await self._inserter.insert([row for row, _ in batch])
         except Exception as exc:
             if len(batch) > 1 and not store_is_down(exc):
                 logger.warning("a batch of stored responses was refused; writing each alone")
@@ -151,9 +151,6 @@ class ResponseStore:
         for _, stored in batch:
             if not stored.done():
                 stored.set_result(None)
-
-    async def _insert(self, rows: list[dict[str, Any]]) -> None:
-        await self._inserter.insert(rows)
 
     async def close(self) -> None:
         """Wait for the write under way, then close the store's own connection."""
