@@ -17,7 +17,7 @@ from typing import Any, Literal
 from sqlalchemy import and_, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.store.db import READ_ONLY, lock_tenant, now
+from app.store.db import lock_tenant, now, reading
 from app.store.tables import BatchLineRow, BatchRow, FileRow, QuotaRow
 
 ACTIVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
@@ -100,8 +100,7 @@ class BatchStore:
             .where(BatchRow.status.in_(ACTIVE_STATUSES))
             .order_by(BatchRow.created_at)
         )
-        async with self._sessions() as session:
-            await session.connection(execution_options=READ_ONLY)  # a poll: no write lock
+        async with reading(self._sessions) as session:  # a poll: no write lock
             return list((await session.scalars(query)).all())
 
     async def move(

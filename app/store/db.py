@@ -5,7 +5,7 @@ runs beside it): write-ahead logging (set in the file before it is opened), so r
 writer do not block each other; a busy timeout, so a writer waits for another's transaction
 instead of failing with "database is locked"; and every transaction begun IMMEDIATE, so one that
 reads and then writes takes the write lock before it reads (a deferred one could only fail, not
-wait, if another process wrote in between), except one that says it only reads (``READ_ONLY``).
+wait, if another process wrote in between), except one that says it only reads (:func:`reading`).
 """
 
 from __future__ import annotations
@@ -106,11 +106,20 @@ def use_write_ahead_log(path: str) -> None:
 
 
 READ_ONLY = {"read_only": True}
-"""Execution options of a session that only reads, given before its first statement
-(``await session.connection(execution_options=READ_ONLY)``): on SQLite its transaction begins
-DEFERRED, taking no write lock, so that it neither waits for a writer nor holds one up (write-ahead
-logging gives it a snapshot). Such a session must not write: where another connection wrote
-since it read, SQLite fails its write at once instead of waiting."""
+"""Execution options of a session that only reads (:func:`reading`)."""
+
+
+@asynccontextmanager
+async def reading(
+    sessions: async_sessionmaker[AsyncSession],
+) -> AsyncIterator[AsyncSession]:
+    """A session that only reads: on SQLite its transaction begins DEFERRED, taking no write
+    lock, so that it neither waits for a writer nor holds one up (write-ahead logging gives it
+    a snapshot). It must not write: where another connection wrote since it read, SQLite fails
+    its write at once instead of waiting."""
+    async with sessions() as session:
+        await session.connection(execution_options=READ_ONLY)
+        yield session
 
 
 def _begin_immediate(connection: Connection) -> None:

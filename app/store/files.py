@@ -15,7 +15,7 @@ from sqlalchemy import ColumnElement, ScalarSelect, and_, delete, func, or_, sel
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.errors import StorageLimitError
-from app.store.db import READ_ONLY, lock_tenant, now
+from app.store.db import lock_tenant, now, reading
 from app.store.tables import FileRow, QuotaRow, StoredResponseRow
 
 PURGE_BATCH = 500
@@ -181,8 +181,7 @@ class FileStore:
 
     async def _read_room(self, tenant_id: str, tenant_uid: str) -> tuple[int, int]:
         query = select(self._cap_query(tenant_id), self._used_query(tenant_uid))
-        async with self._sessions() as session:
-            await session.connection(execution_options=READ_ONLY)
+        async with reading(self._sessions) as session:
             cap, used = (await session.execute(query)).one()
         return (self.default_storage_bytes if cap is None else cap), int(used)
 

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.quota.limits import Limits
-from app.store.db import READ_ONLY
+from app.store.db import reading
 from app.store.tables import (
     AdapterVersionRow,
     ApiKeyRow,
@@ -78,8 +78,7 @@ def _served(row: GrantRow, available: dict[int, Adapter]) -> Grant | None:
 
 
 async def revision(sessions: async_sessionmaker[AsyncSession]) -> int:
-    async with sessions() as session:
-        await session.connection(execution_options=READ_ONLY)  # a poll: no write lock
+    async with reading(sessions) as session:  # a poll: no write lock
         return int(await session.scalar(select(RevisionRow.value).where(RevisionRow.id == 1)) or 0)
 
 
