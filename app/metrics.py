@@ -19,7 +19,7 @@ from bisect import bisect_left
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Final, Generic, Literal, TypeVar
+from typing import Any, Final, Generic, Literal, TypeVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -32,9 +32,13 @@ from prometheus_client import (
     values,
 )
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
+# vLLM's own metrics: this process keeps them in memory (:class:`_ValueClass`).
+IN_MEMORY_PREFIX: Final = "vllm:"
 M = TypeVar("M", bound=MetricWrapperBase)
 
 Tier = Literal["device", "host", "storage"]
@@ -541,9 +545,9 @@ def multiprocess_dir() -> Iterator[Path]:
     # prometheus_client picks its storage class once, at import, from the
     # environment; vLLM has imported it long before a gateway starts. Metrics
     # look the class up whenever they create a value, so switching it here
-    # sends every value created from now on to ``path``.
-    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
-    ours = values.ValueClass
+    # sends every value created from now on to ``path``, but vLLM's own.
+    ours = values.get_value_class()  # type: ignore[no-untyped-call]
+    values.ValueClass = _ValueClass(ours)
     _open_dirs.append(path)
     _clear_children()
     try:
@@ -569,15 +573,43 @@ def multiprocess_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+class _ValueClass:
+    """What makes this process's metric values in multiprocess mode: ``file_backed`` values
+    for ours, memory for vLLM's own (``vllm:*``). vLLM's front end records those at every
+    engine step, on the event loop, and its server keeps them in memory (it turns multiprocess
+    mode on only for several API servers): a file-backed value makes each update a locked
+    write to a memory-mapped file, which multiplied the logger's CPU. No process but this one
+    makes ``vllm:*`` metrics, so nothing of them is lost from the files;
+    :func:`collection_registry` exports them from this process's registry."""
+
+    def __init__(self, file_backed: type) -> None:
+        self.file_backed = file_backed
+
+    def __call__(self, kind: str, metric_name: str, *args: Any, **kwargs: Any) -> object:
+        if metric_name.startswith(IN_MEMORY_PREFIX):
+            return values.MutexValue(kind, metric_name, *args, **kwargs)  # type: ignore[no-untyped-call]
+        return self.file_backed(kind, metric_name, *args, **kwargs)
+
+
+class _InMemoryFamilies(Collector):
+    """The families of this process's registry that keep their values in memory
+    (:class:`_ValueClass`), and so are in no file."""
+
+    def collect(self) -> Iterator[Metric]:
+        return (family for family in REGISTRY.collect() if family.name.startswith(IN_MEMORY_PREFIX))
+
+
 def collection_registry(path: Path | None = None) -> CollectorRegistry:
     """What ``GET /metrics`` exports: every process's files in ``path``
-    (default: ``PROMETHEUS_MULTIPROC_DIR``) merged, this process's included;
-    without either, this process's registry."""
+    (default: ``PROMETHEUS_MULTIPROC_DIR``) merged, this process's included, and the
+    families this process keeps in memory (vLLM's); without either, this process's
+    registry."""
     directory = str(path) if path is not None else os.environ.get(MULTIPROC_ENV)
     if directory is None:
         return REGISTRY
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    registry.register(_InMemoryFamilies())
     return registry
 
 

@@ -8,13 +8,20 @@ import os
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from prometheus_client import REGISTRY, Counter, Gauge, values
+from prometheus_client import REGISTRY, Counter, Gauge, generate_latest, values
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import metrics
 from app.api.metrics import router
-from app.metrics import METRICS, MULTIPROC_ENV, collection_registry, multiprocess_dir
+from app.metrics import (
+    METRICS,
+    MULTIPROC_ENV,
+    collection_registry,
+    family_name,
+    multiprocess_dir,
+)
 from tests.support.metrics_child import record_in_child
 
 
@@ -55,7 +62,7 @@ def test_the_directory_lives_as_long_as_the_block() -> None:
     with multiprocess_dir() as path:
         assert os.environ[MULTIPROC_ENV] == str(path)
         assert path.is_dir() and not any(path.iterdir())
-        assert values.ValueClass._multiprocess
+        assert values.ValueClass.file_backed._multiprocess
         assert collection_registry() is not REGISTRY
     assert not path.exists()
     assert os.environ.get(MULTIPROC_ENV) == before_env
@@ -73,6 +80,27 @@ def test_nested_gateways_each_get_their_own_directory() -> None:
         assert os.environ[MULTIPROC_ENV] == str(outer)
         assert values.ValueClass is outer_class
         assert outer.is_dir() and not inner.exists()
+
+
+def test_vllm_s_own_metrics_stay_in_memory_and_are_exported_once() -> None:
+    # vLLM's front end records its metrics at every engine step, in this process: it keeps
+    # them in memory, as vLLM's own server does, and ours go to the files.
+    with multiprocess_dir() as path:
+        engine_tokens = Counter("vllm:test_generation_tokens", "test", ["engine"])
+        try:
+            engine_tokens.labels("0").inc(3)
+            metrics.USAGE_PENDING.labels("queued").inc()
+            in_files = {f.name for f in MultiProcessCollector(None, path=str(path)).collect()}
+            text = generate_latest(collection_registry(path)).decode()
+        finally:
+            REGISTRY.unregister(engine_tokens)
+    assert in_files == {family_name(metrics.USAGE_PENDING)}
+    exported = [family.name for family in text_string_to_metric_families(text)]
+    assert len(exported) == len(set(exported))  # no family twice, from a file and memory
+    assert {*in_files, "vllm:test_generation_tokens"} <= set(exported)
+    samples = _samples(text)
+    assert samples["vllm:test_generation_tokens_total", (("engine", "0"),)] == 3
+    assert samples["lora_gateway_usage_records_pending", (("state", "queued"),)] == 1
 
 
 def test_a_value_made_while_a_second_gateway_ran_stays_writable_after_it_ended() -> None:

@@ -1,9 +1,9 @@
 """``GET /metrics``: every process's metrics in the Prometheus text format.
 
 Our metrics (:mod:`app.metrics`, recorded in the gateway and in vLLM's
-engine processes) and vLLM's own ``vllm:*`` engine metrics, which its
-``PrometheusStatLogger`` keeps in this process, all merged from the
-multiprocess directory the lifespan sets up.
+engine processes), merged from the multiprocess directory the lifespan sets
+up, and vLLM's own ``vllm:*`` engine metrics, which its ``PrometheusStatLogger``
+keeps in this process's memory.
 
 They name every tenant, alias and adapter, so no caller without credentials
 sees them on the API port: :class:`app.api.middleware.EarlyRefusalMiddleware`

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 from vllm import SamplingParams
 
@@ -151,7 +152,12 @@ def test_metrics_follow_the_walkthrough(live: LiveGateway) -> None:
     resident = named(samples, "lora_gateway_adapters_resident")
     assert resident == {((("tier", t),)): float(n) for t, n in RESIDENT.items()}
 
-    # vLLM's own engine metrics, from its front end, on the same endpoint.
+    # vLLM's own engine metrics, from its front end, on the same endpoint: each family once,
+    # from this process's memory, none from the files.
+    families = [family.name for family in text_string_to_metric_families(text)]
+    assert len(families) == len(set(families))
+    in_files = MultiProcessCollector(None, path=str(live.app.state.metrics_dir)).collect()
+    assert not [family.name for family in in_files if family.name.startswith("vllm:")]
     lora_info = named(samples, "vllm:lora_requests_info")
     assert lora_info, text
     assert all(dict(labels)["max_lora"] == str(MAX_LORAS) for labels in lora_info)
