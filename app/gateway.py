@@ -244,7 +244,7 @@ class Gateway:
         version = self.store_version.current()
         if version is not None and version == self._revision_read_at:
             return
-        if await revision(self.sessions) != self._revision:
+        if await revision(self.sessions, self.store_version) != self._revision:
             await self.reload()
         self._revision_read_at = version
 

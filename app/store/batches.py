@@ -17,10 +17,14 @@ from typing import Any, Literal
 from sqlalchemy import and_, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.store.changes import StoreVersion
 from app.store.db import lock_tenant, now, reading
 from app.store.tables import BatchLineRow, BatchRow, FileRow, QuotaRow
 
 ACTIVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
+ACTIVE_IDS = (
+    select(BatchRow.id).where(BatchRow.status.in_(ACTIVE_STATUSES)).order_by(BatchRow.created_at)
+)
 LineStatus = Literal["pending", "ok", "error", "expired", "cancelled"]
 INSERT_CHUNK = 500
 """Lines one write records, or one read takes."""
@@ -93,15 +97,14 @@ class BatchStore:
             rows = list((await session.scalars(query)).all())
         return BatchPage(batches=rows[:limit], has_more=len(rows) > limit)
 
-    async def active_ids(self) -> list[str]:
-        """Every batch that is not finished yet, oldest first."""
-        query = (
-            select(BatchRow.id)
-            .where(BatchRow.status.in_(ACTIVE_STATUSES))
-            .order_by(BatchRow.created_at)
-        )
-        async with reading(self._sessions) as session:  # a poll: no write lock
-            return list((await session.scalars(query)).all())
+    async def active_ids(self, version: StoreVersion | None = None) -> list[str]:
+        """Every batch that is not finished yet, oldest first: read by ``version`` where it
+        can (a poll's read)."""
+        ids = version.read(ACTIVE_IDS) if version is not None else None
+        if ids is None:
+            async with reading(self._sessions) as session:  # a poll: no write lock
+                ids = list((await session.scalars(ACTIVE_IDS)).all())
+        return ids
 
     async def move(
         self,

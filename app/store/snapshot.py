@@ -14,6 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.quota.limits import Limits
+from app.store.changes import StoreVersion
 from app.store.db import reading
 from app.store.tables import (
     AdapterVersionRow,
@@ -77,9 +78,18 @@ def _served(row: GrantRow, available: dict[int, Adapter]) -> Grant | None:
     return Grant.of(available[chosen]) if chosen in available else None
 
 
-async def revision(sessions: async_sessionmaker[AsyncSession]) -> int:
-    async with reading(sessions) as session:  # a poll: no write lock
-        return int(await session.scalar(select(RevisionRow.value).where(RevisionRow.id == 1)) or 0)
+REVISION = select(RevisionRow.value).where(RevisionRow.id == 1)
+
+
+async def revision(
+    sessions: async_sessionmaker[AsyncSession], version: StoreVersion | None = None
+) -> int:
+    """The registry's revision: read by ``version`` where it can (a poll's read)."""
+    values = version.read(REVISION) if version is not None else None
+    if values is None:
+        async with reading(sessions) as session:  # a poll: no write lock
+            values = [await session.scalar(REVISION)]
+    return int(values[0] or 0) if values else 0
 
 
 async def load_registry(

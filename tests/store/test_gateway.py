@@ -16,6 +16,7 @@ from app.gateway import Gateway
 from app.serving.backend import backend_factory
 from app.serving.in_process.backend import start_vllm_engine
 from app.settings import Settings
+from app.store.changes import StoreVersion
 from app.tenancy.base_model import BaseModelInfo
 from app.usage import UsageRecord, usage_totals
 from app.usage import ledger as usage_module
@@ -129,11 +130,13 @@ async def test_a_store_that_fails_a_poll_is_logged_and_polled_again(
     polls = []
     real_revision = gateway_module.revision
 
-    async def flaky_revision(store: async_sessionmaker[AsyncSession]) -> int:
+    async def flaky_revision(
+        store: async_sessionmaker[AsyncSession], version: StoreVersion | None = None
+    ) -> int:
         polls.append(len(polls))
         if len(polls) == 1:
             raise ConnectionError("the store went away")
-        return await real_revision(store)
+        return await real_revision(store, version)
 
     monkeypatch.setattr(gateway_module, "revision", flaky_revision)
     stop = asyncio.Event()
@@ -161,9 +164,11 @@ async def test_the_revision_is_read_again_only_after_a_commit_where_the_store_co
     reads = []
     real_revision = gateway_module.revision
 
-    async def counted_revision(store: async_sessionmaker[AsyncSession]) -> int:
+    async def counted_revision(
+        store: async_sessionmaker[AsyncSession], version: StoreVersion | None = None
+    ) -> int:
         reads.append(1)
-        return await real_revision(store)
+        return await real_revision(store, version)
 
     monkeypatch.setattr(gateway_module, "revision", counted_revision)
     counts_commits = gateway.store_version.current() is not None

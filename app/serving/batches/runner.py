@@ -149,7 +149,7 @@ class BatchRunner:
         version = self.store_version.current() if self.store_version is not None else None
         if version is not None and version == self._none_at:
             return  # no batch then, and nothing committed since
-        active = await shield(self.store.active_ids())
+        active = await shield(self.store.active_ids(self.store_version))
         self._none_at = None if active else version
         for batch_id in active:
             if batch_id in self._driven:

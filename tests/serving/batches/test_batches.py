@@ -16,6 +16,7 @@ from openai.types import Batch
 
 from app.quota import Limits
 from app.store.batches import BatchStore
+from app.store.changes import StoreVersion
 from tests.support.batches import FAST_BATCHES, FINAL, chat_line, finished, read_jsonl, submitted
 from tests.support.responses import client
 from tests.support.scripted_engine import ScriptedEngine
@@ -344,9 +345,9 @@ async def test_a_replica_looks_for_batches_again_only_after_a_commit(
     looks: list[int] = []
     active_ids = BatchStore.active_ids
 
-    async def counted(self: BatchStore) -> list[str]:
+    async def counted(self: BatchStore, version: StoreVersion | None = None) -> list[str]:
         looks.append(1)
-        return await active_ids(self)
+        return await active_ids(self, version)
 
     monkeypatch.setattr(BatchStore, "active_ids", counted)
     # No poll comes by itself: the test looks.
