@@ -111,6 +111,7 @@ class Gateway:
             shadow_wait_seconds=settings.shadow_wait_seconds,
             objectives=ClassObjectives.from_settings(settings),
             held_copy=self.admin.storage.held_copy if backends.holds_adapter_copies else None,
+            held_copy_waits=self.admin.storage.held_copy_waits,
             on_unservable=self.admin.adapter_unservable,
             role=settings.role,
         )

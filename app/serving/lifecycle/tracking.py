@@ -194,6 +194,7 @@ class RequestTracker:
         *,
         lease_seconds: float,
         held_copy: Callable[[str], AbstractContextManager[Path]] | None,
+        held_copy_waits: bool = True,
         admission: Admission | None = None,
         shadow_wait_seconds: float = 30.0,
         on_unservable: Callable[[Adapter, str], Coroutine[Any, Any, None]] | None = None,
@@ -203,7 +204,8 @@ class RequestTracker:
         """``held_copy`` gives this host's copy of an adapter's content (by digest) for an
         engine in this process to load, kept in place while the request runs; ``None`` where
         the engine is elsewhere (the front role), which names adapters by their global name
-        and never needs their content.
+        and never needs their content. Where entering a copy may wait (a fetch, a lock:
+        ``held_copy_waits``), it is entered in a thread, else on the event loop.
         ``admission`` decides when an admitted request may enter the engine (default: at once);
         a shadow request waits up to ``shadow_wait_seconds`` for capacity no request wants.
         An adapter version that fails to load in the engine is refused from then on, before
@@ -222,6 +224,7 @@ class RequestTracker:
         self.in_flight = in_flight
         self._registry = registry
         self._held_copy = held_copy
+        self._held_copy_waits = held_copy_waits
         self._ledger = ledger
         self._quota = quota
         self._spawn = spawn
@@ -479,8 +482,8 @@ class RequestTracker:
             await self._compiler.run(tenant, generation.compile_check)
         return generation
 
-    @staticmethod
     async def _on_this_host(
+        self,
         target: ModelTarget,
         adapter: Adapter,
         holds: ExitStack,
@@ -488,15 +491,18 @@ class RequestTracker:
     ) -> ModelTarget:
         """``target`` with its adapter at this host's copy of the content (held in
         ``holds``), fetched first when the adapter store keeps it elsewhere (another replica
-        registered it)."""
-        entering = asyncio.ensure_future(asyncio.to_thread(copy.__enter__))
-        try:
-            path = await asyncio.shield(entering)
-        except asyncio.CancelledError:
-            # The fetch runs on in its thread; what it holds once done is let go then.
-            entering.add_done_callback(partial(_exit_once_entered, copy))
-            raise
-        holds.push(copy.__exit__)
+        registered it): in a thread, where entering the copy may wait."""
+        if not self._held_copy_waits:
+            path = holds.enter_context(copy)
+        else:
+            entering = asyncio.ensure_future(asyncio.to_thread(copy.__enter__))
+            try:
+                path = await asyncio.shield(entering)
+            except asyncio.CancelledError:
+                # The fetch runs on in its thread; what it holds once done is let go then.
+                entering.add_done_callback(partial(_exit_once_entered, copy))
+                raise
+            holds.push(copy.__exit__)
         return (
             target if path == adapter.path else replace(target, adapter=replace(adapter, path=path))
         )

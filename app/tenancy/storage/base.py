@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import ClassVar
 
 from app.tenancy.adapters import AdapterError
 from app.tenancy.archive import extract_archive
@@ -26,6 +27,10 @@ class AdapterStore(ABC):
     validated in a staging directory under ``root`` before :meth:`_keep` hands the version to
     the storage. Nothing of a rejected adapter remains.
     """
+
+    held_copy_waits: ClassVar[bool] = True
+    """Whether entering :meth:`held_copy` may wait (a fetch, a lock): a caller on an event
+    loop then enters it in a thread."""
 
     def __init__(self, root: Path, base: BaseModelInfo, *, max_rank: int, max_bytes: int) -> None:
         self.root = root

@@ -14,6 +14,8 @@ from app.tenancy.validation import ValidatedAdapter
 class LocalAdapterStore(AdapterStore):
     """Versions on this host's disk, under ``<root>/.store/<sha256>/``."""
 
+    held_copy_waits = False  # a copy is a directory here, looked up by a stat
+
     def _keep(self, staging: Path, adapter: Path, checked: ValidatedAdapter) -> Path:
         final = self.root / STORE_DIR / checked.sha256
         if not final.exists():  # identical content is stored once

@@ -1,0 +1,70 @@
+"""A request's adapter content, held on this host while it runs: entered on the event loop
+where that cannot wait (a local store's directory), in a thread where it may (a fetch)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from contextlib import ExitStack
+from pathlib import Path
+from types import TracebackType
+
+import pytest
+
+from app.serving.lifecycle.tracking import RequestTracker
+from app.tenancy.adapters import Adapter
+from app.tenancy.storage.local import LocalAdapterStore
+from app.tenancy.storage.s3 import S3AdapterStore
+from app.tenancy.tenants import ModelTarget
+
+ADAPTER = Adapter("legal", 1, "a" * 64, Path("/registered/legal"), 8, ("q_proj",), 1)
+
+
+class RecordedCopy:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.entered_on: str | None = None
+        self.exited = False
+
+    def __enter__(self) -> Path:
+        self.entered_on = threading.current_thread().name
+        return self.path
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.exited = True
+
+
+def tracker(held_copy_waits: bool) -> RequestTracker:
+    return RequestTracker(
+        lambda: None,  # type: ignore[arg-type, return-value]
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        asyncio.ensure_future,
+        lease_seconds=60,
+        held_copy=None,
+        held_copy_waits=held_copy_waits,
+    )
+
+
+@pytest.mark.parametrize("waits", [False, True])
+async def test_the_copy_is_held_until_the_request_ends_and_entered_where_it_may_wait(
+    waits: bool,
+) -> None:
+    copy = RecordedCopy(Path("/this-host/legal"))
+    with ExitStack() as holds:
+        target = await tracker(waits)._on_this_host(
+            ModelTarget("legal", ADAPTER), ADAPTER, holds, copy
+        )
+        assert target.adapter is not None and target.adapter.path == copy.path
+        assert not copy.exited
+    assert copy.exited
+    on_the_loop = copy.entered_on == threading.current_thread().name
+    assert on_the_loop is not waits
+
+
+def test_only_a_local_store_s_copy_is_entered_without_a_thread() -> None:
+    assert not LocalAdapterStore.held_copy_waits
+    assert S3AdapterStore.held_copy_waits
