@@ -166,7 +166,7 @@ def create_engine(url: str) -> AsyncEngine:
 def create_sync_sqlite_engine(url: URL) -> Engine:
     """A synchronous engine (the standard library's driver) on the SQLite file of the async
     ``url``, set up as :func:`create_engine`'s: for a writer whose whole transaction runs in
-    one call on a thread of its own (:mod:`app.store.batch_insert`)."""
+    one call on a thread of its own (:mod:`app.store.transactions`)."""
     engine = create_sync_engine(url.set(drivername="sqlite"), pool_size=1, max_overflow=0)
     event.listen(engine, "connect", _configure_sqlite)
     event.listen(engine, "begin", _begin_immediate)

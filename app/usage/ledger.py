@@ -27,14 +27,16 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from datetime import datetime
+from functools import partial
 from typing import Any, Literal
 
-from sqlalchemy import insert, select
+from sqlalchemy import Connection, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import metrics
 from app.store.db import store_is_down
 from app.store.tables import UsageRow
+from app.store.transactions import transactions
 from app.usage.refusals import RefusalCounts, add_refusals
 from app.usage.version_minutes import add_version_minutes
 
@@ -94,15 +96,22 @@ _RECORD_FIELDS = tuple(f.name for f in fields(UsageRecord))
 _USAGE_TABLE = UsageRow.metadata.tables[UsageRow.__tablename__]
 
 
-async def write_records(session: AsyncSession, records: Iterable[UsageRecord]) -> None:
-    """Write ``records`` and add them to the versions' counts in ``session``'s transaction:
-    the ledger's own writes, and a batch line's, whose record commits with its output."""
+def write_rows(connection: Connection, rows: list[dict[str, Any]]) -> None:
+    """Write usage ``rows`` (:meth:`UsageRecord.as_dict`) and add them to the versions' counts,
+    in ``connection``'s transaction."""
     # One executemany of plain rows: the ORM's unit of work (an object, its state and
     # identity per record, flushed) cost more than the rest of a short request.
+    if rows:
+        connection.execute(insert(_USAGE_TABLE), rows)
+        add_version_minutes(connection, rows)
+
+
+async def write_records(session: AsyncSession, records: Iterable[UsageRecord]) -> None:
+    """:func:`write_rows` in ``session``'s transaction: a batch line's, whose record commits
+    with its output."""
     rows = [record.as_dict() for record in records]
     if rows:
-        await session.execute(insert(_USAGE_TABLE), rows)
-        await add_version_minutes(session, rows)
+        await session.run_sync(lambda sync: write_rows(sync.connection(), rows))
 
 
 class UsageLedger:
@@ -119,6 +128,9 @@ class UsageLedger:
         if backlog_max < 1:
             raise ValueError("backlog_max must be positive")
         self._sessions = sessions
+        # Its writes in one call to a thread of its own where the store is a SQLite file: a
+        # flush every second through the shared sessions was a dozen handoffs between threads.
+        self._transactions = transactions(sessions, "usage-writer")
         self._backlog_max = backlog_max
         self._close_timeout = CLOSE_TIMEOUT_SECONDS if close_timeout is None else close_timeout
         self._pending: deque[UsageRecord] = deque()
@@ -196,6 +208,12 @@ class UsageLedger:
         """Write what is left, after any write under way; what cannot be written within
         ``close_timeout`` is logged in full, one line per record. Never raises."""
         try:
+            await self._write_the_rest()
+        finally:
+            await self._transactions.close()
+
+    async def _write_the_rest(self) -> None:
+        try:
             await asyncio.wait_for(self.flush(), self._close_timeout)
         except (Exception, asyncio.TimeoutError) as exc:
             logger.error("could not write the last usage records at shutdown: %r", exc)
@@ -268,10 +286,8 @@ class UsageLedger:
 
     async def _insert(self, records: Iterable[UsageRecord]) -> None:
         """Write ``records``, and add them to the versions' counts, in one transaction."""
-        # One executemany of plain rows: the ORM's unit of work (an object, its state and
-        # identity per record, flushed) cost more than the rest of a short request.
-        async with self._sessions.begin() as session:
-            await write_records(session, records)
+        rows = [record.as_dict() for record in records]
+        await self._transactions.run(partial(write_rows, rows=rows))
 
     async def _exists(self, record: UsageRecord) -> bool:
         """Whether ``record`` is in the store already (a write that was reported failed after

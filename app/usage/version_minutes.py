@@ -11,7 +11,6 @@ from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.store.tables import VersionMinuteRow
 
@@ -49,8 +48,8 @@ def count_by_minute(records: Iterable[Record]) -> dict[MinuteKey, tuple[int, int
     return {key: (requests[key], errors[key]) for key in requests}
 
 
-async def add_version_minutes(session: AsyncSession, records: Iterable[Record]) -> None:
-    """Add the usage ``records`` to the counts, in ``session``'s transaction (the one that
+def add_version_minutes(connection: Connection, records: Iterable[Record]) -> None:
+    """Add the usage ``records`` to the counts, in ``connection``'s transaction (the one that
     writes them)."""
     counts = count_by_minute(records)
     if not counts:
@@ -69,7 +68,7 @@ async def add_version_minutes(session: AsyncSession, records: Iterable[Record]) 
         }
         for (uid, model, adapter, version, minute, reason), (n, failed) in sorted(counts.items())
     ]
-    await session.run_sync(lambda sync: _upsert(sync.connection(), rows))
+    _upsert(connection, rows)
 
 
 def _upsert(connection: Connection, rows: list[dict[str, object]]) -> None:
