@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -21,6 +22,8 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, event, text
 from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy.engine import URL, make_url
@@ -68,12 +71,23 @@ def alembic_config() -> Config:
     return config
 
 
+@functools.cache
+def newest_revision() -> str | None:
+    """The revision of the newest migration: the scripts read once per process."""
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
 def _upgrade(connection: Connection) -> None:
     if connection.dialect.name == "postgresql":
         # Replicas starting together would each run the same DDL: the first holds this lock
         # to its transaction's end, the others then find the schema at head. (SQLite's
         # BEGIN IMMEDIATE serialises them already.)
         connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_ID})")
+    # A store already at the newest revision (every start but an upgrade's) is left as it is
+    # without Alembic's upgrade, which reads and compiles every migration script each time
+    # to find nothing to do. Any other revision, an unknown one included, is Alembic's.
+    if MigrationContext.configure(connection).get_current_revision() == newest_revision():
+        return
     config = alembic_config()
     config.attributes["connection"] = connection
     command.upgrade(config, "head")

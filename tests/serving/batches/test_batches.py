@@ -161,7 +161,7 @@ async def test_a_malformed_line_fails_the_batch_naming_it(
 async def test_another_tenants_batch_is_a_404_like_an_unknown_one(serve: ServeFactory) -> None:
     async with serve(ScriptedEngine(), **FAST_BATCHES) as served:
         api = client(served)
-        mine = await submitted(api, [chat_line("a", served.model)])
+        mine = await submitted(api, [chat_line("a", served.model, max_tokens=2)])
         await served.admin("POST", "/tenants", {"id": OTHER, "name": "B", "allow_base_model": True})
         key = (await served.admin("POST", f"/tenants/{OTHER}/keys", {"name": "k"}))["key"]
         theirs = openai.AsyncOpenAI(base_url=f"{served.base_url}/v1", api_key=key, max_retries=0)
@@ -360,7 +360,7 @@ async def test_a_replica_looks_for_batches_again_only_after_a_commit(
         await runner.take_new()
         assert len(looks) == found_none  # no batch, and no commit since: no query
         api = client(served)
-        created = await submitted(api, [chat_line("a", served.model)])
+        created = await submitted(api, [chat_line("a", served.model, max_tokens=2)])
         await runner.take_new()
         assert len(looks) == found_none + 1
         assert (await finished(api, created.id)).status == "completed"
