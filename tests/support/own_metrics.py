@@ -14,14 +14,42 @@ from __future__ import annotations
 from types import ModuleType
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
+from prometheus_client.metrics import MetricWrapperBase
 
 from app import metrics
 
 
+class _InMemory(MetricWrapperBase):
+    """A metric whose values stay in this process's memory, whatever storage the process's
+    metrics use now: while a gateway runs in the worker (on a thread, for the whole session)
+    they are slots in its files, keyed by the metric's name and labels, so a copy's child would
+    read the original's count, every earlier test's included."""
+
+    def _metric_init(self) -> None:
+        shared = values.ValueClass
+        values.ValueClass = values.MutexValue
+        try:
+            super()._metric_init()
+        finally:
+            values.ValueClass = shared
+
+
+class _Counter(_InMemory, Counter):
+    pass
+
+
+class _Gauge(_InMemory, Gauge):
+    pass
+
+
+class _Histogram(_InMemory, Histogram):
+    pass
+
+
 class OwnMetrics:
     """A copy of each of ``app.metrics``' ``names`` (same name, labels and buckets: read
-    with the same sample names) in a registry of their own."""
+    with the same sample names) in a registry of their own, its values in memory."""
 
     def __init__(self, *names: str) -> None:
         self.registry = CollectorRegistry()
@@ -30,14 +58,14 @@ class OwnMetrics:
             metric = getattr(metrics, name)
             common = {"labelnames": metric._labelnames, "registry": self.registry}
             if isinstance(metric, Counter):
-                copy: Counter | Gauge | Histogram = Counter(
+                copy: Counter | Gauge | Histogram = _Counter(
                     metric._name, metric._documentation, **common
                 )
             elif isinstance(metric, Gauge):
-                copy = Gauge(metric._name, metric._documentation, **common)
+                copy = _Gauge(metric._name, metric._documentation, **common)
             elif isinstance(metric, Histogram):
                 buckets = metric._upper_bounds
-                copy = Histogram(metric._name, metric._documentation, buckets=buckets, **common)
+                copy = _Histogram(metric._name, metric._documentation, buckets=buckets, **common)
             else:
                 raise TypeError(f"{name}: a {type(metric).__name__} is not copied")
             self._copies[name] = copy
