@@ -36,9 +36,11 @@ Each round also measures, with the same client and the same two phases:
   HTTP to a receiver in this process that counts the spans and drops them), its CPU per
   request and per token less the untraced gateway's in the same round; per request, from a
   short phase of ``--tracing-requests`` requests on each, both at once (``--streams``
-  streams each, from one client, the two processes' CPU read over the same seconds: on a
+  streams each, from one client, the two processes' CPU read over the same seconds, the
+  untraced one's streams opened first in odd rounds and the traced one's in even rounds: on a
   shared machine, two phases one after the other differ by the other work of their seconds,
-  by more than tracing's cost even with tracing off in both).
+  by more than tracing's cost even with tracing off in both, and of two at once, the one
+  opened first costs more a request).
   Every span must reach
   the receiver: a span the batch processor's queue dropped would cost less than one exported.
 
@@ -473,9 +475,13 @@ def measure_rounds(
                 row["responses_token_ratio"].append(ratio(resp_token, per_token_us(short, long)))
             if traced is not None:
                 each_traced = max(1, args.tracing_requests // streams)
-                beside, traced_short = measure_at_once(
-                    [gw, traced], streams, 1, each_traced, of=["untraced, beside traced", "traced"]
+                # Which one's streams open first weighs on its figure: each in turn.
+                pair = [(gw, "untraced, beside traced"), (traced, "traced")]
+                order = pair[:: -1 if round_number % 2 else 1]
+                at_once = measure_at_once(
+                    [g for g, _ in order], streams, 1, each_traced, of=[name for _, name in order]
                 )
+                beside, traced_short = at_once[:: -1 if round_number % 2 else 1]
                 traced_long = measure(traced, streams, args.tokens, each, of="traced")
                 phases += [beside, traced_short, traced_long]
                 row["traced_request_us"].append(traced_short.cpu_per_request_us)
