@@ -2,11 +2,16 @@
 ends (:mod:`app.tracing.otlp`) and queues the bytes, and its thread sends a batch at a time
 with the SDK's own OTLP exporter (:func:`sender`:
 its endpoint, headers, timeout, compression, certificates and retries, from the same
-``OTEL_EXPORTER_OTLP_*`` variables). The queue and the batches follow the batch span
+``OTEL_EXPORTER_OTLP_*`` variables). Over HTTP to a plain ``http://`` endpoint that no proxy
+variable, credential provider or ``.netrc`` entry concerns, the exporter posts with the SDK's
+urllib3 transport rather than its default, requests, which reads the proxy variables and
+``.netrc`` again at every post (most of a post's CPU); otherwise with requests, as the SDK
+does. The queue and the batches follow the batch span
 processor's ``OTEL_BSP_*`` variables, counted in spans as it counts them."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -15,6 +20,8 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import NamedTuple, Protocol
 
+import requests.utils
+from opentelemetry.exporter.http.transport._base import BaseHTTPTransport
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
     OTLPSpanExporter as GrpcExporter,
 )
@@ -22,6 +29,10 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
     OTLPSpanExporter as HttpExporter,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.environment_variables import (
+    _OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER,
+    _OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER,
+)
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 from app.tracing import otlp
@@ -72,14 +83,42 @@ class _GrpcSender(GrpcExporter):
         return result == SpanExportResult.SUCCESS
 
 
+def lean_transport(endpoint: str) -> BaseHTTPTransport | None:
+    """The SDK's urllib3 transport for posts to ``endpoint``, where the requests transport
+    would do nothing more: a plain ``http://`` endpoint (no certificates), no proxy variable
+    that applies to it, no credential provider (a requests session) and no ``.netrc`` entry
+    for its host, in this process's environment (which the SDK's exporter reads); ``None``
+    otherwise, or where the installed SDK has no such transport."""
+    credentials = (
+        _OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER,
+        _OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER,
+    )
+    if not endpoint.lower().startswith("http://") or any(os.environ.get(n) for n in credentials):
+        return None
+    if requests.utils.get_environ_proxies(endpoint) or requests.utils.get_netrc_auth(endpoint):
+        return None
+    try:
+        from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
+    except ImportError:
+        return None
+    return Urllib3HTTPTransport()
+
+
 def sender(grpc: bool, endpoint: str | None) -> Sender | None:
-    """The SDK's OTLP exporter over gRPC or HTTP, to ``endpoint``, as a :class:`Sender`;
-    ``None`` where the installed SDK's exporter is not built as this module expects (then
-    the SDK's spans go through its own exporter instead)."""
+    """The SDK's OTLP exporter over gRPC or HTTP, to ``endpoint``, as a :class:`Sender`
+    (over HTTP, with :func:`lean_transport` where there is one); ``None`` where the installed
+    SDK's exporter is not built as this module expects (then the SDK's spans go through its
+    own exporter instead)."""
     if grpc:
         exported = callable(getattr(GrpcExporter, "_export", None))
         return _GrpcSender(endpoint=endpoint) if exported else None
-    http_sender = _HttpSender(endpoint=endpoint)
+    transport = lean_transport(endpoint) if endpoint is not None else None
+    http_sender = None
+    if transport is not None:
+        with contextlib.suppress(TypeError):  # an exporter that takes no transport
+            http_sender = _HttpSender(endpoint=endpoint, _transport=transport)
+    if http_sender is None:
+        http_sender = _HttpSender(endpoint=endpoint)
     client = getattr(http_sender, "_client", None)
     if callable(getattr(client, "export", None)) and hasattr(http_sender, "_metrics"):
         return http_sender

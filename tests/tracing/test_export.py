@@ -1,7 +1,9 @@
 """Request traces leaving the process (app/tracing/export.py): batched as the ``OTEL_BSP_*``
 variables say, a full queue dropping (and counting) rather than growing, everything queued
 sent on a flush and at shutdown; the SDK's OTLP exporters sending the encoded bytes over HTTP
-and over gRPC to receivers on loopback; a sink for each exporter named."""
+and over gRPC to receivers on loopback (over HTTP with the SDK's urllib3 transport where
+requests would add nothing, with requests where a proxy, a credential provider or TLS is
+involved); a sink for each exporter named."""
 
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import grpc
+import pytest
+from opentelemetry.exporter.http.transport._requests import RequestsHTTPTransport
+from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -132,6 +137,50 @@ def test_the_sdks_http_exporter_sends_the_encoded_request() -> None:
             sender.shutdown()
     assert received.paths == ["/v1/traces"]
     assert [span.name for span in received.spans()] == ["step0", "step1", "chat m"]  # type: ignore[attr-defined]
+
+
+def test_a_plain_http_endpoint_is_posted_to_without_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    endpoint = "http://127.0.0.1:4318/v1/traces"
+    assert isinstance(export.lean_transport(endpoint), Urllib3HTTPTransport)
+    sender = export.sender(grpc=False, endpoint=endpoint)
+    assert sender is not None
+    try:
+        assert isinstance(sender._client._transport, Urllib3HTTPTransport)  # type: ignore[attr-defined]
+    finally:
+        sender.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "endpoint"),
+    [
+        ("HTTP_PROXY", "http://proxy.example:3128", "http://collector.example:4318/v1/traces"),
+        (
+            "OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER",
+            "a-provider",
+            "http://127.0.0.1:4318/v1/traces",
+        ),
+        (None, None, "https://collector.example:4318/v1/traces"),
+    ],
+)
+def test_a_proxy_a_credential_provider_or_tls_keeps_requests(
+    monkeypatch: pytest.MonkeyPatch, variable: str | None, value: str | None, endpoint: str
+) -> None:
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    if variable is not None and value is not None:
+        monkeypatch.setenv(variable, value)
+    assert export.lean_transport(endpoint) is None
+    if variable is None or variable == "HTTP_PROXY":  # no provider to load: it would fail
+        sender = export.sender(grpc=False, endpoint=endpoint)
+        assert sender is not None
+        try:
+            assert isinstance(sender._client._transport, RequestsHTTPTransport)  # type: ignore[attr-defined]
+        finally:
+            sender.shutdown()
 
 
 @contextmanager

@@ -35,8 +35,13 @@ Each round also measures, with the same client and the same two phases:
 * with ``--tracing``, tracing: a second gateway with tracing on at full sampling (OTLP over
   HTTP to a receiver in this process that counts the spans and drops them), its CPU per
   request and per token less the untraced gateway's in the same round; per request, from a
-  short phase of ``--tracing-requests`` requests on each, one after the other (a difference
-  of two phases, so more requests than the others'). Every span must reach
+  short phase of ``--tracing-requests`` requests on each, both at once (``--streams``
+  streams each, from one client, the two processes' CPU read over the same seconds, the
+  untraced one's streams opened first in odd rounds and the traced one's in even rounds: on a
+  shared machine, two phases one after the other differ by the other work of their seconds,
+  by more than tracing's cost even with tracing off in both, and of two at once, the one
+  opened first costs more a request).
+  Every span must reach
   the receiver: a span the batch processor's queue dropped would cost less than one exported.
 
 Medians and the spread over rounds are printed and written to
@@ -295,18 +300,47 @@ def measure(
 ) -> Phase:
     """One phase on ``gw``; ``of`` names what it measures, where it is not the gateway's chat
     (``reference``, ``Responses``)."""
+    (phase,) = measure_at_once([gw], streams, max_tokens, requests_per_stream, reading, [of])
+    return phase
+
+
+def measure_at_once(
+    gateways: list[Gateway],
+    streams: int,
+    max_tokens: int,
+    requests_per_stream: int,
+    reading: Reading = CHAT,
+    of: list[str] | None = None,
+) -> list[Phase]:
+    """One phase on each of ``gateways`` at the same time, ``streams`` streams each, from one
+    client, each gateway's CPU read over the same window: whatever else the machine runs in
+    those seconds weighs on each alike (``of`` names each phase, as :func:`measure`'s)."""
     build = responses_request if reading is RESPONSES else chat_request
-    request = build(HOST, gw.port, gw.key, gw.model, max_tokens)
-    before, (_, system_before) = gw.cpu_seconds(), gw.cpu_times()
-    result = asyncio.run(run_phase(HOST, gw.port, request, streams, requests_per_stream, reading))
+    requests = [build(HOST, gw.port, gw.key, gw.model, max_tokens) for gw in gateways]
+    before = [(gw.cpu_seconds(), gw.cpu_times()[1]) for gw in gateways]
+
+    async def phases() -> list[PhaseResult]:
+        return await asyncio.gather(
+            *(
+                run_phase(HOST, gw.port, request, streams, requests_per_stream, reading)
+                for gw, request in zip(gateways, requests, strict=True)
+            )
+        )
+
+    results = asyncio.run(phases())
     time.sleep(SETTLE_SECONDS)
-    cpu, (_, system) = gw.cpu_seconds() - before, gw.cpu_times()
-    system -= system_before
-    expected = result.requests * max_tokens
-    if result.completion_tokens != expected:
-        raise RuntimeError(f"{result.completion_tokens} tokens streamed, {expected} expected")
     kind = "short" if max_tokens == 1 else "long"
-    return Phase(streams, f"{of}, {kind}" if of else kind, max_tokens, cpu, system, result)
+    out = []
+    for gw, (cpu_before, system_before), result, name in zip(
+        gateways, before, results, of or [""] * len(gateways), strict=True
+    ):
+        cpu, system = gw.cpu_seconds() - cpu_before, gw.cpu_times()[1] - system_before
+        expected = result.requests * max_tokens
+        if result.completion_tokens != expected:
+            raise RuntimeError(f"{result.completion_tokens} tokens streamed, {expected} expected")
+        label = f"{name}, {kind}" if name else kind
+        out.append(Phase(streams, label, max_tokens, cpu, system, result))
+    return out
 
 
 def measure_engine_alone(gw: Gateway, streams: int, max_tokens: int, each: int) -> Phase:
@@ -441,8 +475,13 @@ def measure_rounds(
                 row["responses_token_ratio"].append(ratio(resp_token, per_token_us(short, long)))
             if traced is not None:
                 each_traced = max(1, args.tracing_requests // streams)
-                beside = measure(gw, streams, 1, each_traced, of="untraced, beside traced")
-                traced_short = measure(traced, streams, 1, each_traced, of="traced")
+                # Which one's streams open first weighs on its figure: each in turn.
+                pair = [(gw, "untraced, beside traced"), (traced, "traced")]
+                order = pair[:: -1 if round_number % 2 else 1]
+                at_once = measure_at_once(
+                    [g for g, _ in order], streams, 1, each_traced, of=[name for _, name in order]
+                )
+                beside, traced_short = at_once[:: -1 if round_number % 2 else 1]
                 traced_long = measure(traced, streams, args.tokens, each, of="traced")
                 phases += [beside, traced_short, traced_long]
                 row["traced_request_us"].append(traced_short.cpu_per_request_us)
