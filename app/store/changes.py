@@ -45,6 +45,8 @@ class StoreVersion:
         for a poll's small read of columns stored as their Python values (ids, counters), whose
         query stays the same object. None where the store is not a SQLite file, and where the
         read failed (it never waits for a lock), so that the poller reads through a session."""
+        if self._path is None:
+            return None
         statement = self._statements.get(query)
         if statement is None:
             inlined = {"literal_binds": True}  # its values in the statement
