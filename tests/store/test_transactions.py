@@ -15,27 +15,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.store.tables import UsageRow
 from app.store.transactions import transactions
 from app.usage.ledger import UsageLedger, UsageRecord
+from tests.support.usage import record
 
 AT = datetime(2026, 12, 6, 12, 0, tzinfo=timezone.utc)
 
 
-def usage(request_id: str) -> UsageRecord:
-    return UsageRecord(
-        request_id=request_id,
-        tenant_id="acme",
-        tenant_uid="uid-acme",
-        key_id="key",
-        endpoint="chat.completions",
-        model="notes",
-        adapter="notes",
-        adapter_version=1,
-        prompt_tokens=3,
-        completion_tokens=2,
-        status="ok",
-        latency_ms=10,
-        started_at=AT,
-        finished_at=AT,
-    )
+def usage(n: int) -> UsageRecord:
+    return record(n, model="notes", key="key", day=AT, prompt=3, completion=2)
 
 
 async def counted(sessions: async_sessionmaker[AsyncSession]) -> int:
@@ -49,19 +35,20 @@ async def test_committed_when_the_work_returns_rolled_back_when_it_raises(
     runner = transactions(sessions, "test-writer")
     table = UsageRow.__table__
 
-    def write(connection: Connection, request_id: str, fail: bool = False) -> str:
-        connection.execute(insert(table), [usage(request_id).as_dict()])
+    def write(connection: Connection, n: int, fail: bool = False) -> str:
+        written = usage(n)
+        connection.execute(insert(table), [written.as_dict()])
         if fail:
             raise RuntimeError("the work failed after its insert")
-        return request_id
+        return written.request_id
 
     try:
-        assert await runner.run(lambda c: write(c, "r1")) == "r1"
+        assert await runner.run(lambda c: write(c, 1)) == "r1"
         with pytest.raises(RuntimeError):
-            await runner.run(lambda c: write(c, "r2", fail=True))
+            await runner.run(lambda c: write(c, 2, fail=True))
         assert await counted(sessions) == 1
         await runner.close()
-        assert await runner.run(lambda c: write(c, "r3")) == "r3"  # opened again
+        assert await runner.run(lambda c: write(c, 3)) == "r3"  # opened again
         assert await counted(sessions) == 2
     finally:
         await runner.close()
@@ -79,8 +66,8 @@ async def test_a_ledger_flush_is_one_call_to_a_thread_of_its_own_on_sqlite(
 
     event.listen(Engine, "before_cursor_execute", sent)
     try:
-        ledger.record(usage("r1"))
-        ledger.record(usage("r2"))
+        ledger.record(usage(1))
+        ledger.record(usage(2))
         assert await ledger.flush() == 2
     finally:
         event.remove(Engine, "before_cursor_execute", sent)

@@ -139,6 +139,16 @@ def test_the_sdks_http_exporter_sends_the_encoded_request() -> None:
     assert [span.name for span in received.spans()] == ["step0", "step1", "chat m"]  # type: ignore[attr-defined]
 
 
+def posting_transport(endpoint: str) -> object:
+    """The transport the OTLP/HTTP sender to ``endpoint`` posts with."""
+    sender = export.sender(grpc=False, endpoint=endpoint)
+    assert sender is not None
+    try:
+        return sender._client._transport  # type: ignore[attr-defined]
+    finally:
+        sender.shutdown()
+
+
 def test_a_plain_http_endpoint_is_posted_to_without_requests(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -146,12 +156,7 @@ def test_a_plain_http_endpoint_is_posted_to_without_requests(
         monkeypatch.delenv(name, raising=False)
     endpoint = "http://127.0.0.1:4318/v1/traces"
     assert isinstance(export.lean_transport(endpoint), Urllib3HTTPTransport)
-    sender = export.sender(grpc=False, endpoint=endpoint)
-    assert sender is not None
-    try:
-        assert isinstance(sender._client._transport, Urllib3HTTPTransport)  # type: ignore[attr-defined]
-    finally:
-        sender.shutdown()
+    assert isinstance(posting_transport(endpoint), Urllib3HTTPTransport)
 
 
 @pytest.mark.parametrize(
@@ -175,12 +180,7 @@ def test_a_proxy_a_credential_provider_or_tls_keeps_requests(
         monkeypatch.setenv(variable, value)
     assert export.lean_transport(endpoint) is None
     if variable is None or variable == "HTTP_PROXY":  # no provider to load: it would fail
-        sender = export.sender(grpc=False, endpoint=endpoint)
-        assert sender is not None
-        try:
-            assert isinstance(sender._client._transport, RequestsHTTPTransport)  # type: ignore[attr-defined]
-        finally:
-            sender.shutdown()
+        assert isinstance(posting_transport(endpoint), RequestsHTTPTransport)
 
 
 @contextmanager

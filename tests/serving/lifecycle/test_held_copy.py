@@ -13,11 +13,11 @@ from types import TracebackType
 
 import pytest
 
-from app.serving.lifecycle.tracking import RequestTracker
 from app.tenancy.adapters import Adapter
 from app.tenancy.storage.local import LocalAdapterStore
 from app.tenancy.storage.s3 import S3AdapterStore
 from app.tenancy.tenants import ModelTarget
+from tests.support.bare_tracker import bare_tracker
 
 ADAPTER = Adapter("legal", 1, "a" * 64, Path("/registered/legal"), 8, ("q_proj",), 1)
 
@@ -38,26 +38,13 @@ class RecordedCopy:
         self.exited = True
 
 
-def tracker(held_copy_waits: bool) -> RequestTracker:
-    return RequestTracker(
-        lambda: None,  # type: ignore[arg-type, return-value]
-        None,  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        asyncio.ensure_future,
-        lease_seconds=60,
-        held_copy=None,
-        held_copy_waits=held_copy_waits,
-    )
-
-
 @pytest.mark.parametrize("waits", [False, True])
 async def test_the_copy_is_held_until_the_request_ends_and_entered_where_it_may_wait(
     waits: bool,
 ) -> None:
     copy = RecordedCopy(Path("/this-host/legal"))
     with ExitStack() as holds:
-        target = await tracker(waits)._on_this_host(
+        target = await bare_tracker(held_copy_waits=waits)._on_this_host(
             ModelTarget("legal", ADAPTER), ADAPTER, holds, copy
         )
         assert target.adapter is not None and target.adapter.path == copy.path
@@ -89,7 +76,9 @@ async def test_an_adapter_copy_fetched_for_a_request_that_left_is_let_go(tmp_pat
     adapter = Adapter("a", 1, "0" * 64, tmp_path / "elsewhere", 8, ("q_proj",), lora_id=1)
     target = ModelTarget(model="a", adapter=adapter)
     with ExitStack() as holds:
-        task = asyncio.create_task(tracker(True)._on_this_host(target, adapter, holds, slow_copy()))
+        task = asyncio.create_task(
+            bare_tracker(held_copy_waits=True)._on_this_host(target, adapter, holds, slow_copy())
+        )
         await asyncio.to_thread(fetching.wait, 10)
         task.cancel()  # the client left during the download
         with pytest.raises(asyncio.CancelledError):

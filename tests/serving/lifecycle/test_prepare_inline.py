@@ -13,6 +13,7 @@ from typing import Any
 
 from app.protocol import ChatCompletionRequest
 from app.serving.lifecycle.tracking import INLINE_PREPARE_BYTES, RequestTracker
+from tests.support.bare_tracker import bare_tracker
 
 WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
 
@@ -46,18 +47,6 @@ class RecordingService:
             self.busy.release()
 
 
-def tracker() -> RequestTracker:
-    return RequestTracker(
-        lambda: None,  # type: ignore[arg-type, return-value]
-        None,  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        asyncio.ensure_future,
-        lease_seconds=60,
-        held_copy=None,
-    )
-
-
 async def prepare(
     tracker: RequestTracker,
     service: Any,
@@ -71,7 +60,7 @@ async def prepare(
 
 
 async def test_small_bodies_on_the_loop_large_or_unknown_ones_on_the_thread() -> None:
-    subject, service = tracker(), RecordingService()
+    subject, service = bare_tracker(), RecordingService()
     loop_thread = threading.current_thread().name
     try:
         await prepare(subject, service, 200)
@@ -86,7 +75,7 @@ async def test_small_bodies_on_the_loop_large_or_unknown_ones_on_the_thread() ->
 
 
 async def test_a_small_body_queues_behind_the_thread_while_it_works() -> None:
-    subject, service = tracker(), RecordingService()
+    subject, service = bare_tracker(), RecordingService()
     service.hold = True
     try:
         large = asyncio.ensure_future(prepare(subject, service, None))
@@ -104,7 +93,7 @@ async def test_a_small_body_queues_behind_the_thread_while_it_works() -> None:
 
 
 async def test_a_request_cancelled_while_queued_does_not_free_the_tokenizer_early() -> None:
-    subject, service = tracker(), RecordingService()
+    subject, service = bare_tracker(), RecordingService()
     service.hold = True
     try:
         working = asyncio.ensure_future(prepare(subject, service, None))
@@ -125,7 +114,7 @@ async def test_a_request_cancelled_while_queued_does_not_free_the_tokenizer_earl
 
 
 async def test_another_tenant_waits_for_the_running_job_only_not_for_a_flood() -> None:
-    subject, service = tracker(), RecordingService()
+    subject, service = bare_tracker(), RecordingService()
     service.hold = True
     finished: list[str] = []
 
@@ -148,7 +137,7 @@ async def test_another_tenant_waits_for_the_running_job_only_not_for_a_flood() -
 
 
 async def test_a_small_body_with_an_output_constraint_is_prepared_on_the_thread() -> None:
-    subject, service = tracker(), RecordingService()
+    subject, service = bare_tracker(), RecordingService()
     loop_thread = threading.current_thread().name
     constrained = (
         chat(structured_outputs={"json": {"type": "array"}}),
@@ -193,7 +182,7 @@ class CheckingService:
 
 
 async def test_a_compile_check_holds_neither_the_tokenizer_nor_another_tenants_check() -> None:
-    subject, service = tracker(), CheckingService()
+    subject, service = bare_tracker(), CheckingService()
     constrained = chat(structured_outputs={"json": {"type": "array"}})
 
     async def prepared(tenant: str, request_id: str) -> None:
