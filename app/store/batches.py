@@ -17,8 +17,8 @@ from typing import Any, Literal
 from sqlalchemy import and_, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.store.changes import StoreVersion
-from app.store.db import lock_tenant, now, reading
+from app.store.changes import StoreVersion, polled
+from app.store.db import lock_tenant, now
 from app.store.tables import BatchLineRow, BatchRow, FileRow, QuotaRow
 
 ACTIVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
@@ -98,13 +98,9 @@ class BatchStore:
         return BatchPage(batches=rows[:limit], has_more=len(rows) > limit)
 
     async def active_ids(self, version: StoreVersion | None = None) -> list[str]:
-        """Every batch that is not finished yet, oldest first: read by ``version`` where it
-        can (a poll's read)."""
-        ids = version.read(ACTIVE_IDS) if version is not None else None
-        if ids is None:
-            async with reading(self._sessions) as session:  # a poll: no write lock
-                ids = list((await session.scalars(ACTIVE_IDS)).all())
-        return ids
+        """Every batch that is not finished yet, oldest first, for a poll
+        (:func:`app.store.changes.polled`)."""
+        return await polled(self._sessions, version, ACTIVE_IDS)
 
     async def move(
         self,

@@ -22,7 +22,7 @@ from sqlalchemy import Select
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.store.db import sqlite_file
+from app.store.db import reading, sqlite_file
 
 
 class StoreVersion:
@@ -71,3 +71,15 @@ class StoreVersion:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+
+
+async def polled(
+    sessions: async_sessionmaker[AsyncSession], version: StoreVersion | None, query: Select[Any]
+) -> list[Any]:
+    """The first column of ``query``'s rows, for a poll: read by ``version`` where it can,
+    else through a session that takes no write lock."""
+    rows = version.read(query) if version is not None else None
+    if rows is None:
+        async with reading(sessions) as session:
+            rows = list((await session.scalars(query)).all())
+    return rows

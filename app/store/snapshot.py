@@ -14,8 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.quota.limits import Limits
-from app.store.changes import StoreVersion
-from app.store.db import reading
+from app.store.changes import StoreVersion, polled
 from app.store.tables import (
     AdapterVersionRow,
     ApiKeyRow,
@@ -84,11 +83,8 @@ REVISION = select(RevisionRow.value).where(RevisionRow.id == 1)
 async def revision(
     sessions: async_sessionmaker[AsyncSession], version: StoreVersion | None = None
 ) -> int:
-    """The registry's revision: read by ``version`` where it can (a poll's read)."""
-    values = version.read(REVISION) if version is not None else None
-    if values is None:
-        async with reading(sessions) as session:  # a poll: no write lock
-            values = [await session.scalar(REVISION)]
+    """The registry's revision, for a poll (:func:`app.store.changes.polled`)."""
+    values = await polled(sessions, version, REVISION)
     return int(values[0] or 0) if values else 0
 
 
