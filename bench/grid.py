@@ -98,7 +98,11 @@ class GridConfig:
     multiples: tuple[int, ...] = (1, 2, 3, 8)
     concurrencies: tuple[int, ...] = (16, 64)
     open_share: float = 0.7  # 0: no open-loop load
-    waves: int = 2  # a closed loop sends waves x concurrency requests
+    waves: int = 2  # a closed loop sends waves x concurrency requests ...
+    # ... and no fewer than this: at concurrency 16, two waves (32 requests) end within 15 s
+    # on the 2-core machine, where the loop's start and its drain weigh more than any rule
+    # (docs/performance-log.md, "the grid's short points").
+    min_closed_requests: int = 96
     open_requests: int = 48  # per open-loop point
     prompt_tokens: int = 64
     output_tokens: int = 32
@@ -175,6 +179,10 @@ class GridConfig:
             return nth
         return pool + nth
 
+    def closed_requests(self, load: Load) -> int:
+        """How many requests a closed loop at ``load`` sends."""
+        return max(self.waves * load.concurrency, self.min_closed_requests)
+
     def mix(self, point: GridPoint) -> Mix:
         zipf = self.zipf if point.popularity == "zipf" else 0.0
         return Mix(point.multiple * self.max_loras, zipf, 0.0, self.output_tokens, self.seed)
@@ -184,7 +192,7 @@ class GridConfig:
         systems' list and sent by that adapter's tenant; an open loop at ``rate`` req/s."""
         mix = self.mix(point)
         if point.load.closed:
-            planned = closed_plan(mix, self.waves * point.load.concurrency)
+            planned = closed_plan(mix, self.closed_requests(point.load))
         else:
             if rate is None or rate <= 0:
                 raise ValueError("an open-loop point needs its rate")

@@ -178,7 +178,7 @@ async def visit(
 
 def planned_requests(config: GridConfig) -> int:
     per_round = sum(
-        config.waves * p.load.concurrency if p.load.closed else config.open_requests
+        config.closed_requests(p.load) if p.load.closed else config.open_requests
         for p in config.points()
     )
     return per_round * config.rounds * len(SYSTEMS)
@@ -274,7 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--quick", action="store_true", help="one round of two points and their references"
     )
     parser.add_argument("--rounds", type=int, help="rounds (default 3; quick: 1)")
-    parser.add_argument("--waves", type=int, help="a closed loop sends waves x concurrency")
+    parser.add_argument(
+        "--waves", type=int, help="a closed loop sends waves x concurrency (at least 96)"
+    )
     parser.add_argument("--open-requests", type=int, help="requests per open-loop point")
     parser.add_argument(
         "--gateway-settings",

@@ -61,12 +61,20 @@ def test_a_points_requests_name_adapters_of_its_pools_each_sent_by_its_own_tenan
     pool = config.pool_size()
     assert pool == 8 * SLOTS
     mixed = config.requests(GridPoint("mixed", "uniform", 3, C16))
-    assert len(mixed) == config.waves * 16
+    assert len(mixed) == max(config.waves * 16, config.min_closed_requests) == 96
     assert {r.adapter for r in mixed} <= {*range(0, 12, 2), *(pool + i for i in range(1, 12, 2))}
     assert any(r.adapter >= pool for r in mixed) and any(r.adapter < pool for r in mixed)
     assert all(r.tenant == r.adapter for r in mixed)
     everything = config.requests(GridPoint("all", "uniform", 2, C16))
     assert all(pool <= r.adapter < pool + 8 for r in everything)
+
+
+def test_a_closed_loop_sends_its_waves_and_no_fewer_than_the_least_a_point_may():
+    config = GridConfig()
+    assert config.closed_requests(C64) == config.waves * 64 > config.min_closed_requests
+    assert config.closed_requests(C16) == config.min_closed_requests > config.waves * 16
+    more = dataclasses.replace(config, waves=10)
+    assert len(more.requests(GridPoint("attention", "uniform", 2, C16))) == 160
 
 
 def test_an_open_loop_point_needs_the_rate_its_round_measured():
