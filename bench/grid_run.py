@@ -41,6 +41,10 @@ from bench.workload import PlannedRequest
 
 SYSTEMS = (VLLM, GATEWAY)
 TIMEOUT_SECONDS = 1800.0  # longest a closed loop may run
+# In a run's directory: its grid's command-line arguments, and every visit's samples as the
+# visit ends, so that a run cut short, or one round at a time, can be resumed (``--resume``).
+ARGUMENTS_FILE = "arguments.json"
+SAMPLES_FILE = "samples.jsonl"
 
 
 def adapter_pools(config: GridConfig, model: Path) -> list[BenchAdapter]:
@@ -176,19 +180,53 @@ async def visit(
         await asyncio.to_thread(system.stop)
 
 
-def planned_requests(config: GridConfig) -> int:
+def planned_requests(config: GridConfig, rounds: int) -> int:
     per_round = sum(
         config.closed_requests(p.load) if p.load.closed else config.open_requests
         for p in config.points()
     )
-    return per_round * config.rounds * len(SYSTEMS)
+    return per_round * rounds * len(SYSTEMS)
 
 
-async def run_grid(config: GridConfig, settings: Settings, command: str) -> Path:
+def append_samples(path: Path, samples: Sequence[Sample]) -> None:
+    with path.open("a") as out:
+        for sample in samples:
+            line = {**dataclasses.asdict(sample), "counters": dict(sample.counters)}
+            out.write(json.dumps(line) + "\n")
+
+
+def whole_rounds(path: Path, config: GridConfig, slots: int) -> list[Sample]:
+    """The samples saved at ``path`` of the rounds that ran every point on both systems: a
+    round cut short is run again whole, as its references fix its objectives."""
+    if not path.exists():
+        return []
+    samples = []
+    for line in path.read_text().splitlines():
+        saved = json.loads(line)
+        records = tuple(RequestRecord(**r) for r in saved.pop("records"))
+        samples.append(Sample(records=records, **saved))
+    wanted = {(system, p.name(slots)) for system in SYSTEMS for p in config.points()}
+    rounds = sorted({s.round for s in samples})
+    whole = [r for r in rounds if {(s.system, s.point) for s in samples if s.round == r} == wanted]
+    kept = whole[: next((i for i, r in enumerate(whole) if r != i), len(whole))]
+    return [s for s in samples if s.round in kept]
+
+
+async def run_grid(
+    config: GridConfig,
+    settings: Settings,
+    arguments: Sequence[str],
+    resume: Path | None = None,
+) -> Path:
+    """Run the grid's rounds (of the command line's ``arguments``) into a new directory, or,
+    with ``resume``, the rounds that directory's run has not finished, and report on all."""
     started = datetime.now(timezone.utc)
-    out_dir = config.out / f"grid-{started.strftime('%Y%m%dT%H%M%SZ')}"
+    out_dir = resume or config.out / f"grid-{started.strftime('%Y%m%dT%H%M%SZ')}"
     work_dir = out_dir / "tmp"
     work_dir.mkdir(parents=True, exist_ok=True)
+    if resume is None:
+        (out_dir / ARGUMENTS_FILE).write_text(json.dumps(list(arguments)) + "\n")
+    command = " ".join(["python -m bench.grid_run", *arguments])
     engine = EngineConfig(
         settings.model_copy(
             update={
@@ -197,15 +235,20 @@ async def run_grid(config: GridConfig, settings: Settings, command: str) -> Path
             }
         )
     )
-    status = StatusLine(planned_requests(config))
+    slots = engine.settings.max_loras
+    saved = out_dir / SAMPLES_FILE
+    samples = whole_rounds(saved, config, slots)
+    saved.unlink(missing_ok=True)
+    append_samples(saved, samples)
+    first_round = len({s.round for s in samples})
+    status = StatusLine(planned_requests(config, config.rounds - first_round))
     status.set("-", "writing adapters")
     model = Path(settings.model)
     adapters = await asyncio.to_thread(adapter_pools, config, model)
     prompts = SizedPrompts(model, config.prompt_tokens)
     ticker = asyncio.create_task(status.run(0.5))
-    samples: list[Sample] = []
     try:
-        for round_ in range(config.rounds):
+        for round_ in range(first_round, config.rounds):
             this_round = Round(config, engine.settings.max_loras)
             for visit_number, (name, points) in enumerate(round_plan(config.points(), round_)):
                 system: System = (
@@ -219,15 +262,16 @@ async def run_grid(config: GridConfig, settings: Settings, command: str) -> Path
                     )
                 )
                 log = out_dir / "logs" / f"{name}-round{round_ + 1}-{visit_number + 1}.log"
-                samples += await visit(
+                visited = await visit(
                     system, points, config, round_, this_round, adapters, prompts, log, status
                 )
+                append_samples(saved, visited)
+                samples += visited
     finally:
         ticker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await ticker
         status.finish()
-    slots = engine.settings.max_loras
     targets = evaluate_grid(samples, config.points(), slots, config.seed, config.draws)
     context = {
         "command": command,
@@ -239,6 +283,7 @@ async def run_grid(config: GridConfig, settings: Settings, command: str) -> Path
         f"max_cpu_loras={engine.settings.max_cpu_loras} "
         f"lora_slot_quantum_tokens={settings.lora_slot_quantum_tokens}",
         "rounds": config.rounds,
+        "resumed": f"{first_round} rounds carried over" if first_round else "no",
         "config": {
             k: str(v) if isinstance(v, Path) else v
             for k, v in dataclasses.asdict(config).items()
@@ -284,6 +329,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="more LORA_GATEWAY_* settings for the gateway, NAME=VALUE,...",
     )
     parser.add_argument("--out", type=Path, help="results parent directory")
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        metavar="DIR",
+        help="a run's directory: run its rounds not yet finished (up to --rounds, else its "
+        "own), with its own grid arguments, and report on them all",
+    )
     return parser
 
 
@@ -307,14 +359,26 @@ def config_from(args: argparse.Namespace) -> GridConfig:
     return dataclasses.replace(config, **overrides)
 
 
+def resumed_arguments(arguments: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
+    """The command line a run is resumed with: the run's own grid arguments (saved in its
+    directory), with the rounds asked for now."""
+    args = parser.parse_args(arguments)
+    saved = json.loads((args.resume / ARGUMENTS_FILE).read_text())
+    rounds = ["--rounds", str(args.rounds)] if args.rounds is not None else []
+    return [*saved, *rounds, "--resume", str(args.resume)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     try:
-        config = config_from(parser.parse_args(arguments))
-    except ValueError as exc:
+        if parser.parse_args(arguments).resume is not None:
+            arguments = resumed_arguments(arguments, parser)
+        args = parser.parse_args(arguments)
+        config = config_from(args)
+    except (ValueError, OSError) as exc:
         parser.error(str(exc))
-    asyncio.run(run_grid(config, Settings(), " ".join(["python -m bench.grid_run", *arguments])))
+    asyncio.run(run_grid(config, Settings(), arguments, args.resume))
     return 0
 
 

@@ -4,6 +4,7 @@ and goodput, and the targets' verdicts on samples."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -11,7 +12,17 @@ from bench.client import RequestRecord
 from bench.config import GATEWAY, VLLM
 from bench.grid import GridConfig, GridPoint, Load, Objectives
 from bench.grid_report import evaluate_grid, render_grid, turn_lead
-from bench.grid_run import Round, build_parser, config_from, round_plan
+from bench.grid_run import (
+    ARGUMENTS_FILE,
+    SAMPLES_FILE,
+    Round,
+    append_samples,
+    build_parser,
+    config_from,
+    resumed_arguments,
+    round_plan,
+    whole_rounds,
+)
 from bench.stats import ATTAINMENT, GOODPUT, SLO_TPOT, SLO_TTFT, TURN_LEAD, Sample
 
 C16, C64, OPEN = Load(concurrency=16), Load(concurrency=64), Load(share=0.7)
@@ -197,3 +208,37 @@ def test_the_turns_lead_is_read_from_the_gateways_histogram_over_every_point():
         [with_leads((1.0, 5), (2.0, 5), (3.0, 5)), with_leads((1.0, 3), (2.0, 5), (3.0, 5))]
     )
     assert text.startswith("10 turns") and "0.6 steps" in text and "2.0 at p99" in text
+
+
+def test_a_runs_saved_rounds_are_read_back_whole_and_a_round_cut_short_is_left_to_run_again(
+    tmp_path,
+):
+    config = GridConfig.quick()
+    names = [p.name(SLOTS) for p in config.points()]
+
+    def visit(system: str, round_: int, points: list[str]) -> list[Sample]:
+        return [
+            Sample(system, name, round_, (record(1.0, 0.1),), 12.5, {"turns": 3.0})
+            for name in points
+        ]
+
+    saved = tmp_path / SAMPLES_FILE
+    whole = visit(VLLM, 0, names) + visit(GATEWAY, 0, names)
+    append_samples(saved, whole)
+    append_samples(saved, visit(VLLM, 1, names) + visit(GATEWAY, 1, names[:1]))  # cut short
+    assert whole_rounds(saved, config, SLOTS) == whole
+    assert whole_rounds(tmp_path / "none.jsonl", config, SLOTS) == []
+
+
+def test_a_run_is_resumed_with_its_own_grid_arguments_and_the_rounds_asked_for_now(tmp_path):
+    (tmp_path / ARGUMENTS_FILE).write_text(json.dumps(["--quick", "--rounds", "1"]))
+    parser = build_parser()
+    arguments = resumed_arguments(["--resume", str(tmp_path), "--rounds", "3"], parser)
+    args = parser.parse_args(arguments)
+    assert args.resume == tmp_path
+    config = config_from(args)
+    assert config.rounds == 3 and config.only == GridConfig.quick().only
+    as_saved = config_from(
+        parser.parse_args(resumed_arguments(["--resume", str(tmp_path)], parser))
+    )
+    assert as_saved.rounds == 1
