@@ -130,6 +130,7 @@ bench-quick: install model
 # targets and load, with goodput against objectives fixed by vLLM's server in each round
 # (bench/results/grid-<time>/; docs/scheduling.md). Its own target, as one round takes up to
 # 90 minutes on a 2-core CPU; bench-grid-quick: one round of two points (and their references).
+# A run cut short, or run a round at a time: BENCH_ARGS="--resume bench/results/grid-<time>".
 bench-grid: install model
 	$(BIN)/python -m bench.grid_run $(BENCH_ARGS)
 
