@@ -3,10 +3,10 @@ ends (:mod:`app.tracing.otlp`) and queues the bytes, and its thread sends a batc
 with the SDK's own OTLP exporter (:func:`sender`:
 its endpoint, headers, timeout, compression, certificates and retries, from the same
 ``OTEL_EXPORTER_OTLP_*`` variables). Over HTTP to a plain ``http://`` endpoint that no proxy
-variable, credential provider or ``.netrc`` entry concerns, the exporter posts with the SDK's
-urllib3 transport rather than its default, requests, which reads the proxy variables and
-``.netrc`` again at every post (most of a post's CPU); otherwise with requests, as the SDK
-does. The queue and the batches follow the batch span
+variable, credential provider or ``.netrc`` entry concerns, the exporter posts over one kept
+``http.client`` connection (:mod:`app.tracing.transport`) rather than with its default,
+requests, which reads the proxy variables and ``.netrc`` again at every post (most of a
+post's CPU); otherwise with requests, as the SDK does. The queue and the batches follow the batch span
 processor's ``OTEL_BSP_*`` variables, counted in spans as it counts them."""
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from app.tracing import otlp
 from app.tracing.records import FinishedTrace
+from app.tracing.transport import PlainHttpTransport
 
 logger = logging.getLogger(__name__)
 
@@ -84,11 +85,12 @@ class _GrpcSender(GrpcExporter):
 
 
 def lean_transport(endpoint: str) -> BaseHTTPTransport | None:
-    """The SDK's urllib3 transport for posts to ``endpoint``, where the requests transport
-    would do nothing more: a plain ``http://`` endpoint (no certificates), no proxy variable
-    that applies to it, no credential provider (a requests session) and no ``.netrc`` entry
-    for its host, in this process's environment (which the SDK's exporter reads); ``None``
-    otherwise, or where the installed SDK has no such transport."""
+    """A transport over one kept ``http.client`` connection
+    (:class:`~app.tracing.transport.PlainHttpTransport`) for posts to ``endpoint``, where the
+    requests transport would do nothing more: a plain ``http://`` endpoint (no certificates),
+    no proxy variable that applies to it, no credential provider (a requests session) and no
+    ``.netrc`` entry for its host, in this process's environment (which the SDK's exporter
+    reads); ``None`` otherwise."""
     credentials = (
         _OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER,
         _OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER,
@@ -97,11 +99,7 @@ def lean_transport(endpoint: str) -> BaseHTTPTransport | None:
         return None
     if requests.utils.get_environ_proxies(endpoint) or requests.utils.get_netrc_auth(endpoint):
         return None
-    try:
-        from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
-    except ImportError:
-        return None
-    return Urllib3HTTPTransport()
+    return PlainHttpTransport()
 
 
 def sender(grpc: bool, endpoint: str | None) -> Sender | None:
