@@ -206,6 +206,7 @@ def _child_layout(name: str, trace_field: int) -> tuple[struct.Struct, bytes]:
 def spans(finished: FinishedTrace) -> bytes:
     """The trace's spans, each as a ``ScopeSpans.spans`` field, its children first and the
     request's last (as :func:`app.tracing.sinks.readable_spans` orders them)."""
+    finished.identify()
     trace = b"\x0a\x10" + finished.trace_id.to_bytes(16, "big")
     if finished.trace_state:
         trace += _string_field(b"\x1a", finished.trace_state.to_header())
@@ -213,7 +214,7 @@ def spans(finished: FinishedTrace) -> bytes:
     rows, failures, size = finished.children, finished.failures, len(trace)
     for at in range(0, len(rows), ROW):
         name, span_id, parent_id, start, end = rows[at : at + ROW]
-        if (failures and span_id in failures) or not parent_id:
+        if (failures and at in failures) or not parent_id:
             parts.append(_span(trace, finished.child(at), _HAS_IS_REMOTE))
             continue
         packing, lead = _child_layout(name, size)

@@ -115,12 +115,16 @@ def start(
     tracing = _tracing
     if tracing is None:
         return None
-    carrier = {
-        name.decode("latin-1"): value.decode("latin-1")
-        for name, value in headers
-        if name in TRACE_HEADERS
-    }
-    parent = _propagator.extract(carrier) if carrier else None
+    parent = None
+    for name, _ in headers:
+        if name in TRACE_HEADERS:  # rare: most requests come with no trace context
+            carrier = {
+                name.decode("latin-1"): value.decode("latin-1")
+                for name, value in headers
+                if name in TRACE_HEADERS
+            }
+            parent = _propagator.extract(carrier)
+            break
     operation = names.OPERATIONS.get(endpoint, endpoint)
     attributes: dict[str, AttributeValue] = {names.OPERATION: operation}
     if request_id is not None:
@@ -222,10 +226,8 @@ class RequestTrace:
             headers["tracestate"] = state
         return headers
 
-    def begin(self, name: str, under: str | None = None) -> int | None:
-        """Open the child span ``name``, under the open span ``under`` or the request's; its
-        span id (``None``: not recorded)."""
-        return None
+    def begin(self, name: str, under: str | None = None) -> None:
+        """Open the child span ``name``, under the open span ``under`` or the request's."""
 
     def end(self, name: str, failure: BaseException | None = None) -> None:
         """Close the child span ``name`` (failed by ``failure``, where given)."""
@@ -320,19 +322,28 @@ class RecordedTrace(RequestTrace):
         self._open: dict[str, int] = {}
         """The open children: where each one's row begins in ``_children``."""
         self._failures: dict[int, Failure] | None = None
+        """How children failed, by where their rows begin."""
         self._closing = self._settling = self._failed = self._ended = False
         self._engine_began = 0.0
 
-    def begin(self, name: str, under: str | None = None) -> int | None:
+    def begin(self, name: str, under: str | None = None) -> None:
         if self._ended:
-            return None
+            return
         children = self._children
         parent = self._span_id
         if under is not None and (at := self._open.get(under)) is not None:
-            parent = children[at + 1]
-        span_id: int = self._tracing.ids.generate_span_id()
+            parent = self._identify(at)
         self._open[name] = len(children)
-        children += (name, span_id, parent, time.time_ns(), 0)
+        # Its span id is made as the trace is exported (FinishedTrace.identify), off the event
+        # loop, unless a span is opened under it or its context is handed on first.
+        children += (name, 0, parent, time.time_ns(), 0)
+
+    def _identify(self, at: int) -> int:
+        """The span id of the child whose row begins at ``at``, made now where it was not."""
+        children = self._children
+        span_id: int = children[at + 1]
+        if not span_id:
+            span_id = children[at + 1] = self._tracing.ids.generate_span_id()
         return span_id
 
     def end(self, name: str, failure: BaseException | None = None) -> None:
@@ -375,11 +386,12 @@ class RecordedTrace(RequestTrace):
     def admitted(self, queue_wait: float) -> dict[str, str]:
         self.end(names.ADMISSION)
         self._attributes[names.QUEUE_WAIT_MS] = queue_wait * 1000
-        engine = self.begin(names.ENGINE)
+        self.begin(names.ENGINE)
         self._engine_began = time.monotonic()
+        engine = self._open.get(names.ENGINE)
         if engine is None:
             return super().admitted(queue_wait)
-        return self._headers(engine)
+        return self._headers(self._identify(engine))
 
     def expect_settlement(self) -> None:
         self._settling = True
@@ -405,10 +417,10 @@ class RecordedTrace(RequestTrace):
                 began = int(self._engine_began * 1e9) + offset
                 first = int(first_token_at * 1e9) + offset
                 last = max(first, int((last_token_at or time.monotonic()) * 1e9) + offset)
-                ids, engine_id = self._tracing.ids, children[engine + 1]
+                engine_id = self._identify(engine)
                 children += (
-                    *(names.FIRST_TOKEN, ids.generate_span_id(), engine_id, began, first),
-                    *(names.REST, ids.generate_span_id(), engine_id, first, last),
+                    *(names.FIRST_TOKEN, 0, engine_id, began, first),
+                    *(names.REST, 0, engine_id, first, last),
                 )
             if outcome == "error" and failure is not None:
                 self._fail_child(engine, failure)
@@ -434,7 +446,7 @@ class RecordedTrace(RequestTrace):
     def _fail_child(self, at: int, failure: BaseException | None) -> None:
         if self._failures is None:
             self._failures = {}
-        self._failures[self._children[at + 1]] = Failure(_message(failure), _error_type(failure))
+        self._failures[at] = Failure(_message(failure), _error_type(failure))
 
     def close(self) -> None:
         self._closing = True
@@ -452,7 +464,13 @@ class RecordedTrace(RequestTrace):
         self._open.clear()
         self._root.end = now
         finished = FinishedTrace(
-            self._trace_id, self._trace_state, self._remote, self._root, children, self._failures
+            self._trace_id,
+            self._trace_state,
+            self._remote,
+            self._root,
+            children,
+            self._failures,
+            self._tracing.ids,
         )
         # The sinks have the spans now: the trace, which may live on with the request's
         # objects, lets them go.
