@@ -9,7 +9,6 @@ request in flight holds a few objects for the garbage collector to follow, not o
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
 from opentelemetry.sdk.trace.id_generator import IdGenerator
@@ -71,21 +70,33 @@ class Failure(NamedTuple):
     error_type: str
 
 
-@dataclass(frozen=True, slots=True)
 class FinishedTrace:
     """A request's ended spans in one trace: its own (``root``, whose parent, where it has
     one, came with the request: ``remote_parent``) and its children, as rows of
     ``children`` (:data:`ROW`); the children that failed, by where their rows begin, in
     ``failures``. A child's span id that is 0 is made by ``ids`` when the trace is read
-    (:meth:`identify`): in the export's thread, not on the request's path."""
+    (:meth:`identify`): in the export's thread, not on the request's path. (A plain class:
+    a frozen dataclass's ``__init__`` would cost the request's end several times more.)"""
 
-    trace_id: int
-    trace_state: TraceState | None
-    remote_parent: SpanContext | None
-    root: SpanRecord
-    children: list[Any]
-    failures: dict[int, Failure] | None = None
-    ids: IdGenerator | None = None
+    __slots__ = ("children", "failures", "ids", "remote_parent", "root", "trace_id", "trace_state")
+
+    def __init__(
+        self,
+        trace_id: int,
+        trace_state: TraceState | None,
+        remote_parent: SpanContext | None,
+        root: SpanRecord,
+        children: list[Any],
+        failures: dict[int, Failure] | None = None,
+        ids: IdGenerator | None = None,
+    ) -> None:
+        self.trace_id = trace_id
+        self.trace_state = trace_state
+        self.remote_parent = remote_parent
+        self.root = root
+        self.children = children
+        self.failures = failures
+        self.ids = ids
 
     def identify(self) -> None:
         """Give each child that has none yet its span id (from ``ids``)."""
