@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Final
 from opentelemetry import context, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.sdk.trace.sampling import Decision, Sampler
+from opentelemetry.sdk.trace.sampling import Decision, ParentBased, Sampler, StaticSampler
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
@@ -60,12 +60,15 @@ class RequestTracing:
     """How requests are traced: with the SDK's ``sampler`` and ``ids`` (a tracer
     provider's), each sampled request's trace going to ``sinks`` once it has ended."""
 
-    __slots__ = ("ids", "sampler", "sinks")
+    __slots__ = ("decisions", "ids", "sampler", "sinks")
 
     def __init__(self, sampler: Sampler, ids: IdGenerator, sinks: Sequence[Sink]) -> None:
         self.sampler = sampler
         self.ids = ids
         self.sinks = tuple(sinks)
+        self.decisions = static_decisions(sampler)
+        """The sampler's decisions where they are fixed (:func:`static_decisions`), taken
+        without calling it; ``None``: it is called."""
 
     def trace(
         self, name: str, parent: Context | None, attributes: dict[str, AttributeValue]
@@ -73,21 +76,60 @@ class RequestTracing:
         """A request's trace, its span named ``name`` with ``attributes``, under the span
         ``parent`` holds (an incoming ``traceparent``'s) where it is valid: the sampler
         decides here, for the whole trace, as it would for the request's span."""
-        remote: SpanContext | None = None
-        if parent is not None:
-            remote = trace.get_current_span(parent).get_span_context()
-        if remote is not None and remote.is_valid:
-            trace_id = remote.trace_id
+        # The parent as the SDK's samplers read it: without one given, the current span.
+        span = trace.get_current_span(parent).get_span_context()
+        remote = span if parent is not None and span.is_valid else None
+        trace_id = remote.trace_id if remote is not None else self.ids.generate_trace_id()
+        decisions = self.decisions
+        if decisions is not None:
+            # What the SDK's ALWAYS_ON, ALWAYS_OFF or ParentBased over those would return.
+            if span.is_valid:
+                decision = decisions[1 + 2 * (not span.is_remote) + (not span.trace_flags.sampled)]
+                trace_state: TraceState | None = span.trace_state
+            else:
+                decision, trace_state = decisions[0], None
+            sampled_attributes = attributes
         else:
-            remote = None
-            trace_id = self.ids.generate_trace_id()
-        sampling = self.sampler.should_sample(parent, trace_id, name, SpanKind.SERVER, attributes)
+            sampling = self.sampler.should_sample(
+                parent, trace_id, name, SpanKind.SERVER, attributes
+            )
+            decision, trace_state = sampling.decision, sampling.trace_state
+            sampled_attributes = dict(sampling.attributes)
         span_id = self.ids.generate_span_id()
-        if sampling.decision is not Decision.RECORD_AND_SAMPLE:
-            return RequestTrace(self, trace_id, span_id, sampling.trace_state)
-        return RecordedTrace(
-            self, trace_id, span_id, sampling.trace_state, remote, name, dict(sampling.attributes)
-        )
+        if decision is not Decision.RECORD_AND_SAMPLE:
+            return RequestTrace(self, trace_id, span_id, trace_state)
+        return RecordedTrace(self, trace_id, span_id, trace_state, remote, name, sampled_attributes)
+
+
+_DELEGATES: Final = (
+    "_root",
+    "_remote_parent_sampled",
+    "_remote_parent_not_sampled",
+    "_local_parent_sampled",
+    "_local_parent_not_sampled",
+)
+
+
+def static_decisions(sampler: Sampler) -> tuple[Decision, ...] | None:
+    """Where ``sampler`` decides without reading what it is asked about but its parent (the
+    SDK's ``ALWAYS_ON`` and ``ALWAYS_OFF``, and ``ParentBased`` over those: the default and
+    what ``OTEL_TRACES_SAMPLER``'s ``always_on``, ``always_off``, ``parentbased_always_on``
+    and ``parentbased_always_off`` name), its decision for a trace with no parent, then under
+    a remote parent sampled and not, then a local parent sampled and not; ``None`` for any
+    other sampler (it is called for each request)."""
+    if type(sampler) is ParentBased:
+        delegates: list[object] = [getattr(sampler, name, None) for name in _DELEGATES]
+    elif type(sampler) is StaticSampler:
+        delegates = [sampler] * len(_DELEGATES)
+    else:
+        return None
+    decisions = [getattr(delegate, "_decision", None) for delegate in delegates]
+    if not all(
+        type(delegate) is StaticSampler and isinstance(decision, Decision)
+        for delegate, decision in zip(delegates, decisions, strict=True)
+    ):
+        return None
+    return tuple(decision for decision in decisions if isinstance(decision, Decision))
 
 
 _tracing: RequestTracing | None = None
