@@ -517,7 +517,10 @@ class RecordedTrace(RequestTrace):
         # The sinks have the spans now: the trace, which may live on with the request's
         # objects, lets them go.
         self._children = []
-        for sink in self._tracing.sinks:
+        sinks = self._tracing.sinks
+        if len(sinks) > 1:
+            finished.identify()  # one set of ids, before sinks read it in threads of their own
+        for sink in sinks:
             sink.submit(finished)
 
 

@@ -154,3 +154,18 @@ def test_a_fixed_samplers_decision_taken_without_it_is_the_one_it_makes(
 def test_any_other_sampler_is_called() -> None:
     assert request.static_decisions(TraceIdRatioBased(0.5)) is None
     assert request.static_decisions(ParentBased(TraceIdRatioBased(0.5))) is None
+
+
+def test_every_sink_gets_the_same_span_ids() -> None:
+    first, second = Keeping(), Keeping()
+    tracing.install(TracerProvider(), [first, second])
+    try:
+        trace = request.start(RequestOverhead("all"), [], "chat.completions", "req-3")
+        assert trace is not None
+        trace.begin(names.ADMISSION)
+        trace.close()
+    finally:
+        tracing.install(None)
+    (finished,) = first.traces
+    assert second.traces == [finished]
+    assert all(finished.children[1::ROW])  # made before either sink could read them
