@@ -476,7 +476,7 @@ class RecordedTrace(RequestTrace):
         attributes[names.OUTPUT_TOKENS] = completion_tokens
 
     def failed(self, failure: BaseException | None) -> None:
-        if self._failed:
+        if self._failed or self._ended:
             return
         self._failed = True
         _fail(self._root, failure)
@@ -514,9 +514,11 @@ class RecordedTrace(RequestTrace):
             self._failures,
             self._tracing.ids,
         )
-        # The sinks have the spans now: the trace, which may live on with the request's
-        # objects, lets them go.
+        # The sinks have the spans now (the export's thread reads them): the trace, which may
+        # live on with the request's objects, lets them go, and what it is told from now on
+        # goes nowhere, as before it ended.
         self._children = []
+        self._attributes = {}
         sinks = self._tracing.sinks
         if len(sinks) > 1:
             finished.identify()  # one set of ids, before sinks read it in threads of their own

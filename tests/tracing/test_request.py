@@ -169,3 +169,20 @@ def test_every_sink_gets_the_same_span_ids() -> None:
     (finished,) = first.traces
     assert second.traces == [finished]
     assert all(finished.children[1::ROW])  # made before either sink could read them
+
+
+def test_what_an_ended_trace_is_told_changes_nothing_the_sinks_have() -> None:
+    sink = Keeping()
+    tracing.install(TracerProvider(), [sink])
+    try:
+        trace = request.start(RequestOverhead("all"), [], "chat.completions", "req-4")
+        assert trace is not None
+        trace.close()
+        (finished,) = sink.traces
+        attributes = dict(finished.root.attributes or {})
+        trace.used(3, 4)
+        trace.failed(RuntimeError("late"))
+    finally:
+        tracing.install(None)
+    assert finished.root.attributes == attributes
+    assert not finished.root.failed
