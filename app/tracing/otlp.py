@@ -86,9 +86,9 @@ def _any_value(value: Any) -> bytes:
 
 
 _MAX_KEPT_PER_KEY: Final = 1024
-_kept: dict[tuple[bytes, str], dict[object, bytes]] = {}
-"""Encoded ``KeyValue`` fields by field tag and key, then by value: strings, ints and tuples
-of strings as themselves, booleans as :data:`_TRUE` or :data:`_FALSE` (``True == 1`` as a
+_kept: dict[bytes, dict[str, dict[object, bytes]]] = {}
+"""Encoded ``KeyValue`` fields by field tag, key, then value: strings, ints and tuples of
+strings as themselves, booleans as :data:`_TRUE` or :data:`_FALSE` (``True == 1`` as a
 key)."""
 _TRUE: Final = object()
 _FALSE: Final = object()
@@ -115,6 +115,9 @@ def attributes(tag: bytes, values: Mapping[str, AttributeValue]) -> bytes:
     request to the next: strings, ints, booleans and tuples of strings are kept once encoded,
     up to a bound per key."""
     fields = []
+    by_key = _kept.get(tag)
+    if by_key is None:
+        by_key = _kept[tag] = {}
     for key, value in values.items():
         kind = type(value)
         if kind is str or kind is int:
@@ -126,11 +129,11 @@ def attributes(tag: bytes, values: Mapping[str, AttributeValue]) -> bytes:
         else:
             fields.append(_attribute(tag, key, value))
             continue
-        kept = _kept.get((tag, key))
+        kept = by_key.get(key)
         if kept is None:
-            if len(_kept) >= _MAX_CACHED:
-                _kept.clear()
-            kept = _kept[(tag, key)] = {}
+            if len(by_key) >= _MAX_CACHED:
+                by_key.clear()
+            kept = by_key[key] = {}
         field = kept.get(kept_as)
         if field is None:
             field = _attribute(tag, key, value)
@@ -206,17 +209,18 @@ def _child_layout(name: str, trace_field: int) -> tuple[struct.Struct, bytes]:
 def spans(finished: FinishedTrace) -> bytes:
     """The trace's spans, each as a ``ScopeSpans.spans`` field, its children first and the
     request's last (as :func:`app.tracing.sinks.readable_spans` orders them)."""
+    finished.identify()
     trace = b"\x0a\x10" + finished.trace_id.to_bytes(16, "big")
     if finished.trace_state:
         trace += _string_field(b"\x1a", finished.trace_state.to_header())
     parts = []
-    rows, failures, size = finished.children, finished.failures, len(trace)
+    rows, failures, size, layouts = finished.children, finished.failures, len(trace), _children
     for at in range(0, len(rows), ROW):
         name, span_id, parent_id, start, end = rows[at : at + ROW]
-        if (failures and span_id in failures) or not parent_id:
+        if (failures and at in failures) or not parent_id:
             parts.append(_span(trace, finished.child(at), _HAS_IS_REMOTE))
             continue
-        packing, lead = _child_layout(name, size)
+        packing, lead = layouts.get((name, size)) or _child_layout(name, size)
         parts.append(
             packing.pack(
                 lead,

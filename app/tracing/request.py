@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Final
 from opentelemetry import context, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.sdk.trace.sampling import Decision, Sampler
+from opentelemetry.sdk.trace.sampling import Decision, ParentBased, Sampler, StaticSampler
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
@@ -60,12 +60,15 @@ class RequestTracing:
     """How requests are traced: with the SDK's ``sampler`` and ``ids`` (a tracer
     provider's), each sampled request's trace going to ``sinks`` once it has ended."""
 
-    __slots__ = ("ids", "sampler", "sinks")
+    __slots__ = ("decisions", "ids", "sampler", "sinks")
 
     def __init__(self, sampler: Sampler, ids: IdGenerator, sinks: Sequence[Sink]) -> None:
         self.sampler = sampler
         self.ids = ids
         self.sinks = tuple(sinks)
+        self.decisions = static_decisions(sampler)
+        """The sampler's decisions where they are fixed (:func:`static_decisions`), taken
+        without calling it; ``None``: it is called."""
 
     def trace(
         self, name: str, parent: Context | None, attributes: dict[str, AttributeValue]
@@ -73,21 +76,60 @@ class RequestTracing:
         """A request's trace, its span named ``name`` with ``attributes``, under the span
         ``parent`` holds (an incoming ``traceparent``'s) where it is valid: the sampler
         decides here, for the whole trace, as it would for the request's span."""
-        remote: SpanContext | None = None
-        if parent is not None:
-            remote = trace.get_current_span(parent).get_span_context()
-        if remote is not None and remote.is_valid:
-            trace_id = remote.trace_id
+        # The parent as the SDK's samplers read it: without one given, the current span.
+        span = trace.get_current_span(parent).get_span_context()
+        remote = span if parent is not None and span.is_valid else None
+        trace_id = remote.trace_id if remote is not None else self.ids.generate_trace_id()
+        decisions = self.decisions
+        if decisions is not None:
+            # What the SDK's ALWAYS_ON, ALWAYS_OFF or ParentBased over those would return.
+            if span.is_valid:
+                decision = decisions[1 + 2 * (not span.is_remote) + (not span.trace_flags.sampled)]
+                trace_state: TraceState | None = span.trace_state
+            else:
+                decision, trace_state = decisions[0], None
+            sampled_attributes = attributes
         else:
-            remote = None
-            trace_id = self.ids.generate_trace_id()
-        sampling = self.sampler.should_sample(parent, trace_id, name, SpanKind.SERVER, attributes)
+            sampling = self.sampler.should_sample(
+                parent, trace_id, name, SpanKind.SERVER, attributes
+            )
+            decision, trace_state = sampling.decision, sampling.trace_state
+            sampled_attributes = dict(sampling.attributes)
         span_id = self.ids.generate_span_id()
-        if sampling.decision is not Decision.RECORD_AND_SAMPLE:
-            return RequestTrace(self, trace_id, span_id, sampling.trace_state)
-        return RecordedTrace(
-            self, trace_id, span_id, sampling.trace_state, remote, name, dict(sampling.attributes)
-        )
+        if decision is not Decision.RECORD_AND_SAMPLE:
+            return RequestTrace(self, trace_id, span_id, trace_state)
+        return RecordedTrace(self, trace_id, span_id, trace_state, remote, name, sampled_attributes)
+
+
+_DELEGATES: Final = (
+    "_root",
+    "_remote_parent_sampled",
+    "_remote_parent_not_sampled",
+    "_local_parent_sampled",
+    "_local_parent_not_sampled",
+)
+
+
+def static_decisions(sampler: Sampler) -> tuple[Decision, ...] | None:
+    """Where ``sampler`` decides without reading what it is asked about but its parent (the
+    SDK's ``ALWAYS_ON`` and ``ALWAYS_OFF``, and ``ParentBased`` over those: the default and
+    what ``OTEL_TRACES_SAMPLER``'s ``always_on``, ``always_off``, ``parentbased_always_on``
+    and ``parentbased_always_off`` name), its decision for a trace with no parent, then under
+    a remote parent sampled and not, then a local parent sampled and not; ``None`` for any
+    other sampler (it is called for each request)."""
+    if type(sampler) is ParentBased:
+        delegates: list[object] = [getattr(sampler, name, None) for name in _DELEGATES]
+    elif type(sampler) is StaticSampler:
+        delegates = [sampler] * len(_DELEGATES)
+    else:
+        return None
+    decisions = [getattr(delegate, "_decision", None) for delegate in delegates]
+    if not all(
+        type(delegate) is StaticSampler and isinstance(decision, Decision)
+        for delegate, decision in zip(delegates, decisions, strict=True)
+    ):
+        return None
+    return tuple(decision for decision in decisions if isinstance(decision, Decision))
 
 
 _tracing: RequestTracing | None = None
@@ -115,12 +157,16 @@ def start(
     tracing = _tracing
     if tracing is None:
         return None
-    carrier = {
-        name.decode("latin-1"): value.decode("latin-1")
-        for name, value in headers
-        if name in TRACE_HEADERS
-    }
-    parent = _propagator.extract(carrier) if carrier else None
+    parent = None
+    for name, _ in headers:
+        if name in TRACE_HEADERS:  # rare: most requests come with no trace context
+            carrier = {
+                name.decode("latin-1"): value.decode("latin-1")
+                for name, value in headers
+                if name in TRACE_HEADERS
+            }
+            parent = _propagator.extract(carrier)
+            break
     operation = names.OPERATIONS.get(endpoint, endpoint)
     attributes: dict[str, AttributeValue] = {names.OPERATION: operation}
     if request_id is not None:
@@ -222,10 +268,8 @@ class RequestTrace:
             headers["tracestate"] = state
         return headers
 
-    def begin(self, name: str, under: str | None = None) -> int | None:
-        """Open the child span ``name``, under the open span ``under`` or the request's; its
-        span id (``None``: not recorded)."""
-        return None
+    def begin(self, name: str, under: str | None = None) -> None:
+        """Open the child span ``name``, under the open span ``under`` or the request's."""
 
     def end(self, name: str, failure: BaseException | None = None) -> None:
         """Close the child span ``name`` (failed by ``failure``, where given)."""
@@ -320,19 +364,28 @@ class RecordedTrace(RequestTrace):
         self._open: dict[str, int] = {}
         """The open children: where each one's row begins in ``_children``."""
         self._failures: dict[int, Failure] | None = None
+        """How children failed, by where their rows begin."""
         self._closing = self._settling = self._failed = self._ended = False
         self._engine_began = 0.0
 
-    def begin(self, name: str, under: str | None = None) -> int | None:
+    def begin(self, name: str, under: str | None = None) -> None:
         if self._ended:
-            return None
+            return
         children = self._children
         parent = self._span_id
         if under is not None and (at := self._open.get(under)) is not None:
-            parent = children[at + 1]
-        span_id: int = self._tracing.ids.generate_span_id()
+            parent = self._identify(at)
         self._open[name] = len(children)
-        children += (name, span_id, parent, time.time_ns(), 0)
+        # Its span id is made as the trace is exported (FinishedTrace.identify), off the event
+        # loop, unless a span is opened under it or its context is handed on first.
+        children += (name, 0, parent, time.time_ns(), 0)
+
+    def _identify(self, at: int) -> int:
+        """The span id of the child whose row begins at ``at``, made now where it was not."""
+        children = self._children
+        span_id: int = children[at + 1]
+        if not span_id:
+            span_id = children[at + 1] = self._tracing.ids.generate_span_id()
         return span_id
 
     def end(self, name: str, failure: BaseException | None = None) -> None:
@@ -375,11 +428,12 @@ class RecordedTrace(RequestTrace):
     def admitted(self, queue_wait: float) -> dict[str, str]:
         self.end(names.ADMISSION)
         self._attributes[names.QUEUE_WAIT_MS] = queue_wait * 1000
-        engine = self.begin(names.ENGINE)
+        self.begin(names.ENGINE)
         self._engine_began = time.monotonic()
+        engine = self._open.get(names.ENGINE)
         if engine is None:
             return super().admitted(queue_wait)
-        return self._headers(engine)
+        return self._headers(self._identify(engine))
 
     def expect_settlement(self) -> None:
         self._settling = True
@@ -405,10 +459,10 @@ class RecordedTrace(RequestTrace):
                 began = int(self._engine_began * 1e9) + offset
                 first = int(first_token_at * 1e9) + offset
                 last = max(first, int((last_token_at or time.monotonic()) * 1e9) + offset)
-                ids, engine_id = self._tracing.ids, children[engine + 1]
+                engine_id = self._identify(engine)
                 children += (
-                    *(names.FIRST_TOKEN, ids.generate_span_id(), engine_id, began, first),
-                    *(names.REST, ids.generate_span_id(), engine_id, first, last),
+                    *(names.FIRST_TOKEN, 0, engine_id, began, first),
+                    *(names.REST, 0, engine_id, first, last),
                 )
             if outcome == "error" and failure is not None:
                 self._fail_child(engine, failure)
@@ -422,7 +476,7 @@ class RecordedTrace(RequestTrace):
         attributes[names.OUTPUT_TOKENS] = completion_tokens
 
     def failed(self, failure: BaseException | None) -> None:
-        if self._failed:
+        if self._failed or self._ended:
             return
         self._failed = True
         _fail(self._root, failure)
@@ -434,7 +488,7 @@ class RecordedTrace(RequestTrace):
     def _fail_child(self, at: int, failure: BaseException | None) -> None:
         if self._failures is None:
             self._failures = {}
-        self._failures[self._children[at + 1]] = Failure(_message(failure), _error_type(failure))
+        self._failures[at] = Failure(_message(failure), _error_type(failure))
 
     def close(self) -> None:
         self._closing = True
@@ -452,12 +506,23 @@ class RecordedTrace(RequestTrace):
         self._open.clear()
         self._root.end = now
         finished = FinishedTrace(
-            self._trace_id, self._trace_state, self._remote, self._root, children, self._failures
+            self._trace_id,
+            self._trace_state,
+            self._remote,
+            self._root,
+            children,
+            self._failures,
+            self._tracing.ids,
         )
-        # The sinks have the spans now: the trace, which may live on with the request's
-        # objects, lets them go.
+        # The sinks have the spans now (the export's thread reads them): the trace, which may
+        # live on with the request's objects, lets them go, and what it is told from now on
+        # goes nowhere, as before it ended.
         self._children = []
-        for sink in self._tracing.sinks:
+        self._attributes = {}
+        sinks = self._tracing.sinks
+        if len(sinks) > 1:
+            finished.identify()  # one set of ids, before sinks read it in threads of their own
+        for sink in sinks:
             sink.submit(finished)
 
 

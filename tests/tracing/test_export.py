@@ -1,7 +1,7 @@
 """Request traces leaving the process (app/tracing/export.py): batched as the ``OTEL_BSP_*``
 variables say, a full queue dropping (and counting) rather than growing, everything queued
 sent on a flush and at shutdown; the SDK's OTLP exporters sending the encoded bytes over HTTP
-and over gRPC to receivers on loopback (over HTTP with the SDK's urllib3 transport where
+and over gRPC to receivers on loopback (over HTTP with one kept http.client connection where
 requests would add nothing, with requests where a proxy, a credential provider or TLS is
 involved); a sink for each exporter named."""
 
@@ -16,7 +16,6 @@ from typing import Any
 import grpc
 import pytest
 from opentelemetry.exporter.http.transport._requests import RequestsHTTPTransport
-from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -30,6 +29,7 @@ from app.tracing import export, otlp
 from app.tracing.records import SERVER, FinishedTrace, SpanRecord
 from app.tracing.setup import SCOPE
 from app.tracing.sinks import ToSpanProcessor
+from app.tracing.transport import PlainHttpTransport
 from tests.support.traces import otlp_receiver
 
 ENVELOPE = otlp.envelope(Resource.create({"service.name": "gw-test"}), SCOPE.name, "1")
@@ -155,8 +155,8 @@ def test_a_plain_http_endpoint_is_posted_to_without_requests(
     for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
     endpoint = "http://127.0.0.1:4318/v1/traces"
-    assert isinstance(export.lean_transport(endpoint), Urllib3HTTPTransport)
-    assert isinstance(posting_transport(endpoint), Urllib3HTTPTransport)
+    assert isinstance(export.lean_transport(endpoint), PlainHttpTransport)
+    assert isinstance(posting_transport(endpoint), PlainHttpTransport)
 
 
 @pytest.mark.parametrize(

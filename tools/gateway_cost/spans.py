@@ -64,3 +64,18 @@ def span_sink() -> Iterator[SpanSink]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def main() -> None:
+    """A receiver in a process of its own (``python -m tools.gateway_cost.spans``): its URL
+    on the first line of stdout; once stdin closes, the spans it received on the next."""
+    import sys
+
+    with span_sink() as sink:
+        print(sink.url, flush=True)
+        sys.stdin.read()
+    print(sink.count, flush=True)
+
+
+if __name__ == "__main__":
+    main()
