@@ -113,9 +113,12 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9\-_./:@+]").search
 
 
 def _text_value(value: Any) -> str:
+    kind = type(value)
+    if kind is int or kind is float:
+        return str(value)  # digits, a sign, a point, an exponent, inf or nan: never quoted
     if value is None:
         return "-"
-    text = value if type(value) is str else str(value)
+    text = value if kind is str else str(value)
     # Quoted (JSON's escapes) unless plainly safe: a client's path cannot forge a field or a
     # line.
     return text if text and _UNSAFE(text) is None else json.dumps(text)

@@ -173,6 +173,11 @@ def test_a_client_path_cannot_forge_a_field_or_a_line() -> None:
     assert str(line) == 'path="/v1/x status=200\\nforged=\\"1\\"" status=404 tenant=-'
 
 
+def test_numbers_and_missing_values_are_written_as_they_are() -> None:
+    line = AccessLine(status=200, queue_wait_ms=1e-05, total_ms=-0.5, version=None, ok=True)
+    assert str(line) == "status=200 queue_wait_ms=1e-05 total_ms=-0.5 version=- ok=True"
+
+
 def test_the_log_format_setting_picks_the_formatter() -> None:
     root = logging.getLogger()
     kept = root.handlers[:], root.level
