@@ -50,9 +50,14 @@ def test_a_baseline_is_measured_beside_this_checkout(
             ), None
 
     monkeypatch.setattr(in_process.subprocess, "Popen", Measure)
-    in_process.main(["--baseline", str(tmp_path), "--rounds", "2", "--endpoint", "responses"])
+    against = ["--endpoint", "responses", "--baseline-endpoint", "chat"]
+    in_process.main(["--baseline", str(tmp_path), "--rounds", "2", *against])
     assert [cwd for _, cwd in started] == [tmp_path, Path(in_process.__file__).parents[2]]
-    assert all("--endpoint" in command and "--baseline" not in command for command, _ in started)
+    assert [command[command.index("--endpoint") + 1] for command, _ in started] == [
+        "chat",
+        "responses",
+    ]
+    assert not any("--baseline" in command for command, _ in started)
     printed = capsys.readouterr().out
     assert "round 2: baseline 100 us, this checkout 90 us, 0.900x" in printed
-    assert "responses, 16 streams, CPU per request, this / baseline: 0.850x (0.800-0.900" in printed
+    assert "responses against chat, 16 streams, CPU per request, this / baseline: 0.850x" in printed
