@@ -4,7 +4,8 @@ A request's :class:`AccessRecord` is created as it arrives (only while the logge
 for INFO: otherwise nothing here runs), kept in its ASGI scope's ``state`` under
 :data:`STATE`, filled by whoever learns a part of it (authentication: the tenant and key id;
 the lifecycle: the alias, version, tokens, queue wait and TTFT) and written once, after the
-response, by :meth:`AccessRecord.line`: one dict, formatted once by the handler's formatter.
+response, by :meth:`AccessRecord.line`: one dict, formatted once (by :func:`configure`'s
+handler without a log record where the record would reach that handler alone, :func:`write`).
 
 A line holds the request id, the trace id (its request span's, where tracing is on), the
 method, path (never the query string), status, client address, tenant, key id (never the
@@ -22,7 +23,7 @@ import logging
 import re
 import time
 from datetime import datetime, timezone
-from typing import Any, Final
+from typing import Any, Final, TextIO
 
 LOGGER: Final = logging.getLogger("lora_gateway.access")
 STATE: Final = "access"
@@ -113,9 +114,12 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9\-_./:@+]").search
 
 
 def _text_value(value: Any) -> str:
+    kind = type(value)
+    if kind is int or kind is float:
+        return str(value)  # digits, a sign, a point, an exponent, inf or nan: never quoted
     if value is None:
         return "-"
-    text = value if type(value) is str else str(value)
+    text = value if kind is str else str(value)
     # Quoted (JSON's escapes) unless plainly safe: a client's path cannot forge a field or a
     # line.
     return text if text and _UNSAFE(text) is None else json.dumps(text)
@@ -130,11 +134,46 @@ class AccessLine(dict[str, Any]):
 
 
 def write(line: AccessLine) -> None:
-    """Log ``line`` at INFO, as ``LOGGER.info(line)`` would, but without looking up the
-    caller's source line: the access line's place in the code says nothing, and finding it
-    walks the request's whole stack."""
-    if LOGGER.isEnabledFor(logging.INFO):
-        LOGGER.handle(LOGGER.makeRecord(LOGGER.name, logging.INFO, "", 0, line, (), None))
+    """Log ``line`` at INFO, as ``LOGGER.info(line)`` would. Where the record would reach
+    :func:`configure`'s handler alone, the handler writes the line without one (a record and
+    logging's dispatch of it cost a line more than its formatting); else the record goes
+    through logging, without looking up the caller's source line (the access line's place in
+    the code says nothing, and finding it walks the request's whole stack)."""
+    if not LOGGER.isEnabledFor(logging.INFO):
+        return
+    handler = _sole_handler()
+    if handler is None or not handler.write_line(line):
+        LOGGER.handle(_record(line))
+
+
+def _record(line: AccessLine) -> logging.LogRecord:
+    return LOGGER.makeRecord(LOGGER.name, logging.INFO, "", 0, line, (), None)
+
+
+def _sole_handler() -> LineHandler | None:
+    """:func:`configure`'s handler, where an access line's record would reach it and no
+    other handler, through no filter."""
+    root = logging.root
+    if (
+        LOGGER.handlers
+        or LOGGER.filters
+        or LOGGER.disabled
+        or not LOGGER.propagate
+        or LOGGER.parent is not root
+        or root.filters
+        or len(root.handlers) != 1
+    ):
+        return None
+    handler = root.handlers[0]
+    return handler if type(handler) is LineHandler else None
+
+
+def _json_entry(created: float, level: str, logger: str) -> dict[str, Any]:
+    return {
+        "time": datetime.fromtimestamp(created, timezone.utc).isoformat(),
+        "level": level,
+        "logger": logger,
+    }
 
 
 class JsonFormatter(logging.Formatter):
@@ -143,11 +182,7 @@ class JsonFormatter(logging.Formatter):
     ``exception``."""
 
     def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(),
-            "level": record.levelname,
-            "logger": record.name,
-        }
+        entry = _json_entry(record.created, record.levelname, record.name)
         if isinstance(record.msg, AccessLine):
             entry.update(record.msg)
         else:
@@ -158,12 +193,51 @@ class JsonFormatter(logging.Formatter):
 
 
 TEXT_FORMAT: Final = "%(levelname)s %(name)s: %(message)s"
+_TEXT_HEAD: Final = TEXT_FORMAT.removesuffix("%(message)s") % {
+    "levelname": logging.getLevelName(logging.INFO),
+    "name": LOGGER.name,
+}
+"""What :data:`TEXT_FORMAT` writes of an access line's record before its message."""
+
+
+class LineHandler(logging.StreamHandler[TextIO]):
+    """:func:`configure`'s handler: to stderr, as text or as JSON lines, and an access line
+    written as its record would be, without the record."""
+
+    def __init__(self, as_json: bool) -> None:
+        super().__init__()
+        self.setFormatter(JsonFormatter() if as_json else logging.Formatter(TEXT_FORMAT))
+        self._configured = self.formatter
+        self._as_json = as_json
+
+    def write_line(self, line: AccessLine) -> bool:
+        """Write ``line`` as :meth:`handle` writes a record of it; ``False``, writing nothing,
+        where the handler has been given a filter, a level above INFO or another formatter
+        since."""
+        if self.filters or self.level > logging.INFO or self.formatter is not self._configured:
+            return False
+        created = time.time()
+        self.acquire()
+        try:
+            if self._as_json:
+                entry = _json_entry(created, logging.getLevelName(logging.INFO), LOGGER.name)
+                entry.update(line)
+                text = json.dumps(entry, default=str)
+            else:
+                text = _TEXT_HEAD + str(line)
+            self.stream.write(text + self.terminator)
+            self.flush()
+        except RecursionError:
+            raise
+        except Exception:
+            self.handleError(_record(line))
+        finally:
+            self.release()
+        return True
 
 
 def configure(level: str, log_format: str) -> None:
     """The process's logging: every record to stderr at ``level`` and above, as text or as
     JSON lines (``log_format``)."""
-    handler = logging.StreamHandler()
-    as_json = log_format == "json"
-    handler.setFormatter(JsonFormatter() if as_json else logging.Formatter(TEXT_FORMAT))
+    handler = LineHandler(as_json=log_format == "json")
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)

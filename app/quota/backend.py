@@ -19,7 +19,7 @@ import logging
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Sequence
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 from app.ids import random_hex
 from app.quota.errors import QuotaBackendUnavailable, QuotaExceeded, QuotaTooLarge
@@ -70,6 +70,10 @@ class QuotaBackend(ABC):
     reservation) instead of raising :class:`QuotaBackendUnavailable`; either way the failure
     is counted (``lora_gateway_quota_backend_errors``) and logged.
     """
+
+    settles_in_place: ClassVar[bool] = False
+    """Whether :meth:`reconcile` never waits (the state is in this process): a caller that
+    would settle in a task of its own, not to wait for a store, may settle in place."""
 
     def __init__(self, *, fail_open: bool = False, lease_seconds: float = 60.0) -> None:
         if not lease_seconds > 0:

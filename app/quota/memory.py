@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 from app.quota.backend import PRECHECK_TOKENS, RECONCILE_WINDOW_S, VOID_MEMORY_S, QuotaBackend
 from app.quota.bucket import Bucket, current, wait_seconds
@@ -40,6 +41,8 @@ class _Open:
 class MemoryBackend(QuotaBackend):
     """Quota state in this process. ``clock`` (seconds since the epoch) is injectable for tests;
     budget periods follow its calendar date in UTC."""
+
+    settles_in_place: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -4,6 +4,7 @@ parses; never a key nor a prompt."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from collections.abc import Iterator
@@ -173,6 +174,11 @@ def test_a_client_path_cannot_forge_a_field_or_a_line() -> None:
     assert str(line) == 'path="/v1/x status=200\\nforged=\\"1\\"" status=404 tenant=-'
 
 
+def test_numbers_and_missing_values_are_written_as_they_are() -> None:
+    line = AccessLine(status=200, queue_wait_ms=1e-05, total_ms=-0.5, version=None, ok=True)
+    assert str(line) == "status=200 queue_wait_ms=1e-05 total_ms=-0.5 version=- ok=True"
+
+
 def test_the_log_format_setting_picks_the_formatter() -> None:
     root = logging.getLogger()
     kept = root.handlers[:], root.level
@@ -181,6 +187,44 @@ def test_the_log_format_setting_picks_the_formatter() -> None:
             settings = Settings(_env_file=None, log_format=log_format)  # type: ignore[call-arg]
             access_log.configure(settings.log_level, settings.log_format)
             assert type(root.handlers[-1].formatter) is formatter
+    finally:
+        root.handlers[:], level = kept
+        root.setLevel(level)
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_line_written_without_a_record_is_the_records_own(
+    monkeypatch: pytest.MonkeyPatch, log_format: str
+) -> None:
+    # Alone on the root logger, configure()'s handler writes an access line without a log
+    # record; beside another handler, the record goes through logging. The same bytes.
+    monkeypatch.setattr(access_log.time, "time", lambda: 1_700_000_000.25)
+    line = AccessLine(request_id="r1", path='/v1/x "y"', status=200, tenant=None, total_ms=1.5)
+    root = logging.getLogger()
+    kept = root.handlers[:], root.level
+    try:
+        access_log.configure("info", log_format)
+        [handler] = root.handlers
+        assert isinstance(handler, logging.StreamHandler)
+        written: list[str] = []
+        for beside in ([], [logging.NullHandler()]):
+            root.handlers[1:] = beside
+            assert (access_log._sole_handler() is handler) == (not beside)
+            handler.setStream(io.StringIO())
+            access_log.write(line)
+            written.append(handler.stream.getvalue())
+        alone, through_logging = written
+        assert alone == through_logging
+        if log_format == "text":
+            expected = 'request_id=r1 path="/v1/x \\"y\\"" status=200 tenant=- total_ms=1.5'
+            assert alone == f"INFO lora_gateway.access: {expected}\n"
+        else:
+            assert json.loads(alone) == {
+                "time": "2023-11-14T22:13:20.250000+00:00",
+                "level": "INFO",
+                "logger": "lora_gateway.access",
+                **line,
+            }
     finally:
         root.handlers[:], level = kept
         root.setLevel(level)

@@ -9,6 +9,14 @@ what the gateway's code, its middleware and the framework add to a request. It m
 no machine load but this process's, so a change's effect shows in a few rounds where
 ``make gateway-cost`` needs many; ``make gateway-cost`` stays the figure that is reported.
 With ``--profile``, one more round of the gateway runs under cProfile.
+
+With ``--baseline CHECKOUT`` (the root of another checkout, such as a ``git worktree add
+--detach`` of the commit to compare against), the same measure runs in two processes at the
+same time, that checkout's and this one's, and each round's ratio of this gateway's CPU per
+request to the baseline's is printed, then their median and spread: whatever else the
+machine does in a round falls on both. ``--baseline-endpoint`` measures the baseline on
+another endpoint: ``--baseline . --endpoint responses --baseline-endpoint chat`` is this
+checkout's Responses against its chat completions.
 """
 
 from __future__ import annotations
@@ -21,7 +29,10 @@ import gc
 import json
 import os
 import pstats
+import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
@@ -193,6 +204,43 @@ async def measure(args: argparse.Namespace, workdir: Path) -> None:
             pstats.Stats(profiler).sort_stats(args.sort).print_stats(args.top)
 
 
+ROUND = re.compile(r"^round \d+: gateway (\d+) us", re.MULTILINE)
+
+
+def _side_by_side(args: argparse.Namespace, baseline: Path) -> None:
+    """This checkout's measure and ``baseline``'s, in two processes at once; per round, the
+    ratio of this gateway's CPU per request to the baseline's."""
+    here = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "tools.gateway_cost.in_process"]
+    for name in ("streams", "requests", "rounds", "tokens", "rate"):
+        command += [f"--{name}", str(getattr(args, name))]
+    endpoints = (args.baseline_endpoint or args.endpoint, args.endpoint)
+    processes = [
+        subprocess.Popen(
+            [*command, "--endpoint", endpoint],
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": str(root)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for root, endpoint in zip((baseline.resolve(), here), endpoints, strict=True)
+    ]
+    before, after = ([float(us) for us in ROUND.findall(p.communicate()[0])] for p in processes)
+    if any(p.returncode for p in processes) or not before or len(before) != len(after):
+        raise SystemExit(f"a measure failed: baseline {before}, this checkout {after}")
+    ratios = [a / b for a, b in zip(after, before, strict=True)]
+    for number, (b, a, ratio) in enumerate(zip(before, after, ratios, strict=True), 1):
+        print(f"round {number}: baseline {b:.0f} us, this checkout {a:.0f} us, {ratio:.3f}x")
+    against = f" against {endpoints[0]}" if endpoints[0] != endpoints[1] else ""
+    print(
+        f"{args.endpoint}{against}, {args.streams} streams, CPU per request, this / baseline: "
+        f"{statistics.median(ratios):.3f}x ({min(ratios):.3f}-{max(ratios):.3f}, median and "
+        f"min-max of {len(ratios)} rounds); baseline {_spread([b / 1e6 for b in before])} us, "
+        f"this checkout {_spread([a / 1e6 for a in after])} us"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -206,7 +254,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--sort", default="tottime", help="the profile's order")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument(
+        "--baseline", type=Path, help="another checkout's root: both measured at the same time"
+    )
+    parser.add_argument(
+        "--baseline-endpoint",
+        choices=("chat", "responses"),
+        help="the baseline's endpoint (default: --endpoint's)",
+    )
     args = parser.parse_args(argv)
+    if args.baseline is not None:
+        _side_by_side(args, args.baseline)
+        return
     with (
         tempfile.TemporaryDirectory(prefix="gateway-cost-") as workdir,
         open(os.devnull, "w") as quiet,

@@ -527,13 +527,26 @@ class RequestTracker:
         await run.close()
         generation = run.generation
         if run.reservation is not None:
-            self._spawn(self._quota.reconcile(run.reservation, 0))
+            await self._settle(run.reservation, 0)
         status = refusal.code or refusal.error_type
         metrics.REQUESTS.labels(
             generation.principal.tenant.id, generation.target.model, generation.endpoint, status
         ).inc()
         if access is not None:
             access.settled(status, 0, 0, None)
+
+    async def _settle(self, reservation: Reservation, actual_tokens: int) -> None:
+        """Reconcile ``reservation`` with what the request used: in place where the quota
+        backend never waits (a task costs more than the settling), else in a task of its own,
+        so that a store's round trip holds nothing up. Neither raises into the request."""
+        settling = self._quota.reconcile(reservation, actual_tokens)
+        if not self._quota.settles_in_place:
+            self._spawn(settling)
+            return
+        try:
+            await settling
+        except Exception:
+            logger.exception("could not settle reservation %s", reservation.id)
 
     @classmethod
     async def _released_after(cls, finish: Coroutine[Any, Any, None], run: Run, slot: Slot) -> None:
@@ -584,7 +597,7 @@ class RequestTracker:
             actual = prompt_tokens + completion_tokens
             if batch is not None and batch.cut_off(outcome):
                 actual = 0  # not billed: charged nothing (docs/batches.md)
-            self._spawn(self._quota.reconcile(run.reservation, actual))
+            await self._settle(run.reservation, actual)
         tenant, model, endpoint = (
             generation.principal.tenant.id,
             generation.target.model,

@@ -26,7 +26,7 @@ from app.errors import GatewayError
 from app.serving.lifecycle.runs import ClientDisconnected
 from app.serving.preparation.responses import Translated, new_id
 from app.serving.responses import output
-from app.serving.responses.output import Body
+from app.serving.responses.output import Body, json_value
 from app.serving.text_stream import TextPiece, TextStream
 
 logger = logging.getLogger(__name__)
@@ -204,12 +204,14 @@ class _Events:
             }
             index = len(self.items)
             self.items.append(item)
-            quoted = _json(item_id)
+            quoted = json_value(item_id)
             call = self.calls[delta["index"]] = _Call(
                 index,
                 item,
                 head=f'{{"id": {quoted}, "type": "function_call", "status": ',
-                tail=f', "call_id": {_json(call_id)}, "name": {_json(name)}, "arguments": ',
+                tail=(
+                    f', "call_id": {json_value(call_id)}, "name": {json_value(name)}, "arguments": '
+                ),
                 where=f', "item_id": {quoted}, "output_index": {index}',
             )
             self.open_calls.append(call)
@@ -225,7 +227,7 @@ class _Events:
             events.append(
                 self.written(
                     "response.function_call_arguments.delta",
-                    f'{call.where}, "delta": {_json(piece)}',
+                    f'{call.where}, "delta": {json_value(piece)}',
                 )
             )
         return events
@@ -267,7 +269,7 @@ class _Events:
             arguments = "".join(call.arguments)
             call.item["arguments"] = arguments
             call.item["status"] = "completed"
-            encoded = _json(arguments)
+            encoded = json_value(arguments)
             item = self.done_items[call.output_index] = (
                 f'{call.head}"completed"{call.tail}{encoded}}}'
             )
@@ -309,11 +311,6 @@ class _Events:
 
 
 _DELTA = "response.output_text.delta"
-
-
-def _json(value: Any) -> str:
-    """``value`` as ``json.dumps`` writes it: a string (most) encoded directly."""
-    return encode_basestring_ascii(value) if type(value) is str else json.dumps(value)
 
 
 def _delta_template(item_id: str, output_index: int) -> tuple[str, str, str]:

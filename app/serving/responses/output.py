@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from app.protocol import ChatCompletion
@@ -126,6 +127,17 @@ def usage_json(prompt_tokens: int, completion_tokens: int) -> str:
     )
 
 
+def json_value(value: Any) -> str:
+    """``value`` as ``json.dumps`` writes it: a string, an integer or null (most) directly,
+    without the encoder ``json.dumps`` makes for each."""
+    kind = type(value)
+    if kind is str:
+        return encode_basestring_ascii(value)
+    if kind is int:
+        return int.__repr__(value)
+    return "null" if value is None else json.dumps(value)
+
+
 class ResponseText:
     """The Responses of one request as JSON text, as ``json.dumps`` writes
     :func:`response_body`'s: what they all repeat of the request (its echoed fields, most of
@@ -135,12 +147,12 @@ class ResponseText:
     def __init__(self, translated: Translated) -> None:
         echoed = translated.echoed
         self._head = (
-            f'{{"id": {json.dumps(translated.response_id)}, "object": "response", '
-            f'"created_at": {json.dumps(translated.created_at)}, "completed_at": '
+            f'{{"id": {json_value(translated.response_id)}, "object": "response", '
+            f'"created_at": {json_value(translated.created_at)}, "completed_at": '
         )
         self._model = (
-            f', "model": {json.dumps(translated.request.model)}, '
-            f'"instructions": {json.dumps(echoed["instructions"])}, "output": ['
+            f', "model": {json_value(translated.request.model)}, '
+            f'"instructions": {json_value(echoed["instructions"])}, "output": ['
         )
         rest = {name: value for name, value in echoed.items() if name != "instructions"}
         self._tail = f"], {json.dumps(rest)[1:-1]}, " + '"usage": '

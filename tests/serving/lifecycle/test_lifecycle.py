@@ -11,6 +11,7 @@ import pytest
 from vllm import SamplingParams
 
 from app.errors import BadRequestError
+from app.quota import MemoryBackend, Reservation
 from app.serving.preparation.generation import collect
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.serving import (
@@ -39,6 +40,26 @@ async def test_a_finished_request_is_charged_what_it_used(serve: ServeFactory) -
         [record] = await served.usage_records()
         assert (record.status, record.completion_tokens) == ("ok", 7)
         assert record.prompt_tokens == usage["prompt_tokens"]
+
+
+async def test_a_settlement_that_fails_is_logged_not_raised_into_the_request(
+    serve: ServeFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The in-memory backend settles in place, in the request's settlement: its failure must
+    # not cost the request its answer or its usage record.
+    async def broken(self: MemoryBackend, reservation: Reservation, actual_tokens: int) -> None:
+        raise RuntimeError("broken")
+
+    monkeypatch.setattr(MemoryBackend, "_reconcile", broken)
+    async with serve(ScriptedEngine()) as served:
+        await served.set_quota(max_concurrent_requests=4)
+        async with served.client() as client:
+            response = await client.post("/v1/chat/completions", json=chat(served, max_tokens=3))
+        assert response.status_code == 200, response.text
+        await served.settled()
+        [record] = await served.usage_records()
+        assert (record.status, record.completion_tokens) == ("ok", 3)
+    assert "could not settle reservation" in caplog.text
 
 
 async def test_choices_of_n_are_merged_by_index(serve: ServeFactory) -> None:

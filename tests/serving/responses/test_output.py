@@ -130,3 +130,10 @@ def test_the_text_is_what_json_writes_of_the_body(
     assert writer.write([], status="in_progress") == json.dumps(
         output.response_body(translated, [], status="in_progress")
     )
+
+
+@pytest.mark.parametrize(
+    "value", ["resp_1", '"hi"\n\u2603', "", 0, -7, 2**70, None, True, 0.5, {"a": [1]}]
+)
+def test_a_value_is_written_as_json_writes_it(value: Any) -> None:
+    assert output.json_value(value) == json.dumps(value)
