@@ -249,7 +249,7 @@ async def run_grid(
     ticker = asyncio.create_task(status.run(0.5))
     try:
         for round_ in range(first_round, config.rounds):
-            this_round = Round(config, engine.settings.max_loras)
+            this_round = Round(config, slots)
             for visit_number, (name, points) in enumerate(round_plan(config.points(), round_)):
                 system: System = (
                     VLLMServer(engine)
@@ -283,7 +283,7 @@ async def run_grid(
         f"max_cpu_loras={engine.settings.max_cpu_loras} "
         f"lora_slot_quantum_tokens={settings.lora_slot_quantum_tokens}",
         "rounds": config.rounds,
-        "resumed": f"{first_round} rounds carried over" if first_round else "no",
+        "resumed": f"{first_round} rounds run before, this one's time" if first_round else "no",
         "config": {
             k: str(v) if isinstance(v, Path) else v
             for k, v in dataclasses.asdict(config).items()
