@@ -32,42 +32,47 @@ def tally(changes: Iterable[tuple[str, int]]) -> dict[str, int]:
     return dict(totals)
 
 
-def _upsert(dialect: str) -> Any:
-    if dialect == "postgresql":
-        return postgresql.insert(StorageUsageRow)
-    return sqlite.insert(StorageUsageRow)
+_ADDED: dict[str, Insert] = {}
 
 
-def _added(dialect: str, changes: Mapping[str, int]) -> Insert | None:
-    """The statement that adds ``changes`` (tenant uid -> bytes) to the totals; None where
-    it would change nothing."""
-    rows = [
+def _added(dialect: str) -> Insert:
+    """The statement that adds a row's ``bytes`` to the total of its ``tenant_uid``: one
+    statement a dialect, compiled once (a change's rows are its parameters)."""
+    statement = _ADDED.get(dialect)
+    if statement is None:
+        upsert: Any = (
+            postgresql.insert(StorageUsageRow)
+            if dialect == "postgresql"
+            else sqlite.insert(StorageUsageRow)
+        )
+        statement = _ADDED[dialect] = upsert.on_conflict_do_update(
+            index_elements=[USAGE.c.tenant_uid],
+            set_={"bytes": USAGE.c.bytes + upsert.excluded.bytes},
+        )
+    return statement
+
+
+def _rows(changes: Mapping[str, int]) -> list[dict[str, Any]]:
+    """``changes`` (tenant uid -> bytes) as the rows of :func:`_added`, in the order of the
+    uids, leaving out those that change nothing."""
+    return [
         {"tenant_uid": tenant_uid, "bytes": size}
         for tenant_uid, size in sorted(changes.items())
         if size
     ]
-    if not rows:
-        return None
-    statement = _upsert(dialect).values(rows)
-    return statement.on_conflict_do_update(  # type: ignore[no-any-return]
-        index_elements=[USAGE.c.tenant_uid],
-        set_={"bytes": USAGE.c.bytes + statement.excluded.bytes},
-    )
 
 
 async def add(session: AsyncSession, changes: Mapping[str, int]) -> None:
     """Add ``changes`` (tenant uid -> bytes, negative for rows deleted) to the totals, in
     ``session``'s transaction."""
-    statement = _added(session.get_bind().dialect.name, changes)
-    if statement is not None:
-        await session.execute(statement)
+    if rows := _rows(changes):
+        await session.execute(_added(session.get_bind().dialect.name), rows)
 
 
 def add_on(connection: Connection, changes: Mapping[str, int]) -> None:
     """:func:`add`, on a synchronous connection."""
-    statement = _added(connection.dialect.name, changes)
-    if statement is not None:
-        connection.execute(statement)
+    if rows := _rows(changes):
+        connection.execute(_added(connection.dialect.name), rows)
 
 
 def inserted_and_counted(table: Table, size_column: str) -> Insert:
