@@ -23,6 +23,13 @@ cap) and the store write after (``ResponseStore.save``). The client's difference
 figures seen through the machine's noise. ``loop_lag`` is how late the gateway's event loop
 ran a 10 ms timer meanwhile (p50 and p99): every wait on the store is at least one turn of a
 loop that late. The target (issue #51) is at most 5 ms added at p99 on each backend.
+
+``--room-check N --store PATH`` times the storage cap's room check alone instead
+(``FileStore.storage_room``, what every ``store: true`` request awaits first): the SQLite file
+``PATH`` is filled, through ``ResponseStore.save``, until one tenant has ``N`` stored responses
+(a later run on the same file reuses them), then checked ``--checks`` times, one after another.
+It prints the p50, min and max in milliseconds. It runs on any checkout that has both stores
+(``PYTHONPATH=<checkout> python <this file> ...``), to compare two side by side.
 """
 
 from __future__ import annotations
@@ -41,9 +48,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy import func, select
 
 from app.store.db import open_database
+from app.store.files import FileStore
 from app.store.responses import ResponseStore, StoredResponse
+from app.store.tables import StoredResponseRow
 from tests.support.harness import RunningApp, app_settings, scripted, serve_on_thread
 from tests.support.scripted_engine import ScriptedEngine
 from tools.gateway_cost.server import write_tiny_model
@@ -184,6 +194,36 @@ async def _saves_alone(database_url: str, args: argparse.Namespace) -> dict[str,
     return {**summary(durations), "count": len(durations)}
 
 
+async def _room_checks(store_path: Path, responses: int, checks: int) -> dict[str, Any]:
+    """The room check timed ``checks`` times with the tenant holding ``responses``."""
+    async with open_database(f"sqlite+aiosqlite:///{store_path}") as sessions:
+        async with sessions() as session:
+            held = await session.scalar(select(func.count()).select_from(StoredResponseRow)) or 0
+        store = ResponseStore(sessions, timedelta(days=30))
+        try:
+            while held < responses:
+                wave = range(held, min(responses, held + 256))  # one group commit each
+                await asyncio.gather(*(store.save(TENANT, _typical(f"resp_{n}")) for n in wave))
+                held = wave.stop
+        finally:
+            await store.close()
+        files = FileStore(sessions, timedelta(days=30), 1 << 40)
+        _, used = await files.storage_room(TENANT, TENANT)  # warm: the pool, the pages
+        durations: list[float] = []
+        for _ in range(checks):
+            started = time.perf_counter()
+            await files.storage_room(TENANT, TENANT)
+            durations.append((time.perf_counter() - started) * 1000)
+    return {
+        "responses": held,
+        "used_bytes": used,
+        "checks": checks,
+        "p50_ms": round(statistics.median(durations), 3),
+        "min_ms": round(min(durations), 3),
+        "max_ms": round(max(durations), 3),
+    }
+
+
 @contextmanager
 def _served(
     state: Path, model_dir: Path, database_url: str | None, step_seconds: float
@@ -252,7 +292,16 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32, help="each request's output")
     parser.add_argument("--step-ms", type=float, default=30.0, help="the engine's pace")
     parser.add_argument("--backend", choices=("sqlite", "postgresql", "both"), default="both")
+    parser.add_argument("--room-check", type=int, metavar="N", help="see the module")
+    parser.add_argument("--store", type=Path, help="--room-check's SQLite file")
+    parser.add_argument("--checks", type=int, default=200, help="--room-check's checks")
     args = parser.parse_args()
+    if args.room_check is not None:
+        if args.store is None:
+            parser.error("--room-check needs --store")
+        timed = asyncio.run(_room_checks(args.store, args.room_check, args.checks))
+        print(json.dumps({**timed, "machine": platform.platform()}))
+        return
     with tempfile.TemporaryDirectory(prefix="lgw-tiny-model-") as models:
         model_dir = write_tiny_model(Path(models) / "tiny-model")
         machine = {"machine": platform.platform(), "python": platform.python_version()}

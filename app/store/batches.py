@@ -17,6 +17,7 @@ from typing import Any, Literal
 from sqlalchemy import and_, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.store import storage_usage
 from app.store.changes import StoreVersion, polled
 from app.store.db import lock_tenant, now
 from app.store.tables import BatchLineRow, BatchRow, FileRow, QuotaRow
@@ -113,7 +114,8 @@ class BatchStore:
     ) -> bool:
         """Set the batch's ``status`` (and its time, ``<status>_at``, and ``values``) where it
         is in one of ``only_from``, and record ``files`` (its results, named by ``values``)
-        in the same transaction: none is recorded unless it moved. Whether it moved."""
+        in the same transaction (counted in their tenants' stored bytes): none is recorded unless
+        it moved. Whether it moved."""
         query = (
             update(BatchRow)
             .where(BatchRow.id == batch_id, BatchRow.status.in_(only_from))
@@ -123,6 +125,8 @@ class BatchStore:
             if not (await session.execute(query)).rowcount:  # type: ignore[attr-defined]
                 return False
             session.add_all(files)
+            counted = storage_usage.tally((file.tenant_uid, file.bytes) for file in files)
+            await storage_usage.add(session, counted)
         return True
 
     async def clear_lines(self, batch_id: str) -> None:

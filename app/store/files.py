@@ -1,7 +1,9 @@
 """The Files API's files, per tenant, in the shared store; their bytes are kept by
 :mod:`app.store.file_contents`. A tenant reads only its own: another tenant's id is not
 found, exactly as an unknown one. A file past its expiry is not found either, and
-:meth:`FileStore.expired` hands it to the purge."""
+:meth:`FileStore.expired` hands it to the purge. Every write that adds or deletes a file's row
+changes its tenant's stored bytes in its transaction (:mod:`app.store.storage_usage`), which
+the storage cap reads."""
 
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ from sqlalchemy import ColumnElement, ScalarSelect, and_, delete, func, or_, sel
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.errors import StorageLimitError
+from app.store import storage_usage
 from app.store.db import lock_tenant, now, reading
-from app.store.tables import FileRow, QuotaRow, StoredResponseRow
+from app.store.tables import FileRow, QuotaRow, StorageUsageRow
 
 PURGE_BATCH = 500
 
@@ -72,8 +75,8 @@ class FileStore:
     ) -> FileRow:
         """Record a file whose bytes are stored, where the tenant's storage has room for it;
         else :class:`StorageLimitError`, nothing recorded. Exact: the room is counted and the
-        file recorded in one transaction under the tenant's lock, so uploads at once never
-        pass the cap together."""
+        file recorded (and counted) in one transaction under the tenant's lock, so uploads at
+        once never pass the cap together."""
         row = self.row(tenant_uid, file_id, purpose=purpose, filename=filename, size=size)
         async with self._sessions.begin() as session:
             await lock_tenant(session, tenant_uid)
@@ -81,6 +84,7 @@ class FileStore:
             if await self._used(session, tenant_uid) + size > cap:
                 raise StorageLimitError(cap)
             session.add(row)
+            await storage_usage.add(session, {tenant_uid: size})
         return row
 
     async def get(self, tenant_uid: str, file_id: str) -> FileRow | None:
@@ -128,10 +132,17 @@ class FileStore:
     async def delete(self, tenant_uid: str, file_id: str) -> bool:
         """Forget the tenant's file ``file_id`` (its bytes are the caller's to remove);
         whether it had one."""
-        query = delete(FileRow).where(FileRow.id == file_id, FileRow.tenant_uid == tenant_uid)
+        query = (
+            delete(FileRow)
+            .where(FileRow.id == file_id, FileRow.tenant_uid == tenant_uid)
+            .returning(FileRow.bytes)
+        )
         async with self._sessions.begin() as session:
-            result = await session.execute(query)
-        return bool(result.rowcount)  # type: ignore[attr-defined]
+            size = (await session.execute(query)).scalar_one_or_none()
+            if size is None:
+                return False
+            await storage_usage.add(session, {tenant_uid: -size})
+        return True
 
     async def expired(self, batch: int = PURGE_BATCH) -> list[str]:
         """Up to ``batch`` ids of files past their expiry, oldest first."""
@@ -146,24 +157,30 @@ class FileStore:
 
     async def forget(self, file_ids: list[str]) -> None:
         """Delete the rows of ``file_ids`` (whose bytes are gone)."""
+        query = (
+            delete(FileRow)
+            .where(FileRow.id.in_(file_ids))
+            .returning(FileRow.tenant_uid, -FileRow.bytes)
+        )
         async with self._sessions.begin() as session:
-            await session.execute(delete(FileRow).where(FileRow.id.in_(file_ids)))
+            deleted = await session.execute(query)
+            await storage_usage.add(session, storage_usage.tally(deleted.all()))
 
     # -- the tenant's storage cap ----------------------------------------------------
 
     async def storage_used(self, tenant_uid: str) -> int:
         """What the tenant's files and stored responses hold, in bytes (expired ones count
-        until they are purged)."""
+        until they are purged): their running total, one row."""
         async with self._sessions() as session:
             return await self._used(session, tenant_uid)
 
     async def storage_room(self, tenant_id: str, tenant_uid: str) -> tuple[int, int]:
         """What the tenant's files and stored responses may hold together, and what they
-        hold (:meth:`storage_used`), in bytes, read by one query that takes no write lock
-        (on a request's path, and the console's). The tenant's checks at once share one
-        query: one that starts while another's query is under way gets that query's answer,
-        no older than the query (a check, not a claim: requests checked at once all pass it
-        alike)."""
+        hold (:meth:`storage_used`), in bytes, read by one query of two rows that takes no
+        write lock (on a request's path, and the console's). The tenant's checks at once
+        share one query: one that starts while another's query is under way gets that query's
+        answer, no older than the query (a check, not a claim: requests checked at once all
+        pass it alike)."""
         key = (tenant_id, tenant_uid)
         read = self._room_reads.get(key)
         if read is None:
@@ -202,10 +219,6 @@ class FileStore:
 
     @staticmethod
     def _used_query(tenant_uid: str) -> ColumnElement[int]:
-        files = select(func.coalesce(func.sum(FileRow.bytes), 0)).where(
-            FileRow.tenant_uid == tenant_uid
-        )
-        responses = select(func.coalesce(func.sum(StoredResponseRow.size_bytes), 0)).where(
-            StoredResponseRow.tenant_uid == tenant_uid
-        )
-        return files.scalar_subquery() + responses.scalar_subquery()
+        """The tenant's running total; 0 where it has never stored anything."""
+        total = select(StorageUsageRow.bytes).where(StorageUsageRow.tenant_uid == tenant_uid)
+        return func.coalesce(total.scalar_subquery(), 0)

@@ -8,7 +8,8 @@ returns (a client that continues the chain on the answer finds it), and many con
 responses cost one commit (one fsync on SQLite, one round trip on PostgreSQL) instead of one
 each. The transaction goes through a connection of the store's own, with as few waits on the
 event loop as each database allows (:mod:`app.store.batch_insert`), and each response's JSON
-is serialised once, for its size and the row alike.
+is serialised once, for its size and the row alike. Every write that adds, resizes or deletes
+a row changes its tenant's stored bytes in its transaction (:mod:`app.store.storage_usage`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, Literal
 from sqlalchemy import JSON, Column, Dialect, MetaData, Table, TypeDecorator, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.store import storage_usage
 from app.store.batch_insert import batch_inserter
 from app.store.db import now, store_is_down
 from app.store.tables import StoredResponseRow
@@ -95,7 +97,7 @@ class ResponseStore:
         self.retention = retention
         self._pending: list[_Pending] = []
         self._writer: asyncio.Task[None] | None = None
-        self._inserter = batch_inserter(sessions, _SAVED)
+        self._inserter = batch_inserter(sessions, _SAVED, counted="size_bytes")
 
     async def save(self, tenant_uid: str, response: StoredResponse) -> None:
         """Store ``response`` for the tenant; it is stored when this returns. It is inserted
@@ -197,12 +199,11 @@ class ResponseStore:
             before = (await session.execute(read)).scalar_one_or_none()
             if before is None:
                 return False
+            grown = len(json.dumps(body)) - len(json.dumps(before))
             values: dict[str, Any] = {
                 "body": body,
                 "status": body["status"],
-                "size_bytes": StoredResponseRow.size_bytes
-                + len(json.dumps(body))
-                - len(json.dumps(before)),
+                "size_bytes": StoredResponseRow.size_bytes + grown,
             }
             if answered_by is not None:
                 values["adapter"], values["adapter_version"] = answered_by
@@ -211,9 +212,13 @@ class ResponseStore:
                 update(StoredResponseRow)
                 .where(StoredResponseRow.id == response_id, StoredResponseRow.status.in_(only_from))
                 .values(**values)
+                .returning(StoredResponseRow.tenant_uid)
             )
-            result = await session.execute(query)
-        return bool(result.rowcount)  # type: ignore[attr-defined]
+            tenant_uid = (await session.execute(query)).scalar_one_or_none()
+            if tenant_uid is None:
+                return False
+            await storage_usage.add(session, {tenant_uid: grown})
+        return True
 
     async def status(self, response_id: str) -> str | None:
         """The status of response ``response_id``, whoever's it is; None where there is none."""
@@ -230,12 +235,17 @@ class ResponseStore:
     async def delete(self, tenant_uid: str, response_id: str) -> bool:
         """Delete the tenant's response ``response_id``; whether it had one. Responses that
         continued it keep their own context."""
-        query = delete(StoredResponseRow).where(
-            StoredResponseRow.id == response_id, StoredResponseRow.tenant_uid == tenant_uid
+        query = (
+            delete(StoredResponseRow)
+            .where(StoredResponseRow.id == response_id, StoredResponseRow.tenant_uid == tenant_uid)
+            .returning(StoredResponseRow.size_bytes)
         )
         async with self._sessions.begin() as session:
-            result = await session.execute(query)
-        return bool(result.rowcount)  # type: ignore[attr-defined]
+            size = (await session.execute(query)).scalar_one_or_none()
+            if size is None:
+                return False
+            await storage_usage.add(session, {tenant_uid: -size})
+        return True
 
     async def purge(self, batch: int = PURGE_BATCH) -> int:
         """Delete the responses older than the retention, ``batch`` rows a transaction, oldest
@@ -252,9 +262,12 @@ class ResponseStore:
             async with self._sessions.begin() as session:
                 ids = list((await session.scalars(oldest)).all())
                 if ids:
-                    await session.execute(
-                        delete(StoredResponseRow).where(StoredResponseRow.id.in_(ids))
+                    deleted = await session.execute(
+                        delete(StoredResponseRow)
+                        .where(StoredResponseRow.id.in_(ids))
+                        .returning(StoredResponseRow.tenant_uid, -StoredResponseRow.size_bytes)
                     )
+                    await storage_usage.add(session, storage_usage.tally(deleted.all()))
             purged += len(ids)
             if len(ids) < batch:
                 return purged

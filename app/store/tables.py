@@ -314,10 +314,7 @@ class StoredResponseRow(Base):
     context, so continuing a chain reads one row."""
 
     __tablename__ = "stored_responses"
-    __table_args__ = (
-        Index("ix_stored_responses_created", "created_at"),
-        Index("ix_stored_responses_tenant", "tenant_uid"),
-    )
+    __table_args__ = (Index("ix_stored_responses_created", "created_at"),)
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     # Whose it is: the tenant's uid, never its reusable id.
@@ -335,7 +332,7 @@ class StoredResponseRow(Base):
     # This response's input items, and the chain's items before them.
     input_items: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     context: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
-    # What the row holds, in bytes of JSON: the tenant's storage, once it is capped.
+    # What the row holds, in bytes of JSON: counted in its tenant's :class:`StorageUsageRow`.
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime]
 
@@ -356,9 +353,22 @@ class FileRow(Base):
     # batch (uploaded), batch_output (a batch's results or errors).
     purpose: Mapped[str] = mapped_column(String(32))
     filename: Mapped[str] = mapped_column(String(255))
+    # Counted in its tenant's :class:`StorageUsageRow`.
     bytes: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime]
     expires_at: Mapped[datetime]
+
+
+class StorageUsageRow(Base):
+    """What a tenant's files and stored responses hold, in bytes: the sum of their rows'
+    sizes, kept by every write that adds, resizes or deletes one, in its transaction
+    (:mod:`app.store.storage_usage`), so that the storage cap reads one row. Keyed by the
+    uid: the rows outlive the tenant's id, and are counted until they are purged."""
+
+    __tablename__ = "storage_usage"
+
+    tenant_uid: Mapped[str] = mapped_column(String(32), primary_key=True)
+    bytes: Mapped[int] = mapped_column(BigInteger)
 
 
 class LeaseRow(Base):

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.store.batch_insert import BatchInserter, batch_inserter
 from app.store.db import now
 from app.store.tables import StoredResponseRow
+from tests.support.stored_bytes import summed, totals
 
 TABLE = StoredResponseRow.__table__
 
@@ -115,3 +116,22 @@ async def test_the_write_waits_on_the_event_loop_once(
         assert threads != {threading.get_ident()}
     else:
         assert [query.split()[0].upper() for query in sent if query != ";"] == ["INSERT"]
+
+
+async def test_a_counted_batch_adds_its_sizes_to_its_tenants_totals_in_its_transaction(
+    database_url: str, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """SQLite: the count is a second statement in the insert's transaction. PostgreSQL: each
+    row's insert and count are one statement, the batch one round trip as before."""
+    counted = batch_inserter(sessions, TABLE, counted="size_bytes")  # type: ignore[arg-type]
+    try:
+        rows = [row(f"resp_{n}") | {"tenant_uid": f"uid-{n % 2}"} for n in range(5)]
+        with statements() as seen:
+            await counted.insert(rows)
+        with pytest.raises(IntegrityError):
+            await counted.insert([row("resp_5"), row("resp_0")])
+    finally:
+        await counted.close()
+    assert await totals(sessions) == await summed(sessions) == {"uid-0": 30, "uid-1": 20}
+    words = [word for word, _ in seen if word != "BEGIN"]
+    assert words == (["INSERT", "INSERT"] if database_url.startswith("sqlite") else ["WITH"])

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.admin import schemas
 from app.admin.service import AdminService
 from app.errors import StorageLimitError
+from app.store import storage_usage
 from app.store.batches import BatchStore, EnqueuedLimitPassed, PendingLine, new_batch_id
 from app.store.files import FileStore, new_file_id
 from app.store.tables import BatchRow, StoredResponseRow, UsageRow
@@ -226,7 +227,7 @@ async def test_the_room_check_is_one_read_that_waits_for_no_writer(
     files = FileStore(sessions, timedelta(days=1), 1 << 20)
     await files.add_within_cap("a", "uid-a", new_file_id(), purpose="batch", filename="f", size=30)
     async with sessions.begin() as session:
-        session.add(stored_response_row("uid-a", size=12))
+        await add_stored_response(session, "uid-a", size=12)
     sent: list[str] = []
 
     def statement(_conn: Any, _cursor: Any, text: str, *_: Any) -> None:
@@ -234,8 +235,7 @@ async def test_the_room_check_is_one_read_that_waits_for_no_writer(
 
     # A writer's transaction open meanwhile (on SQLite it holds the write lock).
     async with sessions.begin() as writer:
-        writer.add(stored_response_row("uid-a", size=100))
-        await writer.flush()
+        await add_stored_response(writer, "uid-a", size=100)
         event.listen(Engine, "before_cursor_execute", statement)
         try:
             assert await files.storage_room("a", "uid-a") == (1 << 20, 42)
@@ -244,6 +244,13 @@ async def test_the_room_check_is_one_read_that_waits_for_no_writer(
     assert [text.split()[0] for text in sent if not text.startswith("BEGIN")] == ["SELECT"]
     assert "BEGIN IMMEDIATE" not in sent
     assert await files.storage_room("a", "uid-a") == (1 << 20, 142)
+
+
+async def add_stored_response(session: AsyncSession, tenant_uid: str, size: int) -> None:
+    """A stored response of ``size`` bytes added, and counted, in ``session``'s transaction
+    (as :class:`ResponseStore` writes one)."""
+    session.add(stored_response_row(tenant_uid, size))
+    await storage_usage.add(session, {tenant_uid: size})
 
 
 def stored_response_row(tenant_uid: str, size: int) -> StoredResponseRow:

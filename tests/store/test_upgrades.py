@@ -122,7 +122,7 @@ ROWS: dict[str, list[dict[str, Any]]] = {
          "adapter_version": 1, "body": {"id": "resp_upgrade", "status": "completed"},
          "input_items": [{"type": "message", "role": "user", "content": "hi"}],
          "context": [{"role": "user", "content": "hi"}], "size_bytes": 200,
-         "created_at": LATER},
+         "created_at": LATER, "status": "completed"},
     ],
     "files": [
         {"id": "file_upgrade", "tenant_uid": ACME_UID, "purpose": "batch",
@@ -146,6 +146,9 @@ ROWS: dict[str, list[dict[str, Any]]] = {
          "body": {"model": "support"}, "cost": 40, "status": status, "output": output}
         for line, status, output in ((1, "ok", {"id": "x"}), (2, "pending", None))
     ],
+    "storage_usage": [
+        {"tenant_uid": ACME_UID, "bytes": 200 + 120},  # its stored response and file above
+    ],
 }  # fmt: skip
 NATURAL_KEYS = {
     "tenants": ("id",),
@@ -164,6 +167,7 @@ NATURAL_KEYS = {
     "leases": ("name",),
     "batches": ("id",),
     "batch_lines": ("batch_id", "line"),
+    "storage_usage": ("tenant_uid",),
 }
 INSERT_ORDER = list(NATURAL_KEYS)
 NOT_FILLED = {"alembic_version", "revision"}  # Alembic's own; the one counter 0001 inserts
@@ -286,6 +290,13 @@ async def test_an_earlier_store_upgrades_with_nothing_lost(
     assert rows["revision"] == [{"id": 1, "value": REVISION_VALUE}]
     # Responses stored before background ones were finished ones.
     assert {row["status"] for row in rows["stored_responses"]} <= {"completed"}
+    # Each tenant's stored bytes: the sum of its files' and stored responses' sizes.
+    stored = [(f["tenant_uid"], f["bytes"]) for f in rows["files"]] + [
+        (r["tenant_uid"], r["size_bytes"]) for r in rows["stored_responses"]
+    ]
+    totals = {row["tenant_uid"]: row["bytes"] for row in rows["storage_usage"]}
+    assert len(stored) == ("stored_responses" in written) + ("files" in written)
+    assert totals == {uid: sum(size for u, size in stored if u == uid) for uid, _ in stored}
 
     # The in-memory view a gateway serves from, loaded from the result.
     registry = found["registry"]
