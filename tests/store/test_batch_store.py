@@ -18,31 +18,18 @@ from app.admin import schemas
 from app.admin.service import AdminService
 from app.errors import StorageLimitError
 from app.store import storage_usage
-from app.store.batches import BatchStore, EnqueuedLimitPassed, PendingLine, new_batch_id
+from app.store.batches import BatchStore, EnqueuedLimitPassed, PendingLine
 from app.store.files import FileStore, new_file_id
 from app.store.tables import BatchRow, StoredResponseRow, UsageRow
 from app.usage import UsageRecord, usage_by_bucket
 from app.usage.ledger import write_records
+from tests.support.batch_rows import batch_row as support_batch_row
 
 NOW = datetime.now(timezone.utc)
 
 
 def batch_row(tenant_uid: str = "uid-a", tenant_id: str = "a") -> BatchRow:
-    return BatchRow(
-        id=new_batch_id(),
-        tenant_uid=tenant_uid,
-        tenant_id=tenant_id,
-        key_id="key",
-        endpoint="/v1/chat/completions",
-        input_file_id=new_file_id(),
-        completion_window="24h",
-        status="validating",
-        total=0,
-        completed=0,
-        failed=0,
-        created_at=NOW,
-        expires_at=NOW + timedelta(days=1),
-    )
+    return support_batch_row(tenant_uid, tenant_id, NOW)
 
 
 def record(request_id: str, batch_id: str | None) -> UsageRecord:

@@ -19,11 +19,12 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.admin import schemas
 from app.admin.service import AdminService
 from app.errors import StorageLimitError
-from app.store.batches import BatchStore, new_batch_id
+from app.store.batches import BatchStore
 from app.store.db import alembic_config, create_engine, now
 from app.store.files import FileStore, new_file_id
 from app.store.responses import ResponseStore, StoredResponse
-from app.store.tables import BatchRow, FileRow, StoredResponseRow
+from app.store.tables import FileRow, StoredResponseRow
+from tests.support.batch_rows import batch_row
 from tests.support.stored_bytes import summed, totals
 
 DAY = timedelta(days=1)
@@ -102,23 +103,7 @@ async def test_the_totals_are_the_rows_sums_after_every_kind_of_write(
 
         # A batch's result files, recorded with its move (and not, where it did not move).
         batches = BatchStore(sessions)
-        batch = await batches.create(
-            BatchRow(
-                id=new_batch_id(),
-                tenant_uid="uid-c",
-                tenant_id="c",
-                key_id="key",
-                endpoint="/v1/chat/completions",
-                input_file_id=new_file_id(),
-                completion_window="24h",
-                status="validating",
-                total=0,
-                completed=0,
-                failed=0,
-                created_at=now(),
-                expires_at=now() + DAY,
-            )
-        )
+        batch = await batches.create(batch_row("uid-c", "c", now()))
         output = files.row("uid-c", new_file_id(), purpose="batch_output", filename="o", size=77)
         assert not await batches.move(batch.id, "failed", only_from=("done",), files=[output])
         assert await batches.move(batch.id, "failed", only_from=("validating",), files=[output])
