@@ -129,7 +129,7 @@ def otlp_receiver() -> Iterator[tuple[str, Received]]:
     each protobuf export and answers 200, as a collector does."""
     received = Received()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["content-length"]))
             export = ExportTraceServiceRequest()
@@ -144,14 +144,24 @@ def otlp_receiver() -> Iterator[tuple[str, Received]]:
             self.send_header("content-length", "0")
             self.end_headers()
 
-        def log_message(self, format: str, *args: object) -> None:
-            return None
+    with serving(Handler) as port:
+        yield f"http://127.0.0.1:{port}", received
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A test server's handler that logs no request line."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        return None
+
+
+@contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[int]:
+    """``handler`` serving on loopback from a thread, until the block ends: its port."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", received
+        yield server.server_address[1]
     finally:
         server.shutdown()
         server.server_close()

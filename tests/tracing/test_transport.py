@@ -6,11 +6,9 @@ exporter tries again."""
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from opentelemetry.sdk.resources import Resource
 
@@ -18,6 +16,7 @@ from app.tracing import export, otlp
 from app.tracing.records import SERVER, FinishedTrace, SpanRecord
 from app.tracing.setup import SCOPE
 from app.tracing.transport import PlainHttpTransport
+from tests.support.traces import QuietHandler, serving
 
 ENVELOPE = otlp.envelope(Resource.create({"service.name": "gw-test"}), SCOPE.name, "1")
 
@@ -35,7 +34,7 @@ def receiver(*, keep: bool = True, drop_silently: bool = False) -> Iterator[tupl
     saying so or (``drop_silently``) not."""
     received = Receiving()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         protocol_version = "HTTP/1.1" if keep or drop_silently else "HTTP/1.0"
 
         def do_POST(self) -> None:
@@ -50,17 +49,8 @@ def receiver(*, keep: bool = True, drop_silently: bool = False) -> Iterator[tupl
             if drop_silently:
                 self.close_connection = True
 
-        def log_message(self, format: str, *args: object) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces", received
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as port:
+        yield f"http://127.0.0.1:{port}/v1/traces", received
 
 
 def test_posts_go_over_one_kept_connection() -> None:
