@@ -135,14 +135,10 @@ class FileStore:
         query = (
             delete(FileRow)
             .where(FileRow.id == file_id, FileRow.tenant_uid == tenant_uid)
-            .returning(FileRow.bytes)
+            .returning(FileRow.tenant_uid, -FileRow.bytes)
         )
         async with self._sessions.begin() as session:
-            size = (await session.execute(query)).scalar_one_or_none()
-            if size is None:
-                return False
-            await storage_usage.add(session, {tenant_uid: -size})
-        return True
+            return bool(await storage_usage.deleted(session, query))
 
     async def expired(self, batch: int = PURGE_BATCH) -> list[str]:
         """Up to ``batch`` ids of files past their expiry, oldest first."""
@@ -163,8 +159,7 @@ class FileStore:
             .returning(FileRow.tenant_uid, -FileRow.bytes)
         )
         async with self._sessions.begin() as session:
-            deleted = await session.execute(query)
-            await storage_usage.add(session, storage_usage.tally(deleted.all()))
+            await storage_usage.deleted(session, query)
 
     # -- the tenant's storage cap ----------------------------------------------------
 

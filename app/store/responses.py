@@ -238,14 +238,10 @@ class ResponseStore:
         query = (
             delete(StoredResponseRow)
             .where(StoredResponseRow.id == response_id, StoredResponseRow.tenant_uid == tenant_uid)
-            .returning(StoredResponseRow.size_bytes)
+            .returning(StoredResponseRow.tenant_uid, -StoredResponseRow.size_bytes)
         )
         async with self._sessions.begin() as session:
-            size = (await session.execute(query)).scalar_one_or_none()
-            if size is None:
-                return False
-            await storage_usage.add(session, {tenant_uid: -size})
-        return True
+            return bool(await storage_usage.deleted(session, query))
 
     async def purge(self, batch: int = PURGE_BATCH) -> int:
         """Delete the responses older than the retention, ``batch`` rows a transaction, oldest
@@ -262,12 +258,12 @@ class ResponseStore:
             async with self._sessions.begin() as session:
                 ids = list((await session.scalars(oldest)).all())
                 if ids:
-                    deleted = await session.execute(
+                    await storage_usage.deleted(
+                        session,
                         delete(StoredResponseRow)
                         .where(StoredResponseRow.id.in_(ids))
-                        .returning(StoredResponseRow.tenant_uid, -StoredResponseRow.size_bytes)
+                        .returning(StoredResponseRow.tenant_uid, -StoredResponseRow.size_bytes),
                     )
-                    await storage_usage.add(session, storage_usage.tally(deleted.all()))
             purged += len(ids)
             if len(ids) < batch:
                 return purged

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, Insert, Table, bindparam, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.sql.dml import ReturningDelete
 
 from app.store.tables import StorageUsageRow
 
@@ -67,6 +68,15 @@ async def add(session: AsyncSession, changes: Mapping[str, int]) -> None:
     ``session``'s transaction."""
     if rows := _rows(changes):
         await session.execute(_added(session.get_bind().dialect.name), rows)
+
+
+async def deleted(session: AsyncSession, statement: ReturningDelete[str, int]) -> int:
+    """Run ``statement``, a delete returning each row's tenant uid and its size negated, and
+    take the rows' bytes off their tenants' totals, in ``session``'s transaction; how many
+    rows it deleted."""
+    rows = (await session.execute(statement)).all()
+    await add(session, tally((tenant_uid, size) for tenant_uid, size in rows))
+    return len(rows)
 
 
 def add_on(connection: Connection, changes: Mapping[str, int]) -> None:
