@@ -20,9 +20,11 @@ _QUEUE_WAIT = metrics.Children(metrics.QUEUE_WAIT)
 class TokenMeter:
     """Completion tokens the engine produced, and their timing metrics as they come.
 
-    Inter-token latency is one observation per token after the first delta (a delta of
-    several tokens spreads its gap evenly over them). Every observation is held in memory
-    until this process's metrics are read (:func:`app.metrics.held`)."""
+    Inter-token latency is one observation per token after a request's first: a delta of
+    several tokens spreads its gap evenly over them. A first delta of several tokens (a
+    consumer slower than the engine gets its outputs merged) spreads the engine's own
+    first-to-last token time over the tokens after its first. Every observation is held in
+    memory until this process's metrics are read (:func:`app.metrics.held`)."""
 
     tenant: str
     model: str
@@ -44,6 +46,8 @@ class TokenMeter:
             now = self.clock()
             if self.last_token_at is None:
                 self._first_token(output, now)
+                if new > 1:
+                    self._first_delta_gaps(output, new - 1)
             else:
                 self._tally().observe((now - self.last_token_at) / new, new)
             self.last_token_at = now
@@ -53,6 +57,12 @@ class TokenMeter:
         if self._gaps is None:
             self._gaps = metrics.held(_INTER_TOKEN_LATENCY(self.tenant, self.model))
         return self._gaps
+
+    def _first_delta_gaps(self, output: RequestOutput, gaps: int) -> None:
+        stats = output.metrics
+        if stats is not None and stats.last_token_ts >= stats.first_token_ts > 0:
+            # Both on the engine core's clock; this consumer saw the tokens only at once.
+            self._tally().observe((stats.last_token_ts - stats.first_token_ts) / gaps, gaps)
 
     def _first_token(self, output: RequestOutput, now: float) -> None:
         metrics.held(_TIME_TO_FIRST_TOKEN(self.tenant, self.model)).observe(now - self.started)

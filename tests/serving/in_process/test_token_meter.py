@@ -8,6 +8,7 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 from vllm import CompletionOutput, RequestOutput
+from vllm.v1.metrics.stats import RequestStateStats
 
 from app import metrics
 from app.serving.in_process import token_meter
@@ -103,6 +104,20 @@ def test_the_meter_observes_each_token_after_the_first_held_until_the_metrics_ar
         "lora_gateway_time_to_first_token_seconds_sum", tenant="meter-test", model="m"
     )
     assert ttft == pytest.approx(1.0)
+
+
+def test_a_merged_first_delta_spreads_the_engines_first_to_last_token_time_over_its_gaps() -> None:
+    # A consumer slower than the engine gets its first outputs merged: every token after the
+    # request's first is still one gap, timed on the engine core's clock.
+    clock = [100.0]
+    meter = TokenMeter("merged-first", "m", started=99.0, clock=lambda: clock[0])
+    first = output(3)
+    first.metrics = RequestStateStats(first_token_ts=50.0, last_token_ts=50.08)
+    meter.observe(first)
+    clock[0] += 0.01
+    meter.observe(output(1, finished=True))
+    assert itl("merged-first", "count") == 3 == meter.completion_tokens - 1
+    assert itl("merged-first", "sum") == pytest.approx(0.08 + 0.01)
 
 
 def test_a_tenant_and_models_first_tokens_make_no_metric_child_until_the_metrics_are_read() -> None:
