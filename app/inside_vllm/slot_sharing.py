@@ -24,7 +24,8 @@ A request that carries objectives (:mod:`app.inside_vllm.objectives`) is served 
 instead of the quantum: its adapter takes a slot by a turn only when it would otherwise miss
 its objective (its first token's, or a paused stream's next token's), judged from the engine's
 measured step time and the tokens the holders have left; the turn pauses the adapter whose
-streams have the most slack against their own time-per-token objective; a stream once paused
+streams have the most slack against their own time-per-token objective, and is not taken
+where it would make more of them miss it than it saves waiting requests; a stream once paused
 is not paused again while it is behind its objective, and a batch request never pauses an
 interactive stream. Interactive requests are served first, and take a slot that batch requests
 alone hold at once, whatever the quantum or objectives. The rules and what they cost:
@@ -204,16 +205,41 @@ class Judge:
     def needs_turn(self, deadline: float, holders: Iterable[Holder]) -> bool:
         """A request due at ``deadline`` needs a turn now: it is within the turn's lead of
         its deadline (:data:`TURN_LEAD_STEPS` steps at the engine's pace; sooner, the holders
-        run on and a slot may free by itself), and waiting for a slot to free by itself, once
-        the holder with the fewest tokens left has generated them (by their ``max_tokens``;
-        they may end sooner) and a step for its prompt, would miss it."""
+        run on and a slot may free by itself), and waiting for a slot to free by itself
+        (:meth:`frees_in`) would miss it."""
         if deadline - self.now > TURN_LEAD_STEPS * self.step:
             return False
+        return self.now + self.frees_in(holders) > deadline
+
+    def frees_in(self, holders: Iterable[Holder]) -> float:
+        """How long until a slot frees by itself and its taker has a token: the holder with
+        the fewest tokens left generates them (by their ``max_tokens``; they may end
+        sooner), then a step for the taker's prompt."""
         left = min(
             (max(r.max_tokens - r.num_output_tokens for r in h.requests) for h in holders),
             default=0,
         )
-        return self.now + (left + 1) * self.step > deadline
+        return (left + 1) * self.step
+
+    def misses(self, request: Candidate, wait: float) -> bool:
+        """Whether ``request``, waiting ``wait`` more and then running at the engine's pace,
+        misses its objective: a new request its first token's; a stream its TPOT objective
+        at its last token (by its ``max_tokens``), over its whole life, as its client
+        counts it."""
+        if request.num_output_tokens == 0:
+            deadline = self.deadline(request)
+            return deadline is not None and self.now + wait + self.step > deadline
+        objectives = self.objectives.get(request.request_id)
+        first = self.first_token_at.get(request.request_id)
+        if objectives is None or objectives.tpot is None or first is None:
+            return False
+        last = self.now + wait + (request.max_tokens - request.num_output_tokens) * self.step
+        return last > first + objectives.tpot * (request.max_tokens - 1)
+
+    def broken(self, requests: Iterable[Candidate], wait: float) -> int:
+        """How many of ``requests`` a wait of ``wait`` makes miss an objective they would
+        meet without it."""
+        return sum(self.misses(r, wait) and not self.misses(r, 0.0) for r in requests)
 
 
 def plan(
@@ -252,7 +278,8 @@ def plan(
     free slot at once, and a held one only when its request would otherwise miss its next
     token's deadline, at the last steps that still meet it, from the adapter whose requests
     have the most slack, each of which has generated a token since it last started (a
-    request with no objective: its quantum). No turn pauses a stream paused before and
+    request with no objective: its quantum), unless the pause makes more of them miss their
+    TPOT objective than it saves (:func:`_by_objectives`). No turn pauses a stream paused before and
     behind its TPOT objective, nor, for a batch request, an interactive one; these rules
     apply to the quantum's turns too, and a request they alone keep from a turn does not keep
     the requests behind it from one.
@@ -271,6 +298,7 @@ def plan(
     interactive: dict[int, tuple[float, Candidate]] = {}  # its longest-waiting interactive one
     due: dict[int, tuple[float, Candidate]] = {}  # its request due soonest, with an objective
     ready: Counter[int] = Counter()
+    queued: defaultdict[int, list[Candidate]] = defaultdict(list)
     waited: defaultdict[int, float] = defaultdict(float)
     for request in waiting:
         adapter = adapter_of(request)
@@ -279,6 +307,7 @@ def plan(
         if request.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             continue
         ready[adapter] += 1
+        queued[adapter].append(request)
         since = waiting_since.get(request.request_id, request.arrival_time)
         if request.num_output_tokens == 0:
             since -= NEW_REQUEST_LEAD
@@ -328,7 +357,9 @@ def plan(
                 continue
         if adapter in due:
             deadline, request = due[adapter]
-            holder = _by_objectives(judge, request, deadline, holders, largest, quantum)
+            holder = _by_objectives(
+                judge, request, deadline, holders, largest, quantum, queued[adapter]
+            )
             if holder is None:
                 continue  # within its objective, or no stream may be paused for it
         else:
@@ -365,10 +396,16 @@ def _by_objectives(
     holders: list[Holder],
     largest: int,
     quantum: int,
+    queued: list[Candidate],
 ) -> Holder | None:
-    """The slot ``request`` (due at ``deadline``) takes: a free one, else, where it would
-    miss its deadline waiting for one, the held one whose streams have the most slack among
-    those a turn may pause; None where it waits."""
+    """The slot ``request`` (due at ``deadline``, its adapter's waiting requests ``queued``)
+    takes: a free one, else, where it would miss its deadline waiting for one, the held one
+    whose pause breaks the fewest objectives, then whose streams have the most slack, among
+    those a turn may pause; None where it waits. A turn that breaks objectives (its streams,
+    waiting until a slot frees by itself, would miss their TPOT objective at their last
+    token) is taken only where it saves more (the adapter's waiting requests that would miss
+    theirs waiting for one, and meet them now): one request is worth one, whichever
+    objective it keeps."""
     if holders and holders[0] is FREE_SLOT:
         return FREE_SLOT
     if not judge.needs_turn(deadline, holders):
@@ -381,7 +418,24 @@ def _by_objectives(
         and judge.may_pause(h, request)
         and (h.turn >= quantum or all(judge.deadline(r) is not None for r in h.requests))
     ]
-    return max(pausable, key=lambda h: min(judge.slack(r) for r in h.requests), default=None)
+    if not pausable:
+        return None
+    # The taker's requests hold the slot they take until a slot frees, as the others do.
+    taker = Holder(turn=0, by_turn=True, requests=queued)
+
+    def broken(holder: Holder) -> int:
+        rest = [h for h in holders if h is not holder]
+        return judge.broken(holder.requests, judge.frees_in([*rest, taker]))
+
+    costs = {id(h): broken(h) for h in pausable}
+    holder = max(
+        pausable,
+        key=lambda h: (-costs[id(h)], min(judge.slack(r) for r in h.requests)),
+    )
+    lost = costs[id(holder)]
+    if lost and judge.broken(queued, judge.frees_in(holders)) <= lost:
+        return None
+    return holder
 
 
 class SlotSharingScheduler(Scheduler):

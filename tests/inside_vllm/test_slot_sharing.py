@@ -213,6 +213,7 @@ def test_requests_not_ready_to_run_are_not_served_a_slot() -> None:
 
 STEP = 0.25  # the engine's measured step time, in seconds (binary fractions: exact sums)
 INTERACTIVE = Objectives(interactive=True, ttft=2.0, tpot=0.5)
+WAITING_LEFT = 4
 BATCH = Objectives(interactive=False, ttft=2.0, tpot=0.5)
 
 
@@ -226,7 +227,12 @@ def by_objectives(
     **kwargs: object,
 ) -> list[tuple[str, list[str]]]:
     """The takes with every request interactive (unless ``objectives`` says otherwise),
-    each running one's first token 10 s before ``now``."""
+    each running one's first token 10 s before ``now``, and each waiting one
+    :data:`WAITING_LEFT` tokens from its end unless its ``max_tokens`` is set: a turn for it
+    holds the slot a short time, and costs no stream its objective."""
+    for request in waiting:
+        if request.max_tokens == Fake.max_tokens:
+            request.max_tokens = request.num_output_tokens + WAITING_LEFT
     every = {r.request_id: INTERACTIVE for r in (*slots, *waiting)} | (objectives or {})
     first = {r.request_id: now - 10.0 for r in slots}
     first |= kwargs.pop("first_token_at", {})  # type: ignore[arg-type]
@@ -340,6 +346,26 @@ def test_a_paused_stream_behind_is_spared_for_one_with_less_slack_never_paused()
         by_objectives(slots, waiting, now, max_loras=2, first_token_at=first, waiting_since=both)
         == []
     )
+
+
+def test_a_turn_that_breaks_objectives_is_taken_only_where_it_saves_more() -> None:
+    """A stream paused until a slot frees by itself (here: the taker's 8 tokens and a step)
+    may miss its TPOT objective at its last token; the turn is taken for one waiting request
+    only where it costs no objective, and for two where it costs one."""
+    now = 101.0 - TURN_LEAD_STEPS * STEP  # 100.25; w's first token is due at 101
+    holder = running("a1", 1, 10)
+    holder.max_tokens = 20  # its last token at 102.75 running on, at 105 paused until then
+    for first, turn in [(96.0, True), (94.0, False)]:  # due by its TPOT at 105.5, at 103.5
+        waiting = [Fake("w", 2, arrival_time=99.0, max_tokens=8)]
+        taken = by_objectives([holder], waiting, now, first_token_at={"a1": first})
+        assert taken == ([("w", ["a1"])] if turn else [])
+    # Two requests of the adapter, each of which misses its first token waiting for a slot.
+    waiting = [Fake(w, 2, arrival_time=99.0, max_tokens=8) for w in ("w", "w2")]
+    taken = by_objectives([holder], waiting, now, first_token_at={"a1": 94.0})
+    assert taken == [("w", ["a1"])]
+    # One of them would miss it anyway: it saves one.
+    waiting[1].arrival_time = 98.0
+    assert by_objectives([holder], waiting, now, first_token_at={"a1": 94.0}) == []
 
 
 def test_a_turn_waits_for_each_stream_to_generate_a_token_since_it_last_started() -> None:
