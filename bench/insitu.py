@@ -83,10 +83,12 @@ class Profile:
 
 
 def read_folded(path: Path) -> Counter[str]:
+    """py-spy's folded stacks; a line that does not end in a count (py-spy stopped while it
+    wrote, which leaves bytes of memory in the file) is left out."""
     stacks: Counter[str] = Counter()
-    for line in path.read_text().splitlines():
+    for line in path.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
-        if stack:
+        if stack and count.isdecimal():
             stacks[stack] += int(count)
     return stacks
 

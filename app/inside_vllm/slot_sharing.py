@@ -279,10 +279,10 @@ def plan(
     token's deadline, at the last steps that still meet it, from the adapter whose requests
     have the most slack, each of which has generated a token since it last started (a
     request with no objective: its quantum), unless the pause makes more of them miss their
-    TPOT objective than it saves (:func:`_by_objectives`). No turn pauses a stream paused before and
-    behind its TPOT objective, nor, for a batch request, an interactive one; these rules
-    apply to the quantum's turns too, and a request they alone keep from a turn does not keep
-    the requests behind it from one.
+    TPOT objective than it saves (:func:`_by_objectives`). No turn pauses a stream paused
+    before and behind its TPOT objective, nor, for a batch request, an interactive one; these
+    rules apply to the quantum's turns too, and a request they alone keep from a turn does
+    not keep the requests behind it from one.
 
     Interactive requests (by their class) are served before batch ones, and an adapter with
     one waiting takes at once a slot held by batch requests only, each of which has had a

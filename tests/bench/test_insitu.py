@@ -52,6 +52,9 @@ def test_folded_stacks_are_read_with_their_counts(tmp_path: Path) -> None:
     path = tmp_path / "worker.txt"
     path.write_text(f"{GEMM} 7\n{PREPARE} 2\n{GEMM} 1\n\n")
     assert read_folded(path) == Counter({GEMM: 8, PREPARE: 2})
+    # A profiler stopped while it wrote leaves a last line of memory, not a count.
+    path.write_bytes(f"{GEMM} 7\n{PREPARE} 3(\x00\x01".encode() + b"\xe0\xab\x80 \xff\x00\n")
+    assert read_folded(path) == Counter({GEMM: 7})
 
 
 def test_a_sample_goes_to_the_first_account_on_its_stack() -> None:
