@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
@@ -297,8 +297,7 @@ def plan(
     blocked: dict[int, tuple[float, Candidate]] = {}  # its longest-waiting request
     interactive: dict[int, tuple[float, Candidate]] = {}  # its longest-waiting interactive one
     due: dict[int, tuple[float, Candidate]] = {}  # its request due soonest, with an objective
-    ready: Counter[int] = Counter()
-    queued: defaultdict[int, list[Candidate]] = defaultdict(list)
+    queued: defaultdict[int, list[Candidate]] = defaultdict(list)  # its requests ready to run
     waited: defaultdict[int, float] = defaultdict(float)
     for request in waiting:
         adapter = adapter_of(request)
@@ -306,7 +305,6 @@ def plan(
             continue
         if request.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             continue
-        ready[adapter] += 1
         queued[adapter].append(request)
         since = waiting_since.get(request.request_id, request.arrival_time)
         if request.num_output_tokens == 0:
@@ -347,7 +345,7 @@ def plan(
         ),
     )
     for adapter in order:
-        largest = max(smallest, ready[adapter])
+        largest = max(smallest, len(queued[adapter]))
         if adapter in interactive:
             # A slot that only batch requests hold is an interactive request's at once.
             yielding = next((h for h in holders if h is FREE_SLOT or judge.yields(h)), None)
@@ -427,12 +425,10 @@ def _by_objectives(
         rest = [h for h in holders if h is not holder]
         return judge.broken(holder.requests, judge.frees_in([*rest, taker]))
 
-    costs = {id(h): broken(h) for h in pausable}
-    holder = max(
-        pausable,
-        key=lambda h: (-costs[id(h)], min(judge.slack(r) for r in h.requests)),
+    lost, holder = max(
+        ((broken(h), h) for h in pausable),
+        key=lambda pair: (-pair[0], min(judge.slack(r) for r in pair[1].requests)),
     )
-    lost = costs[id(holder)]
     if lost and judge.broken(queued, judge.frees_in(holders)) <= lost:
         return None
     return holder
