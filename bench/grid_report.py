@@ -155,10 +155,10 @@ def render_grid(
         "",
         f"- command: `{context['command']}`",
         f"- machine: {context['machine']}; engine: {context['engine']}",
-        f"- rounds: {context['rounds']}, vLLM's server's 1x points first in each (they fix the "
-        f"round's objectives: 5x its TTFT p50 and 1.5x its TPOT p50, per adapter target and "
-        f"load), its other points before the gateway's in odd rounds and after them in even "
-        f"ones; wall time {context['wall_seconds']} s"
+        f"- rounds: {context['rounds']}, both systems up for each, every point run by both "
+        f"back to back: vLLM's server first at a 1x point (it fixes the group's objectives: "
+        f"5x its TTFT p50 and 1.5x its TPOT p50, per adapter target and load), first at "
+        f"every other point elsewhere; wall time {context['wall_seconds']} s"
         + (f" (resumed: {context['resumed']})" if context.get("resumed", "no") != "no" else ""),
         "- figures: median over rounds; ratios: gateway / vLLM, median of the per-round ratios "
         "with a 95% bootstrap interval (rounds, then requests)",

@@ -1,12 +1,14 @@
 """``python -m bench.grid_run`` (``make bench-grid``, ``make bench-grid-quick``): scenario (e),
 the gateway against vLLM's server with the same ops over the grid of :mod:`bench.grid`.
 
-In every round vLLM's server runs its one-adapter-per-slot points first: they fix the round's
-objectives and the open loop's rate, which the gateway then runs with. Its other points run
-before the gateway's in even rounds and after them in odd ones (:func:`round_plan`), so that a
-machine that drifts within a round weighs on both systems alike. A system runs its points of a
-visit on one engine, started for the visit; the adapters of both pools are registered on both
-(the gateway: one tenant per adapter, as in scenario a).
+Both systems are started for a round and run each point back to back, one at a time while the
+other idles (an idle vLLM engine waits on a socket, not a spin), so that a machine that drifts
+within a round, as a shared one does over minutes, weighs on both alike (:func:`round_plan`).
+vLLM's server runs a one-adapter-per-slot point first: it fixes the objectives of the point's
+group and the open loop's rate, which the gateway then runs with; at the other points the
+system that goes first alternates. Each system runs its points on one engine, started for the
+round; the adapters of both pools are registered on both (the gateway: one tenant per adapter,
+as in scenario a).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -41,8 +43,8 @@ from bench.workload import PlannedRequest
 
 SYSTEMS = (VLLM, GATEWAY)
 TIMEOUT_SECONDS = 1800.0  # longest a closed loop may run
-# In a run's directory: its grid's command-line arguments, and every visit's samples as the
-# visit ends, so that a run cut short, or one round at a time, can be resumed (``--resume``).
+# In a run's directory: its grid's command-line arguments, and every sample as its point ends,
+# so that a run cut short, or one round at a time, can be resumed (``--resume``).
 ARGUMENTS_FILE = "arguments.json"
 SAMPLES_FILE = "samples.jsonl"
 
@@ -114,70 +116,80 @@ async def run_point(
     return await scenarios.sample_of(system, name, round_, measure)
 
 
-def round_plan(points: Sequence[GridPoint], round_: int) -> list[tuple[str, list[GridPoint]]]:
-    """Which system runs which points in round ``round_``, visit by visit: vLLM's server's
-    references (its points at one adapter per slot) always first, its other points before
-    the gateway's in even rounds and after them in odd ones."""
-    points = list(points)
-    references = [p for p in points if p == p.reference]
-    others = [p for p in points if p != p.reference]
-    if round_ % 2 == 0 or not others:
-        return [(VLLM, points), (GATEWAY, points)]
-    return [(VLLM, references), (GATEWAY, points), (VLLM, others)]
+def round_plan(points: Sequence[GridPoint], round_: int) -> list[tuple[GridPoint, tuple[str, ...]]]:
+    """Each point of round ``round_`` with the order its systems run it in, back to back:
+    vLLM's server first at a reference (its sample fixes the gateway's objectives), and at
+    the others first at every other one, the other way round in the next round."""
+    plan: list[tuple[GridPoint, tuple[str, ...]]] = []
+    others = 0
+    for point in points:
+        if point == point.reference:
+            plan.append((point, (VLLM, GATEWAY)))
+            continue
+        plan.append((point, (VLLM, GATEWAY) if (others + round_) % 2 == 0 else (GATEWAY, VLLM)))
+        others += 1
+    return plan
 
 
-async def visit(
-    system: System,
-    points: Sequence[GridPoint],
+async def run_round(
+    systems: Mapping[str, System],
     config: GridConfig,
     round_: int,
-    this_round: Round,
     adapters: Sequence[BenchAdapter],
     prompts: SizedPrompts,
-    log: Path,
+    logs: Path,
+    saved: Path,
     status: StatusLine,
 ) -> list[Sample]:
-    """Start ``system``, run ``points``, stop it."""
+    """Start ``systems``, run round ``round_``'s points on them (:func:`round_plan`), each
+    sample appended to ``saved`` as it ends, and stop them."""
     label = f"round {round_ + 1}"
-    status.set(system.name, f"{label}: starting")
-    samples: list[Sample] = []
+    this_round = Round(config, next(iter(systems.values())).engine.settings.max_loras)
     every_point = config.points()
+    serving: Objectives | None = None
+    samples: list[Sample] = []
     try:
-        await system.start(adapters, log)
-        status.set(system.name, f"{label}: warm-up")
-        await warm_up(system, adapters)
-        serving: Objectives | None = None
-        for point in points:
+        for system_name, system in systems.items():
+            status.set(system_name, f"{label}: starting")
+            await system.start(adapters, logs / f"{system_name}-round{round_ + 1}.log")
+            status.set(system_name, f"{label}: warm-up")
+            await warm_up(system, adapters)
+        for point, order in round_plan(every_point, round_):
             number = every_point.index(point)  # both systems send a point the same prompts
             name = point.name(this_round.slots)
-            objectives = this_round.objectives.get(point.group)
-            if isinstance(system, GatewaySystem):
-                if objectives is None:
-                    raise RuntimeError(f"no objectives from {VLLM} for {name}")
-                if objectives != serving:
-                    await system.set_objectives(*objectives.milliseconds())
-                    serving = objectives
-            status.set(system.name, f"{label}: {name}")
-            requests = [
-                # A short label, unique to the point and request: no shared cached prefix.
-                dataclasses.replace(r, prompt=prompts(f"{number}.{r.index}"))
-                for r in config.requests(point, this_round.rate(point))
-            ]
-            sample = await run_point(system, point, requests, adapters, round_, name, status)
-            if system.name == VLLM:
-                this_round.learn(point, sample)
-                objectives = this_round.objectives[point.group]
-            assert objectives is not None
-            counters = {**sample.counters, SLO_TTFT: objectives.ttft, SLO_TPOT: objectives.tpot}
-            samples.append(dataclasses.replace(sample, counters=counters))
-            status.note(
-                f"{system.name} {label} {name}: {len(sample.records) - sample.errors}/"
-                f"{len(sample.records)} ok in {sample.wall_seconds:.1f}s"
-            )
+            for system_name in order:
+                system = systems[system_name]
+                objectives = this_round.objectives.get(point.group)
+                if isinstance(system, GatewaySystem):
+                    if objectives is None:
+                        raise RuntimeError(f"no objectives from {VLLM} for {name}")
+                    if objectives != serving:
+                        await system.set_objectives(*objectives.milliseconds())
+                        serving = objectives
+                status.set(system_name, f"{label}: {name}")
+                requests = [
+                    # A short label, unique to the point and request: no shared cached prefix.
+                    dataclasses.replace(r, prompt=prompts(f"{number}.{r.index}"))
+                    for r in config.requests(point, this_round.rate(point))
+                ]
+                sample = await run_point(system, point, requests, adapters, round_, name, status)
+                if system_name == VLLM:
+                    this_round.learn(point, sample)
+                    objectives = this_round.objectives[point.group]
+                assert objectives is not None
+                counters = {**sample.counters, SLO_TTFT: objectives.ttft, SLO_TPOT: objectives.tpot}
+                sample = dataclasses.replace(sample, counters=counters)
+                append_samples(saved, [sample])
+                samples.append(sample)
+                status.note(
+                    f"{system_name} {label} {name}: {len(sample.records) - sample.errors}/"
+                    f"{len(sample.records)} ok in {sample.wall_seconds:.1f}s"
+                )
         return samples
     finally:
-        status.set(system.name, f"{label}: stopping")
-        await asyncio.to_thread(system.stop)
+        for system_name, system in systems.items():
+            status.set(system_name, f"{label}: stopping")
+            await asyncio.to_thread(system.stop)
 
 
 def planned_requests(config: GridConfig, rounds: int) -> int:
@@ -249,24 +261,17 @@ async def run_grid(
     ticker = asyncio.create_task(status.run(0.5))
     try:
         for round_ in range(first_round, config.rounds):
-            this_round = Round(config, slots)
-            for visit_number, (name, points) in enumerate(round_plan(config.points(), round_)):
-                system: System = (
-                    VLLMServer(engine)
-                    if name == VLLM
-                    else GatewaySystem(
-                        engine,
-                        config.adapter_cache / "grid",
-                        work_dir,
-                        extra=dict(config.gateway_settings),
-                    )
-                )
-                log = out_dir / "logs" / f"{name}-round{round_ + 1}-{visit_number + 1}.log"
-                visited = await visit(
-                    system, points, config, round_, this_round, adapters, prompts, log, status
-                )
-                append_samples(saved, visited)
-                samples += visited
+            systems: dict[str, System] = {
+                VLLM: VLLMServer(engine),
+                GATEWAY: GatewaySystem(
+                    engine, config.adapter_cache / "grid", work_dir,
+                    extra=dict(config.gateway_settings),
+                ),
+            }  # fmt: skip
+            logs = out_dir / "logs"
+            samples += await run_round(
+                systems, config, round_, adapters, prompts, logs, saved, status
+            )
     finally:
         ticker.cancel()
         with contextlib.suppress(asyncio.CancelledError):

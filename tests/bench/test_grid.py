@@ -51,20 +51,22 @@ def test_the_quick_grid_is_its_two_points_with_their_references():
     ]
 
 
-def test_vllms_references_go_first_and_its_other_points_alternate_with_the_gateways():
+def test_both_systems_run_each_point_back_to_back_vllm_first_at_references_alternating_elsewhere():
     points = GridConfig().points()
-    references = [p for p in points if p == p.reference]
-    others = [p for p in points if p != p.reference]
-    assert round_plan(points, 0) == round_plan(points, 2) == [(VLLM, points), (GATEWAY, points)]
-    assert round_plan(points, 1) == [(VLLM, references), (GATEWAY, points), (VLLM, others)]
-    for round_ in range(4):  # every point once a system, the references before the gateway
+    for round_ in range(2):
         plan = round_plan(points, round_)
-        for system in (VLLM, GATEWAY):
-            ran = [p for name, visit in plan if name == system for p in visit]
-            assert sorted(ran, key=points.index) == points
-        gateway_visit = next(i for i, (name, _) in enumerate(plan) if name == GATEWAY)
-        before = {p for _, visit in plan[:gateway_visit] for p in visit}
-        assert set(references) <= before
+        assert [point for point, _ in plan] == points
+        assert all(sorted(order) == sorted((VLLM, GATEWAY)) for _, order in plan)
+        assert all(order[0] == VLLM for point, order in plan if point == point.reference)
+        firsts = [order[0] for point, order in plan if point != point.reference]
+        assert firsts[::2] == [(VLLM, GATEWAY)[round_]] * len(firsts[::2])
+        assert firsts[1::2] == [(GATEWAY, VLLM)[round_]] * len(firsts[1::2])
+    # Each point's order flips from one round to the next.
+    assert all(
+        a[1] == tuple(reversed(b[1]))
+        for a, b in zip(round_plan(points, 0), round_plan(points, 1), strict=True)
+        if a[0] != a[0].reference
+    )
 
 
 def test_a_points_requests_name_adapters_of_its_pools_each_sent_by_its_own_tenant():
