@@ -400,10 +400,10 @@ def _by_objectives(
     takes: a free one, else, where it would miss its deadline waiting for one, the held one
     whose pause breaks the fewest objectives, then whose streams have the most slack, among
     those a turn may pause; None where it waits. A turn that breaks objectives (its streams,
-    waiting until a slot frees by itself, would miss their TPOT objective at their last
-    token) is taken only where it saves more (the adapter's waiting requests that would miss
-    theirs waiting for one, and meet them now): one request is worth one, whichever
-    objective it keeps."""
+    paused until ``queued`` have run to their end, would miss their TPOT objective at their
+    last token) is taken only where it saves more (the adapter's waiting requests that would
+    miss theirs waiting for a slot to free, and meet them now): one request is worth one,
+    whichever objective it keeps."""
     if holders and holders[0] is FREE_SLOT:
         return FREE_SLOT
     if not judge.needs_turn(deadline, holders):
@@ -418,15 +418,12 @@ def _by_objectives(
     ]
     if not pausable:
         return None
-    # The taker's requests hold the slot they take until a slot frees, as the others do.
-    taker = Holder(turn=0, by_turn=True, requests=queued)
-
-    def broken(holder: Holder) -> int:
-        rest = [h for h in holders if h is not holder]
-        return judge.broken(holder.requests, judge.frees_in([*rest, taker]))
-
+    # The paused streams are counted to wait out the taker's run, not only until the first
+    # slot to free: a slot that frees sooner goes to whichever waiting request is due first,
+    # and new requests near their first token's deadline compete for it.
+    pause = judge.frees_in([Holder(turn=0, by_turn=True, requests=queued)])
     lost, holder = max(
-        ((broken(h), h) for h in pausable),
+        ((judge.broken(h.requests, pause), h) for h in pausable),
         key=lambda pair: (-pair[0], min(judge.slack(r) for r in pair[1].requests)),
     )
     if lost and judge.broken(queued, judge.frees_in(holders)) <= lost:

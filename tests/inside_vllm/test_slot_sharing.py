@@ -368,6 +368,29 @@ def test_a_turn_that_breaks_objectives_is_taken_only_where_it_saves_more() -> No
     assert by_objectives([holder], waiting, now, first_token_at={"a1": 94.0}) == []
 
 
+def test_a_paused_stream_is_counted_to_wait_out_the_takers_run() -> None:
+    """Not only until another slot frees: that slot goes to whoever is due first. Here b1's
+    slot frees in 4 steps, too late for w's first token, and a1 could wait that long and keep
+    its objective, but not the 9 steps of w's run: the turn would break one objective to save
+    one, and is not taken."""
+    now = 101.0 - TURN_LEAD_STEPS * STEP  # 100.25; w's first token is due at 101
+    a1, b1 = running("a1", 1, 10), running("b1", 2, 10)
+    a1.max_tokens, b1.max_tokens = 20, 13  # b1 ends in 3 tokens, then its slot frees
+    # a1's last token due by its TPOT at 94.5 + 19 x 0.5 = 104: at 103.75 after 4 steps
+    # paused, at 105 after 9. b1 was paused before and is behind: no turn pauses it.
+    first = {"a1": 94.5, "b1": 94.0}
+    waiting = [Fake("w", 3, arrival_time=99.0, max_tokens=8)]
+    taken = by_objectives(
+        [a1, b1], waiting, now, max_loras=2, first_token_at=first, waiting_since={"b1": 90.0}
+    )
+    assert taken == []
+    first["a1"] = 95.5  # due at 105: it keeps its objective through w's run
+    taken = by_objectives(
+        [a1, b1], waiting, now, max_loras=2, first_token_at=first, waiting_since={"b1": 90.0}
+    )
+    assert taken == [("w", ["a1"])]
+
+
 def test_a_turn_waits_for_each_stream_to_generate_a_token_since_it_last_started() -> None:
     holder, waiting = running("a1", 1, 10), [Fake("w", 2, arrival_time=99.0)]
     now = 101.0 - TURN_LEAD_STEPS * STEP
