@@ -26,9 +26,9 @@ its objective (its first token's, or a paused stream's next token's), judged fro
 measured step time and the tokens the holders have left; the turn pauses the adapter whose
 streams have the most slack against their own time-per-token objective, and is not taken
 where it would make more of them miss it than it saves waiting requests; a stream once paused
-is not paused again while it is behind its objective, and a batch request never pauses an
-interactive stream. Interactive requests are served first, and take a slot that batch requests
-alone hold at once, whatever the quantum or objectives. The rules and what they cost:
+is not paused again, and a batch request never pauses an interactive stream. Interactive
+requests are served first, and take a slot that batch requests alone hold at once, whatever
+the quantum or objectives. The rules and what they cost:
 docs/scheduling.md, "Sharing the device slots".
 """
 
@@ -169,14 +169,14 @@ class Judge:
         return math.inf if deadline is None else deadline - self.now - self.step
 
     def protected(self, request: Candidate) -> bool:
-        """A stream a turn has paused, behind its TPOT objective: not paused again until it
-        is back within it."""
+        """A stream with a TPOT objective that a turn has paused: not paused again. Its
+        pause took slack it makes up only at full speed, and a paused stream waits longer
+        than the turn's estimate where turns follow one another."""
         objectives = self.objectives.get(request.request_id)
         return (
             request.request_id in self.paused
             and objectives is not None
             and objectives.tpot is not None
-            and self.slack(request) < 0
         )
 
     def interactive(self, request: Candidate) -> bool:
@@ -280,7 +280,7 @@ def plan(
     have the most slack, each of which has generated a token since it last started (a
     request with no objective: its quantum), unless the pause makes more of them miss their
     TPOT objective than it saves (:func:`_by_objectives`). No turn pauses a stream paused
-    before and behind its TPOT objective, nor, for a batch request, an interactive one; these
+    before that has a TPOT objective, nor, for a batch request, an interactive one; these
     rules apply to the quantum's turns too, and a request they alone keep from a turn does
     not keep the requests behind it from one.
 

@@ -310,13 +310,14 @@ def test_a_turn_pauses_the_streams_with_the_most_slack() -> None:
         ]
 
 
-def test_a_stream_is_never_paused_again_while_it_is_behind_its_objective() -> None:
-    """Paused once, a stream is paused again only once it is back within its TPOT objective
-    over its life so far; never paused, it may be paused behind it, once."""
+def test_a_stream_is_never_paused_again() -> None:
+    """Paused once, a stream with a TPOT objective is not paused again, even back within it;
+    never paused, it may be paused behind it, once. One without a TPOT objective has none to
+    keep: the quantum's turns pause it again."""
     holder, waiting = running("a1", 1, 10), [Fake("w", 2, arrival_time=99.0)]
     now = 101.0 - TURN_LEAD_STEPS * STEP  # 100.25
     for first, was_paused, turn in [
-        (96.0, True, True),  # its 11th token due at 101: within
+        (96.0, True, False),  # its 11th token due at 101: within, but paused before
         (95.0, True, False),  # due at 100, a step from now: behind
         (95.0, False, True),
     ]:
@@ -325,11 +326,14 @@ def test_a_stream_is_never_paused_again_while_it_is_behind_its_objective() -> No
             [holder], waiting, now, first_token_at={"a1": first}, waiting_since=since
         )
         assert taken == ([("w", ["a1"])] if turn else [])
+    no_tpot = {"a1": Objectives(interactive=True, ttft=2.0)}
+    taken = by_objectives([holder], waiting, now, objectives=no_tpot, waiting_since={"a1": 90.0})
+    assert taken == [("w", ["a1"])]
 
 
 def test_a_paused_stream_behind_is_spared_for_one_with_less_slack_never_paused() -> None:
     """The turn's pause goes to the stream never paused, though it is further behind: the
-    one paused before is not paused again until it is back within its objective."""
+    one paused before is not paused again."""
     slots = [running("a1", 1, 10), running("b1", 2, 10)]
     waiting = [Fake("w", 3, arrival_time=99.0)]
     now = 101.0 - TURN_LEAD_STEPS * STEP  # 100.25
