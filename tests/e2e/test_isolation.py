@@ -162,8 +162,7 @@ def isolation_settings(setup: Setup, *, isolation_fix: bool) -> Settings:
         # are missed from the first step: each adapter waiting for its first token, then each
         # paused stream, takes a slot from a stream not paused yet. So every answer of an
         # adapter is paused and resumed (in other batches, from its KV blocks or the prefix
-        # cache) on its way to the reference, once: a stream behind its objective is not
-        # paused again.
+        # cache) on its way to the reference, once: a stream paused is not paused again.
         lora_slot_quantum_tokens=0,
         slo_ttft_ms_interactive=MISSED_MS if isolation_fix else None,
         slo_tpot_ms_interactive=MISSED_MS if isolation_fix else None,
