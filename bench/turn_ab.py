@@ -1,0 +1,190 @@
+"""``python -m bench.turn_ab``: what the slot turns cost and save, on one gateway.
+
+The grid (:mod:`bench.grid_run`) compares the gateway with vLLM's server; between two
+processes, and on a shared machine, a point moves by more than a turn rule changes it. This
+runs one grid point on one gateway process, its tenants' objectives switched over the admin
+API between runs: *with turns* the objectives given (a grid run's, from its summary), and
+*without* objectives no request can reach, so no turn is ever due and the engine schedules
+as vLLM's own scheduler does. The runs go with, without, without, with (each pair), so that
+a drift of the machine weighs on both alike, and every run is counted against the given
+objectives: what the turns saved (first tokens within the TTFT objective) against what they
+broke (streams past the TPOT objective). Beside each run, what the engine computed
+(``vllm:iteration_tokens_total``: tokens and steps) and each process's CPU, so that a turn's
+cost in throughput is told from the machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.settings import Settings
+from bench.grid import POPULARITIES, TARGETS, GridConfig, GridPoint, Load
+from bench.grid_run import adapter_pools, append_samples, run_point
+from bench.insitu import server_processes
+from bench.prompts import SizedPrompts
+from bench.runner import warm_up
+from bench.stats import GOODPUT, OUTPUT_TPS, SLO_TPOT, SLO_TTFT, TURNS, Sample, met_objectives
+from bench.status import StatusLine
+from bench.systems import EngineConfig, GatewaySystem, System
+
+WITH, WITHOUT = "with turns", "without"
+# Objectives no request reaches: no turn is ever due (whole milliseconds, as a tenant's).
+UNREACHABLE_MS = 10**9
+ENGINE_TOKENS = "engine_tokens"
+ENGINE_STEPS = "engine_steps"
+CPU = "cpu_seconds_"  # + the process's name
+
+
+def run_order(pairs: int) -> list[str]:
+    """With, without, without, with: each pair's drift weighs on both alike."""
+    return [WITH, WITHOUT, WITHOUT, WITH] * pairs
+
+
+def engine_work(metrics: str) -> tuple[float, float]:
+    """The tokens the engine has computed (prompts and outputs) and its steps, so far."""
+    tokens = steps = 0.0
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if sample.name == "vllm:iteration_tokens_total_sum":
+                tokens += sample.value
+            elif sample.name == "vllm:iteration_tokens_total_count":
+                steps += sample.value
+    return tokens, steps
+
+
+def cpu_seconds(system: System) -> dict[str, float]:
+    """User and system CPU of each of the system's processes, so far."""
+    ticks = 100.0  # USER_HZ, the unit of /proc/<pid>/stat's times on Linux
+    seconds = {}
+    for name, pid in server_processes(system):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        seconds[name] = (int(fields[11]) + int(fields[12])) / ticks
+    return seconds
+
+
+def misses(sample: Sample) -> tuple[int, int]:
+    """The requests past the TTFT objective (or failed), and those within it past the TPOT
+    objective."""
+    ttft = sample.counters[SLO_TTFT]
+    late = sum(not r.ok or r.ttft is None or r.ttft > ttft for r in sample.records)
+    return late, sum(not met_objectives(r, sample) for r in sample.records) - late
+
+
+def render(samples: Sequence[Sample], point: str, ttft_ms: int, tpot_ms: int) -> str:
+    lines = [
+        "# Slot turns on one gateway, with and without",
+        "",
+        f"{point}; objectives TTFT {ttft_ms} ms, TPOT {tpot_ms} ms (every run counted "
+        "against them).",
+        "",
+        "| run | turns | output tok/s | within both | TTFT missed | TPOT missed "
+        "| engine tokens / steps | CPU s (server, core, worker) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for sample in samples:
+        late, broken = misses(sample)
+        met = sum(bool(met_objectives(r, sample)) for r in sample.records)
+        c = sample.counters
+        cpu = ", ".join(f"{v:.1f}" for k, v in c.items() if k.startswith(CPU))
+        lines.append(
+            f"| {sample.point} | {c.get(TURNS, 0.0):.0f} | {OUTPUT_TPS.of(sample) or 0.0:.1f} "
+            f"| {met} | {late} | {broken} | {c[ENGINE_TOKENS]:.0f} / {c[ENGINE_STEPS]:.0f} "
+            f"| {cpu} |"
+        )
+    ratios = []
+    for first in range(0, len(samples) - 3, 4):
+        with_, without = samples[first : first + 4 : 3], samples[first + 1 : first + 3]
+        goodput = [sum(GOODPUT.of(s) or 0.0 for s in arm) for arm in (with_, without)]
+        ratios.append(goodput[0] / goodput[1] if goodput[1] else float("nan"))
+    lines += ["", "Goodput with turns over without, per pair: "]
+    lines[-1] += ", ".join(f"{r:.2f}x" for r in ratios) or "none"
+    return "\n".join(lines) + "\n"
+
+
+async def run(args: argparse.Namespace) -> Path:
+    point = GridPoint(args.targets, args.popularity, args.multiple, Load(args.concurrency))
+    started = datetime.now(timezone.utc)
+    out: Path = args.out / f"turn-ab-{started.strftime('%Y%m%dT%H%M%SZ')}"
+    (out / "logs").mkdir(parents=True)
+    (out / "arguments.json").write_text(json.dumps(sys.argv[1:]) + "\n")
+    settings = Settings()
+    config = dataclasses.replace(GridConfig(), only=(point,))
+    engine = EngineConfig(
+        settings.model_copy(
+            update={
+                "max_loras": config.max_loras,
+                "max_cpu_loras": max(settings.max_cpu_loras, config.max_loras),
+            }
+        )
+    )
+    name = point.name(config.max_loras)
+    adapters = await asyncio.to_thread(adapter_pools, config, Path(settings.model))
+    prompts = SizedPrompts(Path(settings.model), config.prompt_tokens)
+    status = StatusLine(len(run_order(args.pairs)) * config.closed_requests(point.load))
+    system = GatewaySystem(engine, config.adapter_cache / "grid", out / "tmp")
+    objectives = {WITH: (args.ttft_ms, args.tpot_ms), WITHOUT: (UNREACHABLE_MS,) * 2}
+    samples: list[Sample] = []
+    try:
+        await system.start(adapters, out / "logs" / "gateway.log")
+        await warm_up(system, adapters)
+        for number, arm in enumerate(run_order(args.pairs)):
+            await system.set_objectives(*objectives[arm])
+            requests = [  # a prompt of its own for every run: no cached prefix
+                dataclasses.replace(r, prompt=prompts(f"ab.{number}.{r.index}"))
+                for r in config.requests(point)
+            ]
+            before, cpu_before = await system.metrics_text() or "", cpu_seconds(system)
+            sample = await run_point(system, point, requests, adapters, number, arm, status)
+            after, cpu_after = await system.metrics_text() or "", cpu_seconds(system)
+            (tokens, steps), (tokens_before, steps_before) = engine_work(after), engine_work(before)
+            counters = {
+                **sample.counters,
+                SLO_TTFT: args.ttft_ms / 1000,
+                SLO_TPOT: args.tpot_ms / 1000,
+                ENGINE_TOKENS: tokens - tokens_before,
+                ENGINE_STEPS: steps - steps_before,
+                **{CPU + k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after},
+            }
+            samples.append(dataclasses.replace(sample, counters=counters))
+            append_samples(out / "samples.jsonl", samples[-1:])
+    finally:
+        status.finish()
+        await asyncio.to_thread(system.stop)
+    text = render(samples, name, args.ttft_ms, args.tpot_ms)
+    (out / "summary.md").write_text(text)
+    print(text)
+    print(f"results: {out}")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench.turn_ab", description=__doc__)
+    parser.add_argument("--targets", choices=TARGETS, default="attention")
+    parser.add_argument("--popularity", choices=POPULARITIES, default="uniform")
+    parser.add_argument("--multiple", type=int, default=8, help="adapters per device slot")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--ttft-ms", type=int, required=True, help="TTFT objective (a grid run's summary)"
+    )
+    parser.add_argument("--tpot-ms", type=int, required=True, help="TPOT objective")
+    parser.add_argument("--pairs", type=int, default=1, help="with-without-without-with runs")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    asyncio.run(run(build_parser().parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

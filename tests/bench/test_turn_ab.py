@@ -1,0 +1,92 @@
+"""``bench.turn_ab``: its run order, what it reads of the engine's metrics, and how it counts
+what turns saved against what they broke."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.client import RequestRecord
+from bench.stats import SLO_TPOT, SLO_TTFT, TURNS, Sample
+from bench.turn_ab import (
+    CPU,
+    ENGINE_STEPS,
+    ENGINE_TOKENS,
+    WITH,
+    WITHOUT,
+    build_parser,
+    engine_work,
+    misses,
+    render,
+    run_order,
+)
+
+
+def record(ttft: float, tpot: float, *, ok: bool = True) -> RequestRecord:
+    return RequestRecord(
+        "gateway", "p", 0, 0, "m", 0.0, 0.0, ttft=ttft, itl=[tpot] * 9, e2e=ttft + 9 * tpot,
+        output_tokens=10, status=200 if ok else 500, error=None if ok else "HTTP 500",
+    )  # fmt: skip
+
+
+def sample(arm: str, *records: RequestRecord, turns: float = 0.0) -> Sample:
+    counters = {
+        SLO_TTFT: 0.5, SLO_TPOT: 0.02, TURNS: turns, ENGINE_TOKENS: 1200.0,
+        ENGINE_STEPS: 100.0, f"{CPU}server": 1.5, f"{CPU}Worker": 60.0,
+    }  # fmt: skip
+    return Sample("gateway", arm, 0, records, 2.0, counters)
+
+
+def test_each_pair_runs_with_and_without_turns_mirrored():
+    assert run_order(1) == [WITH, WITHOUT, WITHOUT, WITH]
+    assert run_order(2) == run_order(1) * 2
+
+
+def test_the_engines_tokens_and_steps_are_read_from_its_iteration_histogram():
+    metrics = "\n".join(
+        [
+            "# TYPE vllm:iteration_tokens_total histogram",
+            'vllm:iteration_tokens_total_bucket{engine="0",le="+Inf"} 391.0',
+            'vllm:iteration_tokens_total_count{engine="0"} 391.0',
+            'vllm:iteration_tokens_total_sum{engine="0"} 12288.0',
+            "# TYPE vllm:num_preemptions counter",
+            'vllm:num_preemptions_total{engine="0"} 7.0',
+        ]
+    )
+    assert engine_work(metrics) == (12288.0, 391.0)
+    assert engine_work("") == (0.0, 0.0)
+
+
+def test_a_request_misses_its_first_tokens_objective_or_its_streams_never_both():
+    with_turns = sample(
+        WITH,
+        record(0.1, 0.01),  # within both
+        record(0.6, 0.01),  # first token late
+        record(0.6, 0.03),  # both late: counted once, as a first token missed
+        record(0.1, 0.03),  # stream past its TPOT objective
+        record(0.1, 0.01, ok=False),  # failed: a first token missed
+    )
+    assert misses(with_turns) == (3, 1)
+
+
+def test_the_summary_gives_each_run_and_each_pairs_goodput_ratio():
+    good, late = record(0.1, 0.01), record(0.6, 0.01)
+    runs = [
+        sample(WITH, good, good, turns=5),
+        sample(WITHOUT, good, late),
+        sample(WITHOUT, good, late),
+        sample(WITH, good, late, turns=3),
+    ]
+    text = render(runs, "e: attention, uniform 8x", 500, 20)
+    assert "| with turns | 5 | 10.0 | 2 | 0 | 0 | 1200 / 100 | 1.5, 60.0 |" in text
+    assert "| without | 0 | 10.0 | 1 | 1 | 0 |" in text
+    # Goodput with turns (1.0 + 0.5 req/s) over without (0.5 + 0.5).
+    assert text.rstrip().endswith("per pair: 1.50x")
+
+
+def test_the_objectives_are_required_and_the_point_defaults_to_the_grids_hardest():
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([])
+    args = build_parser().parse_args(["--ttft-ms", "22315", "--tpot-ms", "523"])
+    assert (args.targets, args.popularity, args.multiple, args.concurrency) == (
+        "attention", "uniform", 8, 64,
+    )  # fmt: skip
