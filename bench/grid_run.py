@@ -144,7 +144,7 @@ async def run_round(
     """Start ``systems``, run round ``round_``'s points on them (:func:`round_plan`), each
     sample appended to ``saved`` as it ends, and stop them."""
     label = f"round {round_ + 1}"
-    this_round = Round(config, next(iter(systems.values())).engine.settings.max_loras)
+    this_round = Round(config, config.max_loras)
     every_point = config.points()
     serving: Objectives | None = None
     samples: list[Sample] = []
@@ -190,6 +190,16 @@ async def run_round(
         for system_name, system in systems.items():
             status.set(system_name, f"{label}: stopping")
             await asyncio.to_thread(system.stop)
+
+
+def grid_engine(config: GridConfig, settings: Settings) -> EngineConfig:
+    """The engine both systems run the grid on: ``config.max_loras`` slots, a host tier that
+    holds at least as many."""
+    update = {
+        "max_loras": config.max_loras,
+        "max_cpu_loras": max(settings.max_cpu_loras, config.max_loras),
+    }
+    return EngineConfig(settings.model_copy(update=update))
 
 
 def planned_requests(config: GridConfig, rounds: int) -> int:
@@ -239,14 +249,7 @@ async def run_grid(
     if resume is None:
         (out_dir / ARGUMENTS_FILE).write_text(json.dumps(list(arguments)) + "\n")
     command = " ".join(["python -m bench.grid_run", *arguments])
-    engine = EngineConfig(
-        settings.model_copy(
-            update={
-                "max_loras": config.max_loras,
-                "max_cpu_loras": max(settings.max_cpu_loras, config.max_loras),
-            }
-        )
-    )
+    engine = grid_engine(config, settings)
     slots = engine.settings.max_loras
     saved = out_dir / SAMPLES_FILE
     samples = whole_rounds(saved, config, slots)

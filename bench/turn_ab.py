@@ -24,17 +24,18 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
+import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.settings import Settings
 from bench.grid import POPULARITIES, TARGETS, GridConfig, GridPoint, Load
-from bench.grid_run import adapter_pools, append_samples, run_point
+from bench.grid_run import adapter_pools, append_samples, grid_engine, run_point
 from bench.insitu import server_processes
 from bench.prompts import SizedPrompts
 from bench.runner import warm_up
 from bench.stats import GOODPUT, OUTPUT_TPS, SLO_TPOT, SLO_TTFT, TURNS, Sample, met_objectives
 from bench.status import StatusLine
-from bench.systems import EngineConfig, GatewaySystem, System
+from bench.systems import GatewaySystem, System
 
 WITH, WITHOUT = "with turns", "without"
 # Objectives no request reaches: no turn is ever due (whole milliseconds, as a tenant's).
@@ -63,11 +64,10 @@ def engine_work(metrics: str) -> tuple[float, float]:
 
 def cpu_seconds(system: System) -> dict[str, float]:
     """User and system CPU of each of the system's processes, so far."""
-    ticks = 100.0  # USER_HZ, the unit of /proc/<pid>/stat's times on Linux
     seconds = {}
     for name, pid in server_processes(system):
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        seconds[name] = (int(fields[11]) + int(fields[12])) / ticks
+        times = psutil.Process(pid).cpu_times()
+        seconds[name] = times.user + times.system
     return seconds
 
 
@@ -118,14 +118,7 @@ async def run(args: argparse.Namespace) -> Path:
     (out / "arguments.json").write_text(json.dumps(sys.argv[1:]) + "\n")
     settings = Settings()
     config = dataclasses.replace(GridConfig(), only=(point,))
-    engine = EngineConfig(
-        settings.model_copy(
-            update={
-                "max_loras": config.max_loras,
-                "max_cpu_loras": max(settings.max_cpu_loras, config.max_loras),
-            }
-        )
-    )
+    engine = grid_engine(config, settings)
     name = point.name(config.max_loras)
     adapters = await asyncio.to_thread(adapter_pools, config, Path(settings.model))
     prompts = SizedPrompts(Path(settings.model), config.prompt_tokens)
