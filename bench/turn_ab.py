@@ -11,6 +11,10 @@ objectives: what the turns saved (first tokens within the TTFT objective) agains
 broke (streams past the TPOT objective). Beside each run, what the engine computed
 (``vllm:iteration_tokens_total``: tokens and steps) and each process's CPU, so that a turn's
 cost in throughput is told from the machine's.
+
+With ``--against vllm`` the other arm is vLLM's server with the same ops, up beside the
+gateway for the whole run: one grid point, both systems, paired the same way, where the grid
+has one sample of each a round.
 """
 
 from __future__ import annotations
@@ -35,9 +39,10 @@ from bench.prompts import SizedPrompts
 from bench.runner import warm_up
 from bench.stats import GOODPUT, OUTPUT_TPS, SLO_TPOT, SLO_TTFT, TURNS, Sample, met_objectives
 from bench.status import StatusLine
-from bench.systems import GatewaySystem, System
+from bench.systems import GatewaySystem, System, VLLMServer
 
-WITH, WITHOUT = "with turns", "without"
+WITH, WITHOUT, VLLM_SERVER = "with turns", "without", "vLLM's server"
+AGAINST = {"without": WITHOUT, "vllm": VLLM_SERVER}
 # Objectives no request reaches: no turn is ever due (whole milliseconds, as a tenant's).
 UNREACHABLE_MS = 10**9
 ENGINE_TOKENS = "engine_tokens"
@@ -45,9 +50,9 @@ ENGINE_STEPS = "engine_steps"
 CPU = "cpu_seconds_"  # + the process's name
 
 
-def run_order(pairs: int) -> list[str]:
-    """With, without, without, with: each pair's drift weighs on both alike."""
-    return [WITH, WITHOUT, WITHOUT, WITH] * pairs
+def run_order(pairs: int, other: str = WITHOUT) -> list[str]:
+    """With, the other, the other, with: each pair's drift weighs on both alike."""
+    return [WITH, other, other, WITH] * pairs
 
 
 def engine_work(metrics: str) -> tuple[float, float]:
@@ -79,9 +84,11 @@ def misses(sample: Sample) -> tuple[int, int]:
     return late, sum(not met_objectives(r, sample) for r in sample.records) - late
 
 
-def render(samples: Sequence[Sample], point: str, ttft_ms: int, tpot_ms: int) -> str:
+def render(
+    samples: Sequence[Sample], point: str, ttft_ms: int, tpot_ms: int, other: str = WITHOUT
+) -> str:
     lines = [
-        "# Slot turns on one gateway, with and without",
+        f"# Slot turns on one gateway, with turns and {other}",
         "",
         f"{point}; objectives TTFT {ttft_ms} ms, TPOT {tpot_ms} ms (every run counted "
         "against them).",
@@ -95,17 +102,17 @@ def render(samples: Sequence[Sample], point: str, ttft_ms: int, tpot_ms: int) ->
         met = sum(bool(met_objectives(r, sample)) for r in sample.records)
         c = sample.counters
         cpu = ", ".join(f"{v:.1f}" for k, v in c.items() if k.startswith(CPU))
+        work = f"{c[ENGINE_TOKENS]:.0f} / {c[ENGINE_STEPS]:.0f}" if c[ENGINE_STEPS] else "-"
         lines.append(
             f"| {sample.point} | {c.get(TURNS, 0.0):.0f} | {OUTPUT_TPS.of(sample) or 0.0:.1f} "
-            f"| {met} | {late} | {broken} | {c[ENGINE_TOKENS]:.0f} / {c[ENGINE_STEPS]:.0f} "
-            f"| {cpu} |"
+            f"| {met} | {late} | {broken} | {work} | {cpu} |"
         )
     ratios = []
     for first in range(0, len(samples) - 3, 4):
         with_, without = samples[first : first + 4 : 3], samples[first + 1 : first + 3]
         goodput = [sum(GOODPUT.of(s) or 0.0 for s in arm) for arm in (with_, without)]
         ratios.append(goodput[0] / goodput[1] if goodput[1] else float("nan"))
-    lines += ["", "Goodput with turns over without, per pair: "]
+    lines += ["", f"Goodput with turns over {other}, per pair: "]
     lines[-1] += ", ".join(f"{r:.2f}x" for r in ratios) or "none"
     return "\n".join(lines) + "\n"
 
@@ -122,15 +129,24 @@ async def run(args: argparse.Namespace) -> Path:
     name = point.name(config.max_loras)
     adapters = await asyncio.to_thread(adapter_pools, config, Path(settings.model))
     prompts = SizedPrompts(Path(settings.model), config.prompt_tokens)
-    status = StatusLine(len(run_order(args.pairs)) * config.closed_requests(point.load))
-    system = GatewaySystem(engine, config.adapter_cache / "grid", out / "tmp")
+    other = AGAINST[args.against]
+    order = run_order(args.pairs, other)
+    status = StatusLine(len(order) * config.closed_requests(point.load))
+    gateway = GatewaySystem(engine, config.adapter_cache / "grid", out / "tmp")
+    systems: dict[str, System] = {WITH: gateway, other: gateway}
+    if other == VLLM_SERVER:
+        systems[other] = VLLMServer(engine)
+    started_systems = list({id(s): s for s in systems.values()}.values())
     objectives = {WITH: (args.ttft_ms, args.tpot_ms), WITHOUT: (UNREACHABLE_MS,) * 2}
     samples: list[Sample] = []
     try:
-        await system.start(adapters, out / "logs" / "gateway.log")
-        await warm_up(system, adapters)
-        for number, arm in enumerate(run_order(args.pairs)):
-            await system.set_objectives(*objectives[arm])
+        for system in started_systems:
+            await system.start(adapters, out / "logs" / f"{system.name}.log")
+            await warm_up(system, adapters)
+        for number, arm in enumerate(order):
+            system = systems[arm]
+            if arm in objectives:
+                await gateway.set_objectives(*objectives[arm])
             requests = [  # a prompt of its own for every run: no cached prefix
                 dataclasses.replace(r, prompt=prompts(f"ab.{number}.{r.index}"))
                 for r in config.requests(point)
@@ -151,8 +167,9 @@ async def run(args: argparse.Namespace) -> Path:
             append_samples(out / "samples.jsonl", samples[-1:])
     finally:
         status.finish()
-        await asyncio.to_thread(system.stop)
-    text = render(samples, name, args.ttft_ms, args.tpot_ms)
+        for system in started_systems:
+            await asyncio.to_thread(system.stop)
+    text = render(samples, name, args.ttft_ms, args.tpot_ms, other)
     (out / "summary.md").write_text(text)
     print(text)
     print(f"results: {out}")
@@ -169,7 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--ttft-ms", type=int, required=True, help="TTFT objective (a grid run's summary)"
     )
     parser.add_argument("--tpot-ms", type=int, required=True, help="TPOT objective")
-    parser.add_argument("--pairs", type=int, default=1, help="with-without-without-with runs")
+    parser.add_argument("--pairs", type=int, default=1, help="with-other-other-with runs")
+    parser.add_argument(
+        "--against",
+        choices=AGAINST,
+        default="without",
+        help="the other arm: the same gateway with no objective reachable, or vLLM's server",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     return parser
 

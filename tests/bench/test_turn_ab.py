@@ -3,6 +3,8 @@ what turns saved against what they broke."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from bench.client import RequestRecord
@@ -11,6 +13,7 @@ from bench.turn_ab import (
     CPU,
     ENGINE_STEPS,
     ENGINE_TOKENS,
+    VLLM_SERVER,
     WITH,
     WITHOUT,
     build_parser,
@@ -39,6 +42,7 @@ def sample(arm: str, *records: RequestRecord, turns: float = 0.0) -> Sample:
 def test_each_pair_runs_with_and_without_turns_mirrored():
     assert run_order(1) == [WITH, WITHOUT, WITHOUT, WITH]
     assert run_order(2) == run_order(1) * 2
+    assert run_order(1, VLLM_SERVER) == [WITH, VLLM_SERVER, VLLM_SERVER, WITH]
 
 
 def test_the_engines_tokens_and_steps_are_read_from_its_iteration_histogram():
@@ -83,10 +87,22 @@ def test_the_summary_gives_each_run_and_each_pairs_goodput_ratio():
     assert text.rstrip().endswith("per pair: 1.50x")
 
 
+def test_against_vllms_server_its_runs_show_no_engine_work_it_does_not_report():
+    good, late = record(0.1, 0.01), record(0.6, 0.01)
+    other = dataclasses.replace(
+        sample(VLLM_SERVER, good, late), counters={SLO_TTFT: 0.5, SLO_TPOT: 0.02,
+        ENGINE_TOKENS: 0.0, ENGINE_STEPS: 0.0, f"{CPU}server": 1.0},
+    )  # fmt: skip
+    runs = [sample(WITH, good, good), other, other, sample(WITH, good, good)]
+    text = render(runs, "e: all, 1x", 500, 20, VLLM_SERVER)
+    assert "| vLLM's server | 0 | 10.0 | 1 | 1 | 0 | - | 1.0 |" in text
+    assert text.rstrip().endswith("with turns over vLLM's server, per pair: 2.00x")
+
+
 def test_the_objectives_are_required_and_the_point_defaults_to_the_grids_hardest():
     with pytest.raises(SystemExit):
         build_parser().parse_args([])
     args = build_parser().parse_args(["--ttft-ms", "22315", "--tpot-ms", "523"])
-    assert (args.targets, args.popularity, args.multiple, args.concurrency) == (
-        "attention", "uniform", 8, 64,
+    assert (args.targets, args.popularity, args.multiple, args.concurrency, args.against) == (
+        "attention", "uniform", 8, 64, "without",
     )  # fmt: skip
