@@ -28,6 +28,7 @@ from typing import Any
 
 from app.settings import Settings
 from bench import scenarios
+from bench.__main__ import settings_pairs
 from bench.client import RequestRecord, run_closed_loop, run_workload
 from bench.config import GATEWAY, VLLM
 from bench.grid import TARGET_MODULES, GridConfig, GridPoint, Load, Objectives
@@ -333,7 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--open-requests", type=int, help="requests per open-loop point")
     parser.add_argument(
         "--gateway-settings",
-        default="",
+        type=settings_pairs,
+        default=(),
         help="more LORA_GATEWAY_* settings for the gateway, NAME=VALUE,...",
     )
     parser.add_argument("--out", type=Path, help="results parent directory")
@@ -349,9 +351,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from(args: argparse.Namespace) -> GridConfig:
     config = GridConfig.quick() if args.quick else GridConfig()
-    pairs = [item.partition("=") for item in args.gateway_settings.split(",") if item]
-    if any(not sep for _, sep, _ in pairs):
-        raise ValueError("--gateway-settings takes NAME=VALUE pairs")
     overrides: dict[str, Any] = {
         name: value
         for name, value in (
@@ -362,8 +361,8 @@ def config_from(args: argparse.Namespace) -> GridConfig:
         )
         if value is not None
     }
-    if pairs:
-        overrides["gateway_settings"] = tuple((name, value) for name, _, value in pairs)
+    if args.gateway_settings:
+        overrides["gateway_settings"] = args.gateway_settings
     return dataclasses.replace(config, **overrides)
 
 

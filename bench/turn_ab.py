@@ -32,6 +32,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.settings import Settings
+from bench.__main__ import settings_pairs
 from bench.grid import POPULARITIES, TARGETS, GridConfig, GridPoint, Load
 from bench.grid_run import adapter_pools, append_samples, grid_engine, run_point
 from bench.insitu import server_processes
@@ -132,7 +133,9 @@ async def run(args: argparse.Namespace) -> Path:
     other = AGAINST[args.against]
     order = run_order(args.pairs, other)
     status = StatusLine(len(order) * config.closed_requests(point.load))
-    gateway = GatewaySystem(engine, config.adapter_cache / "grid", out / "tmp")
+    gateway = GatewaySystem(
+        engine, config.adapter_cache / "grid", out / "tmp", extra=dict(args.gateway_settings)
+    )
     systems: dict[str, System] = {WITH: gateway, other: gateway}
     if other == VLLM_SERVER:
         systems[other] = VLLMServer(engine)
@@ -192,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=AGAINST,
         default="without",
         help="the other arm: the same gateway with no objective reachable, or vLLM's server",
+    )
+    parser.add_argument(
+        "--gateway-settings",
+        type=settings_pairs,
+        default=(),
+        help="more LORA_GATEWAY_* settings for the gateway, NAME=VALUE,... (e.g. SCHEDULER=fcfs)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     return parser

@@ -106,3 +106,14 @@ def test_the_objectives_are_required_and_the_point_defaults_to_the_grids_hardest
     assert (args.targets, args.popularity, args.multiple, args.concurrency, args.against) == (
         "attention", "uniform", 8, 64, "without",
     )  # fmt: skip
+    fcfs = [
+        "--ttft-ms",
+        "1",
+        "--tpot-ms",
+        "1",
+        "--against",
+        "vllm",
+        "--gateway-settings",
+        "SCHEDULER=fcfs",
+    ]
+    assert build_parser().parse_args(fcfs).gateway_settings == (("SCHEDULER", "fcfs"),)
