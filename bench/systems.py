@@ -232,7 +232,10 @@ class GatewaySystem:
         return env
 
     async def start(self, adapters: Sequence[BenchAdapter], log_path: Path) -> float:
-        command = [str(Path(sys.executable).with_name("lora-gateway")), "serve"]
+        # `-m` from the working directory, not the installed `lora-gateway` script: the
+        # editable install resolves `app` to the checkout it was installed from, and a bench
+        # run from another worktree must serve that worktree's code.
+        command = [sys.executable, "-m", "app.cli", "serve"]
         self._process = start_process(command, self.environment(), log_path)
         seconds = await wait_ready(self._process, f"{self.base_url}/readyz", name=self.name)
         await self._provision(adapters)
