@@ -110,8 +110,8 @@ def render(
         )
     ratios = []
     for first in range(0, len(samples) - 3, 4):
-        with_, without = samples[first : first + 4 : 3], samples[first + 1 : first + 3]
-        goodput = [sum(GOODPUT.of(s) or 0.0 for s in arm) for arm in (with_, without)]
+        with_, others = samples[first : first + 4 : 3], samples[first + 1 : first + 3]
+        goodput = [sum(GOODPUT.of(s) or 0.0 for s in arm) for arm in (with_, others)]
         ratios.append(goodput[0] / goodput[1] if goodput[1] else float("nan"))
     lines += ["", f"Goodput with turns over {other}, per pair: "]
     lines[-1] += ", ".join(f"{r:.2f}x" for r in ratios) or "none"
@@ -137,9 +137,10 @@ async def run(args: argparse.Namespace) -> Path:
         engine, config.adapter_cache / "grid", out / "tmp", extra=dict(args.gateway_settings)
     )
     systems: dict[str, System] = {WITH: gateway, other: gateway}
+    started_systems: list[System] = [gateway]
     if other == VLLM_SERVER:
         systems[other] = VLLMServer(engine)
-    started_systems = list({id(s): s for s in systems.values()}.values())
+        started_systems.append(systems[other])
     objectives = {WITH: (args.ttft_ms, args.tpot_ms), WITHOUT: (UNREACHABLE_MS,) * 2}
     samples: list[Sample] = []
     try:
