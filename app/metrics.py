@@ -108,6 +108,13 @@ SLOT_TURNS = Counter(
     "miss its latency objective) or quantum.",
     ["rule"],
 )
+HEADROOM_SEATS = Counter(
+    "lora_gateway_headroom_seats",
+    "Seats the engine's scheduler took back from a running request, of the tenant running "
+    "the most, for a request the fair front let in through its headroom while the batch was "
+    "full, by how the request was paused: parked (its KV cache kept) or preempted.",
+    ["how"],
+)
 TURN_LEAD_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50)
 SLOT_TURN_LEAD_STEPS = Histogram(
     "lora_gateway_slot_turn_lead_steps",
@@ -336,6 +343,7 @@ METRICS: Final[tuple[Counter | Gauge | Histogram, ...]] = (
     ADAPTERS_RESIDENT,
     SLOT_TURNS,
     SLOT_TURN_LEAD_STEPS,
+    HEADROOM_SEATS,
     REQUESTS,
     PROMPT_TOKENS,
     COMPLETION_TOKENS,

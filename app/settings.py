@@ -58,16 +58,18 @@ class Settings(BaseSettings):
     scheduler_window: int | None = Field(
         None,
         ge=1,
-        description="Fair scheduler: most sequences inside the engine at once, fixed (unset: "
-        "adaptive, up to max_num_seqs, shrunk while requests wait inside vLLM for memory so "
-        "its own FCFS queue stays empty and the order is ours; docs/scheduling.md).",
+        description="Fair scheduler: the sequences the tenants share inside the engine at once, "
+        "fixed (unset: adaptive, up to max_num_seqs, shrunk while requests wait inside vLLM "
+        "for memory so its own FCFS queue stays empty and the order is ours; the headroom "
+        "goes beyond it; docs/scheduling.md).",
     )
     scheduler_headroom_slots: int = Field(
         2,
         ge=0,
-        description="Fair scheduler: the last slots of the window, kept for tenants below "
-        "their fair share so a newcomer never waits for another tenant's long streams; a "
-        "tenant alone runs at most window - headroom requests (docs/scheduling.md).",
+        description="Fair scheduler: requests let in beyond the window for tenants below "
+        "their fair share, so that a newcomer never waits for another tenant's long streams: "
+        "the engine seats each at once, pausing a request of the tenant running the most until "
+        "a seat frees (docs/scheduling.md).",
     )
     scheduler_dispatches_per_step: int = Field(
         0,

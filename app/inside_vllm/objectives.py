@@ -1,7 +1,8 @@
-"""A request's latency objectives, as they travel with it to vLLM's engine core: in its
+"""What a request carries to vLLM's engine core for its scheduler: its latency objectives, and
+whether it came in through the front's headroom. They travel in its
 ``SamplingParams.extra_args`` (in-process), or its body's ``vllm_xargs``, which vLLM's server
-turns into them (from a front to the engine role). The slot turns read them there
-(:mod:`app.inside_vllm.slot_sharing`). No vLLM import: the gateway builds them too."""
+turns into them (from a front to the engine role). The slot turns and the seats read them
+there (:mod:`app.inside_vllm.slot_sharing`). No vLLM import: the gateway builds them too."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ CLASS_KEY = "lora_gateway_class"
 TTFT_KEY = "lora_gateway_ttft_ms"
 TPOT_KEY = "lora_gateway_tpot_ms"
 INTERACTIVE = "interactive"
+# A request the fair front let in beyond the batch its tenants share, for a tenant below its
+# share (docs/scheduling.md, "Headroom"): the engine core gives it a seat at once.
+HEADROOM_KEY = "lora_gateway_headroom"
 
 
 class Objectives(NamedTuple):
@@ -53,3 +57,8 @@ def _seconds(milliseconds: object) -> float | None:
     if isinstance(milliseconds, bool) or not isinstance(milliseconds, int | float):
         return None
     return milliseconds / 1000 if milliseconds > 0 else None
+
+
+def through_headroom(extra_args: Mapping[str, Any] | None) -> bool:
+    """Whether a request carries the headroom's mark."""
+    return extra_args is not None and extra_args.get(HEADROOM_KEY) == 1

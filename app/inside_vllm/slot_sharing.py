@@ -30,6 +30,11 @@ is not paused again, and a batch request never pauses an interactive stream. Int
 requests are served first, and take a slot that batch requests alone hold at once, whatever
 the quantum or objectives. The rules and what they cost:
 docs/scheduling.md, "Sharing the device slots".
+
+The same scheduler seats the requests the fair front lets in through its headroom (for a
+tenant below its share, beyond the batch its tenants fill): where the batch is full, a running
+request of the tenant running the most gives its seat up, paused as a turn pauses, until a
+seat frees; it then goes back before anything else waiting (docs/scheduling.md, "Headroom").
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
@@ -47,8 +52,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import Request, RequestStatus
 
-from app.inside_vllm.objectives import Objectives
-from app.metrics import SLOT_TURN_LEAD_STEPS, SLOT_TURNS
+from app.inside_vllm.objectives import Objectives, through_headroom
+from app.metrics import HEADROOM_SEATS, SLOT_TURN_LEAD_STEPS, SLOT_TURNS
 
 QUANTUM_KEY = "lora_gateway_slot_quantum_tokens"
 KEEP_ENDING_KEY = "lora_gateway_slot_keep_ending"
@@ -479,24 +484,35 @@ class SlotSharingScheduler(Scheduler):
         # token, with the steps done and its output count when it was taken.
         self._steps = 0
         self._turn_taken: dict[str, tuple[int, int, str]] = {}
+        # The requests let in through the front's headroom that have not run yet, and the
+        # running requests paused to seat them, parked until a seat frees.
+        self._headroom: dict[str, Request] = {}
+        self._unseated: list[Request] = []
+        # Those of them that could run at the last step (a seat and a slot were theirs).
+        self._stalled: set[str] = set()
 
     def add_request(self, request: Request) -> None:
         # Read wherever the scheduler runs: a tenant's own objectives need no class's. A
         # request's class alone is kept too: a batch request never pauses an interactive one.
         if request.sampling_params is not None:
-            objectives = Objectives.of(request.sampling_params.extra_args)
+            extra_args = request.sampling_params.extra_args
+            objectives = Objectives.of(extra_args)
             if objectives is not None:
                 self._objectives[request.request_id] = objectives
+            if through_headroom(extra_args):
+                self._headroom[request.request_id] = request
         super().add_request(request)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self._step_began is None:
             self._step_began = time.monotonic()
-        if self._turn_start or self._objectives:
+        if self._turn_start or self._objectives or self._unseated:
             self._forget_finished()
         shares = self.quantum > 0 or any(o.any for o in self._objectives.values())
         if self.lora_config is not None and shares and self._anyone_waits():
             self._share_slots(self.lora_config.max_loras)
+        if self._headroom or self._unseated:
+            self._seat_headroom()
         return super().schedule(*args, **kwargs)
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
@@ -530,7 +546,7 @@ class SlotSharingScheduler(Scheduler):
     def get_request_counts(self) -> tuple[int, int]:
         # Parked requests wait too: the engine keeps stepping while any does.
         running, waiting = super().get_request_counts()
-        return running, waiting + len(self._parked)
+        return running, waiting + len(self._parked) + len(self._unseated)
 
     def reset_prefix_cache(
         self, reset_running_requests: bool = False, reset_connector: bool = False
@@ -539,7 +555,85 @@ class SlotSharingScheduler(Scheduler):
         if reset_running_requests:
             self._repark(set())
             self._unpark(self._parked, keep_blocks=False)
+            self._unpark(self._unseated, keep_blocks=False, parked=self._unseated)
         return super().reset_prefix_cache(reset_running_requests, reset_connector)
+
+    def _seat_headroom(self) -> None:
+        """Seat the requests let in through the front's headroom that wait: the requests
+        paused for them before go back first into the seats they leave (with their blocks,
+        to the queue vLLM drains first). Each that could run but for a seat takes one from
+        the tenant running the most, paused until a seat frees; one vLLM left waiting a step
+        though it had a seat and a slot wants KV blocks, and the request it takes the seat of
+        is preempted, which frees them."""
+        waiting = [r for r in self._headroom.values() if r.status == RequestStatus.WAITING]
+        self._headroom = {r.request_id: r for r in waiting}
+        if self._unseated and (
+            not self.parks or self.kv_cache_manager.usage >= self.parked_kv_usage
+        ):
+            self._unpark(self._unseated, keep_blocks=False, parked=self._unseated)
+        seats = self.max_num_active_reqs - len(self.running) - len(self.kv_holding_waiting)
+        back = self._unseated[: max(0, seats - len(waiting))]
+        if back:
+            self._unpark(back, keep_blocks=True, parked=self._unseated)
+            seats -= len(back)
+        ready = [r for r in waiting if self._has_slot(r)]
+        stalled, self._stalled = self._stalled, {r.request_id for r in ready}
+        seats = max(seats, 0)
+        takers = [r for r in ready[:seats] if r.request_id in stalled] + ready[seats:]
+        timestamp = time.monotonic()
+        park = self.parks and self.kv_cache_manager.usage < self.parked_kv_usage
+        for taker in takers:
+            victim = self._seat_to_reclaim(taker)
+            if victim is None:
+                break
+            self.running.remove(victim)
+            if park and taker.request_id not in stalled:
+                self._park(victim, timestamp, into=self._unseated)
+                HEADROOM_SEATS.labels("parked").inc()
+            else:
+                self._preempt_request(victim, timestamp)
+                HEADROOM_SEATS.labels("preempted").inc()
+        # A preempted request goes to the queue's front, as vLLM puts it: behind the
+        # requests it was paused for.
+        self._to_front(ready)
+
+    def _has_slot(self, request: Request) -> bool:
+        """Whether ``request``'s adapter may run now: the base model, a resident adapter, or
+        a free device slot."""
+        adapter = adapter_of(request)
+        if adapter is None or self.lora_config is None:
+            return True
+        resident = {adapter_of(r) for r in self.running} - {None}
+        return adapter in resident or len(resident) < self.lora_config.max_loras
+
+    def _seat_to_reclaim(self, taker: Request) -> Request | None:
+        """The running request that gives its seat to ``taker``: one that has its first
+        token, a batch request first (its tenant's own included), else one of the tenant
+        running the most (its requests share a cache salt; never ``taker``'s), the one with
+        the most tokens left (a pause costs it the least per token); None where none runs."""
+        running = Counter(r.cache_salt for r in self.running)
+
+        def batch(request: Request) -> bool:
+            objectives = self._objectives.get(request.request_id)
+            return objectives is not None and not objectives.interactive
+
+        candidates = [
+            r
+            for r in self.running
+            if r.num_output_tokens > 0 and (batch(r) or r.cache_salt != taker.cache_salt)
+        ]
+        if not candidates:
+            return None
+        return max(
+            candidates,
+            key=lambda r: (batch(r), running[r.cache_salt], r.max_tokens - r.num_output_tokens),
+        )
+
+    def _to_front(self, requests: list[Request]) -> None:
+        """Put ``requests`` at the front of vLLM's queue, in their order."""
+        if requests:
+            self.waiting.remove_requests(requests)
+            self.waiting.prepend_requests(reversed(requests))
 
     def _share_slots(self, max_loras: int) -> None:
         self._repark({adapter_of(r) for r in self.running})
@@ -578,7 +672,7 @@ class SlotSharingScheduler(Scheduler):
             for victim in victims:
                 self.running.remove(victim)  # type: ignore[arg-type]
                 if park:
-                    self._park(victim, timestamp)  # type: ignore[arg-type]
+                    self._park(victim, timestamp, into=self._parked)  # type: ignore[arg-type]
                 else:
                     self._preempt_request(victim, timestamp)  # type: ignore[arg-type]
                     preempted.append(victim)  # type: ignore[arg-type]
@@ -608,14 +702,14 @@ class SlotSharingScheduler(Scheduler):
         first = request.num_output_tokens == 0
         return "objective" if (objectives.ttft if first else objectives.tpot) else "quantum"
 
-    def _park(self, request: Request, timestamp: float) -> None:
+    def _park(self, request: Request, timestamp: float, *, into: list[Request]) -> None:
         """Pause a running request with its KV blocks kept (``_preempt_request`` frees them
-        and computes the request again from its last full block)."""
+        and computes the request again from its last full block), in ``into``."""
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         if self.log_stats:
             request.record_event(EngineCoreEventType.PREEMPTED, timestamp)
-        self._parked.append(request)
+        into.append(request)
 
     def _repark(self, slotted: set[int | None]) -> None:
         """Park again the requests let out to vLLM whose adapter is not in ``slotted``: let
@@ -631,12 +725,16 @@ class SlotSharingScheduler(Scheduler):
             self.kv_holding_waiting.remove_requests(back)
             self._parked.extend(back)
 
-    def _unpark(self, requests: list[Request], *, keep_blocks: bool) -> None:
-        """Back to vLLM's queues: with their blocks to the queue vLLM drains first (they
-        resume with their next token), or with their blocks freed to the back of the queue,
-        as a preempted request would be."""
+    def _unpark(
+        self, requests: list[Request], *, keep_blocks: bool, parked: list[Request] | None = None
+    ) -> None:
+        """Back to vLLM's queues from ``parked`` (the turns' parked requests by default):
+        with their blocks to the queue vLLM drains first (they resume with their next
+        token), or with their blocks freed to the back of the queue, as a preempted request
+        would be."""
+        parked = self._parked if parked is None else parked
         for request in list(requests):
-            self._parked.remove(request)
+            parked.remove(request)
             if keep_blocks:
                 self.kv_holding_waiting.add_request(request)
                 continue
@@ -647,6 +745,7 @@ class SlotSharingScheduler(Scheduler):
 
     def _forget_finished(self) -> None:
         self._parked = [r for r in self._parked if not r.is_finished()]
+        self._unseated = [r for r in self._unseated if not r.is_finished()]
         for request_id in [r for r in self._turn_start if r not in self.requests]:
             del self._turn_start[request_id]
             self._waiting_since.pop(request_id, None)

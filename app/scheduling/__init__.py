@@ -33,17 +33,16 @@ def admission_for(settings: Settings) -> Admission:
     """The admission policy ``settings`` ask for."""
     if settings.scheduler == "fcfs":
         return FcfsAdmission()
-    # A window set in the settings stays; unset, it follows the engine's load up to the
-    # most vLLM batches, never below one slot beyond the headroom.
+    # The tenants share the engine's batch: a window set in the settings, or one that follows
+    # the engine's load up to the most vLLM batches. The headroom goes in beyond it, and the
+    # engine seats its requests by pausing one of the tenant running the most (no seat idles
+    # waiting for a newcomer).
     fixed = settings.scheduler_window
-    window = (
-        None
-        if fixed is not None
-        else AdaptiveWindow(cap=settings.max_num_seqs, floor=settings.scheduler_headroom_slots + 1)
-    )
+    headroom = settings.scheduler_headroom_slots
+    window = None if fixed is not None else AdaptiveWindow(cap=settings.max_num_seqs, floor=1)
     queue = FairQueue(
-        window=fixed or settings.max_num_seqs,
-        headroom=settings.scheduler_headroom_slots,
+        window=(fixed or settings.max_num_seqs) + headroom,
+        headroom=headroom,
         quantum=settings.scheduler_quantum_tokens,
         max_adapter_wait=settings.scheduler_max_adapter_wait_seconds,
         max_loras=settings.max_loras,

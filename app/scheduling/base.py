@@ -44,6 +44,10 @@ class Ticket:
 class Slot(Protocol):
     """A request's place in the engine: waited for once, given back once."""
 
+    # Once acquired: it went in beyond the batch the tenants share, through the headroom kept
+    # for a tenant below its share, and carries the mark that has the engine seat it at once.
+    through_headroom: bool
+
     async def acquire(self) -> None:
         """Wait for the request's turn. Cancelled, it leaves the queue at once and holds
         nothing; refused (queue full, waited too long), it raises ``AdmissionRefused``."""

@@ -47,13 +47,15 @@ class FairAdmission:
         clock: Callable[[], float] = time.monotonic,
         window: AdaptiveWindow | None = None,
     ) -> None:
-        """``window``: the controller that sizes ``queue``'s window from the engine's load
-        (``None``: the window stays as it is)."""
+        """``window``: the controller that sizes the engine's batch from its load, which the
+        tenants share, ``queue``'s headroom going in beyond it (``None``: ``queue``'s window
+        stays as it is)."""
         self.queue = queue
         self.max_queue_depth = max_queue_depth
         self.max_queue_seconds = max_queue_seconds
         self._clock = clock
-        self._granted: dict[int, asyncio.Future[None]] = {}
+        # Each waiting request's grant: whether it went in through the headroom.
+        self._granted: dict[int, asyncio.Future[bool]] = {}
         self._mean_hold = FIRST_HOLD_GUESS_SECONDS
         self._window = window
         self._load: Callable[[], EngineLoad | None] | None = None
@@ -66,7 +68,7 @@ class FairAdmission:
         self._work = asyncio.Event()
         self._spare_waiters = 0
         if window is not None:
-            queue.resize(window.size)
+            queue.resize(window.size + queue.headroom_slots)
         metrics.SCHEDULER_SLOTS.labels("window").set(queue.window)
         metrics.SCHEDULER_SLOTS.labels("in_flight").set(0)
 
@@ -156,7 +158,8 @@ class FairAdmission:
         if self._window is None:
             return True
         before = self.queue.window
-        after = self._window.observe(load, held_back=self.queue.held_back())
+        batch = self._window.observe(load, held_back=self.queue.held_back())
+        after = batch + self.queue.headroom_slots
         if after != before:
             self.queue.resize(after)
             metrics.SCHEDULER_SLOTS.labels("window").set(after)
@@ -171,12 +174,12 @@ class FairAdmission:
 
     # -- driven by the slots ------------------------------------------------------
 
-    def _enqueue(self, ticket: Ticket) -> tuple[Waiting, asyncio.Future[None]]:
+    def _enqueue(self, ticket: Ticket) -> tuple[Waiting, asyncio.Future[bool]]:
         if self.queue.depth(ticket.tenant) >= self.max_queue_depth:
             raise self._refuse(ticket, "queue_full")
         waiting = self.queue.push(ticket, self._clock())
         self._work.set()
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._granted[id(waiting)] = future
         self._depth_changed(ticket.tenant)
         self._dispatch(immediate=waiting)
@@ -223,7 +226,7 @@ class FairAdmission:
             reason = "immediate" if waiting is immediate else dispatch.reason
             metrics.add_held(_DISPATCHES(reason))
             metrics.held(_QUEUE_WAIT(ticket.tenant)).observe(now - waiting.since)
-            future.set_result(None)
+            future.set_result(waiting.through_headroom)
             # The engine is the request's: spare work stops.
             for spare in list(self._spares):
                 spare.preempt()
@@ -239,12 +242,14 @@ class FairSlot:
         self._ticket = ticket
         self._held_since: float | None = None
         self._used: int | None = None
+        self.through_headroom = False
 
     async def acquire(self) -> None:
         admission = self._admission
         waiting, granted = admission._enqueue(self._ticket)
         if granted.done():  # a seat was free: nothing to wait for, nor to time out
             self._held_since = admission._clock()
+            self.through_headroom = granted.result()
             return
         try:
             async with asyncio.timeout(admission.max_queue_seconds):
@@ -262,6 +267,7 @@ class FairSlot:
                 admission._leave(waiting)
             raise
         self._held_since = admission._clock()
+        self.through_headroom = granted.result()
 
     def settle(self, tokens: int) -> None:
         self._used = tokens
@@ -279,6 +285,8 @@ class FairSlot:
 
 class SpareSlot:
     """The idle engine, held at once; :meth:`preempt` stops its work (once)."""
+
+    through_headroom = False
 
     def __init__(self, admission: FairAdmission, stop: Callable[[], object]) -> None:
         self._admission = admission

@@ -31,6 +31,8 @@ class FcfsAdmission:
 
 
 class PassThrough:
+    through_headroom = False
+
     async def acquire(self) -> None:
         return None
 

@@ -30,6 +30,9 @@ class Waiting:
     ticket: Ticket
     since: float
     queued: bool = True
+    # Let in beyond the batch the tenants share, through the headroom: the engine takes a
+    # seat back for it (docs/scheduling.md, "Headroom").
+    through_headroom: bool = False
 
 
 @dataclass(eq=False)
@@ -83,7 +86,7 @@ class FairQueue:
         self.per_step = per_step
         self._paced = False
         self._this_step = 0  # requests let in since the engine's last step
-        self._headroom = headroom
+        self.headroom_slots = headroom
         # At least one slot stays open to a tenant alone.
         self.headroom = min(headroom, window - 1)
         self.quantum = quantum
@@ -170,7 +173,7 @@ class FairQueue:
     def resize(self, window: int) -> None:
         """A new window; requests in flight beyond it stay, and no more go in until they end."""
         self.window = window
-        self.headroom = min(self._headroom, window - 1)
+        self.headroom = min(self.headroom_slots, window - 1)
         self._blocked = False
 
     def push(self, ticket: Ticket, now: float) -> Waiting:
@@ -419,6 +422,9 @@ class FairQueue:
         self._no_longer_waiting(ticket)
         state.deficit -= ticket.cost
         seqs = self._seqs(ticket)
+        waiting.through_headroom = (
+            self.in_flight > 0 and self.in_flight + seqs > self.window - self.headroom
+        )
         state.in_flight += seqs
         self.in_flight += seqs
         if ticket.batch_line:

@@ -21,7 +21,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
-from app.inside_vllm.objectives import Objectives
+from app.inside_vllm.objectives import HEADROOM_KEY, Objectives
 from app.inside_vllm.slot_sharing import (
     KEEP_ENDING_KEY,
     NEW_REQUEST_LEAD,
@@ -33,7 +33,7 @@ from app.inside_vllm.slot_sharing import (
     engine_options,
     plan,
 )
-from app.metrics import SLOT_TURN_LEAD_STEPS, SLOT_TURNS
+from app.metrics import HEADROOM_SEATS, SLOT_TURN_LEAD_STEPS, SLOT_TURNS
 from app.settings import EMBEDDED_MODEL_DIR
 
 
@@ -554,10 +554,12 @@ def scheduler(
     asynchronous: bool = False,
     keep_ending: bool = False,
     objectives: bool = False,
+    seats: int = 8,
+    blocks: int = 64,
 ) -> Scheduler:
     """The scheduler the engine core builds from :func:`engine_options` over the embedded
-    model's config, with one LoRA slot and a KV cache of placeholder blocks (nothing is
-    computed)."""
+    model's config, with one LoRA slot, ``seats`` requests at once (``max_num_seqs``) and a KV
+    cache of ``blocks`` placeholder blocks (nothing is computed)."""
     options = engine_options(quantum, keep_ending=keep_ending, objectives=objectives)
     model = ModelConfig(
         model=str(EMBEDDED_MODEL_DIR), dtype="float32", seed=0, skip_tokenizer_init=True
@@ -565,7 +567,7 @@ def scheduler(
     config = VllmConfig(
         model_config=model,
         scheduler_config=SchedulerConfig(
-            max_num_seqs=8,
+            max_num_seqs=seats,
             max_num_batched_tokens=512,
             max_model_len=512,
             is_encoder_decoder=False,
@@ -575,12 +577,12 @@ def scheduler(
         lora_config=LoRAConfig(max_loras=1, max_lora_rank=8),
         additional_config=options.get("additional_config", {}),
     )
-    config.cache_config.num_gpu_blocks = 64
+    config.cache_config.num_gpu_blocks = blocks
     # As on a GPU (the CPU platform turns it off).
     config.scheduler_config.async_scheduling = asynchronous
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv_cache = KVCacheConfig(
-        num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)]
+        num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)]
     )
     cls = config.scheduler_config.get_scheduler_cls()
     assert cls is (SlotSharingScheduler if quantum or objectives else Scheduler)
@@ -594,9 +596,20 @@ def scheduler(
     return built
 
 
-def request(number: int, adapter: int, objectives: Objectives | None = None) -> Request:
+def request(
+    number: int,
+    adapter: int,
+    objectives: Objectives | None = None,
+    *,
+    tenant: str | None = None,
+    headroom: bool = False,
+) -> Request:
+    """A request of ``tenant`` (its cache salt), let in through the front's headroom where
+    ``headroom``."""
     init_none_hash(sha256)
     extra_args = objectives.extra_args() if objectives is not None else None
+    if headroom:
+        extra_args = {**(extra_args or {}), HEADROOM_KEY: 1}
     return Request(
         request_id=f"r{number}",
         prompt_token_ids=[number + 1] * PROMPT,
@@ -604,6 +617,7 @@ def request(number: int, adapter: int, objectives: Objectives | None = None) -> 
         pooling_params=None,
         lora_request=LoRARequest(f"adapter-{adapter}", adapter, "/unused"),
         arrival_time=time.time(),
+        cache_salt=tenant,
         block_hasher=get_request_block_hasher(BLOCK, sha256),
     )
 
@@ -820,3 +834,69 @@ def test_only_first_come_first_served_queues_can_be_reordered() -> None:
             structured_output_manager=sched.structured_output_manager,
             block_size=BLOCK,
         )
+
+
+# -- the headroom's seats ------------------------------------------------------------------
+
+
+def seats_reclaimed() -> dict[str, float]:
+    return {how: HEADROOM_SEATS.labels(how)._value.get() for how in ("parked", "preempted")}
+
+
+@pytest.mark.parametrize("headroom", [True, False])
+def test_a_request_through_the_headroom_takes_a_seat_of_the_tenant_running_the_most(
+    headroom: bool,
+) -> None:
+    """Three seats, all taken: tenant a's two requests and b's one. c's request, let in
+    through the front's headroom, runs at once in the seat of a's request with the most
+    tokens left, which is parked and resumes, with its blocks, in the first seat to free;
+    unmarked, it waits for that seat."""
+    sched = scheduler(0, objectives=True, seats=3)
+    a0, a1 = request(0, 1, tenant="a"), request(1, 1, tenant="a")
+    b0, c0 = request(2, 1, tenant="b"), request(3, 1, tenant="c", headroom=headroom)
+    before = seats_reclaimed()
+    run = drive(sched, {0: a0, 1: a1, 2: b0, 3: c0})
+    freed = run.last_step(a0.request_id) + 1
+    if headroom:
+        assert run.first_step(c0.request_id) == 3
+        assert run.steps[3] == ({a0.request_id, b0.request_id, c0.request_id}, set())  # parked
+        assert run.computed[freed][a1.request_id] == 1  # back first, with its blocks
+    else:
+        assert run.first_step(c0.request_id) == freed
+    assert run.tokens == {f"r{n}": ANSWER for n in range(4)}
+    reclaimed = {how: n - before[how] for how, n in seats_reclaimed().items()}
+    assert reclaimed == {"parked": int(headroom), "preempted": 0}
+    assert sched._unseated == [] and sched._headroom == {}
+    assert sched.kv_cache_manager.usage == 0.0
+
+
+def test_a_request_through_the_headroom_on_a_full_kv_cache_frees_the_blocks_of_one() -> None:
+    """Seats to spare but blocks for two requests: c's request, let in through the
+    headroom, waits one step as vLLM leaves it, then a's request is preempted, its blocks
+    freed, and c's runs."""
+    sched = scheduler(0, objectives=True, blocks=5)
+    a0, a1 = request(0, 1, tenant="a"), request(1, 1, tenant="a")
+    c0 = request(2, 1, tenant="c", headroom=True)
+    before = seats_reclaimed()
+    run = drive(sched, {0: a0, 1: a1, 2: c0})
+    assert run.first_step(c0.request_id) == 3 and run.steps[3][1] == {a1.request_id}
+    assert run.tokens == {f"r{n}": ANSWER for n in range(3)}
+    reclaimed = {how: n - before[how] for how, n in seats_reclaimed().items()}
+    assert reclaimed == {"parked": 0, "preempted": 1}
+
+
+def test_a_seat_goes_to_a_batch_request_of_its_own_tenant_first_never_an_interactive_one() -> None:
+    """Tenant a runs an interactive request and a batch line (its own batch); tenant b
+    one. a's next interactive request, through the headroom, takes the line's seat, not b's
+    request's nor a's own interactive one's."""
+    interactive, batch = Objectives(interactive=True), Objectives(interactive=False)
+    sched = scheduler(0, objectives=True, seats=3)
+    arrivals = {
+        0: request(0, 1, interactive, tenant="a"),
+        1: request(1, 1, batch, tenant="a"),
+        2: request(2, 1, interactive, tenant="b"),
+        3: request(3, 1, interactive, tenant="a", headroom=True),
+    }
+    run = drive(sched, arrivals)
+    assert run.first_step("r3") == 3 and run.steps[3][0] == {"r0", "r2", "r3"}
+    assert run.tokens == {f"r{n}": ANSWER for n in range(4)}

@@ -152,8 +152,10 @@ def test_the_policy_is_chosen_once_from_the_settings() -> None:
     front = Settings(**base, role="front", upstream_url="http://upstream")  # type: ignore[arg-type]
     assert isinstance(backend_factory(front, start_vllm_engine).admission, FcfsAdmission)
     assert isinstance(backend_factory(Settings(**base), start_vllm_engine).admission, FairAdmission)  # type: ignore[arg-type]
-    sized = admission_for(Settings(**base, max_num_seqs=24))  # type: ignore[arg-type]
-    assert isinstance(sized, FairAdmission) and sized.queue.window == 24
+    # The tenants share the engine's whole batch; the headroom goes in beyond it.
+    sized = admission_for(Settings(**base, max_num_seqs=24, scheduler_headroom_slots=3))  # type: ignore[arg-type]
+    assert isinstance(sized, FairAdmission) and sized.queue.window == 27
+    assert sized.queue.window - sized.queue.headroom == 24
     # Requests that crowd the slots are held where the engine takes no turns for them.
     for quantum, objectives, held in [
         (16, {}, False),
@@ -195,13 +197,14 @@ async def reported(
             await asyncio.sleep(LOAD_POLL_SECONDS)
 
 
-@pytest.mark.parametrize(("fixed", "after"), [(None, 4), (16, 16)])
+@pytest.mark.parametrize(("fixed", "after"), [(None, 4 + 2), (16, 16 + 2)])
 async def test_the_window_follows_the_engines_reports_unless_it_is_set(
     fixed: int | None, after: int
 ) -> None:
+    """The window is the batch the tenants share and the headroom (2) beyond it."""
     settings = Settings(_env_file=None, max_num_seqs=16, scheduler_window=fixed)  # type: ignore[call-arg]
     fair = admission_for(settings)
-    assert isinstance(fair, FairAdmission) and fair.queue.window == 16
+    assert isinstance(fair, FairAdmission) and fair.queue.window == 16 + 2
     engine = ReportingEngine()
     fair.follow(engine)  # type: ignore[arg-type]
     try:

@@ -10,13 +10,16 @@ carries what was produced and not read (finish reason ``abort``); closing the st
 cancelling a read) aborts it too, and hands what was produced and not read to
 ``on_abandoned``. ``fail_after`` makes requests raise ``error`` once that many tokens were read.
 :class:`SeatedEngine` runs a fixed number of requests at once and queues the rest, as vLLM's
-scheduler does when its memory is full; both report their load as vLLM's scheduler does.
+scheduler does when its batch or memory is full, and seats a request let in through the front's
+headroom at once, as our scheduler in vLLM's engine core does; both report their load as
+vLLM's scheduler does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +27,7 @@ from typing import Any
 from vllm import CompletionOutput, RequestOutput, SamplingParams
 
 from app.engine.base import EngineLoad
+from app.inside_vllm.objectives import Objectives, through_headroom
 from app.tenancy.adapters import Adapter
 from tools.gateway_cost.engine import VOCABULARY as VOCABULARY  # the toy vocabulary, re-exported
 from tools.gateway_cost.engine import CharTokenizer
@@ -31,6 +35,12 @@ from tools.gateway_cost.engine import CharTokenizer
 
 def token_text(token: int) -> str:
     return chr(ord("a") + token % 26)
+
+
+def held_seat() -> asyncio.Event:
+    seat = asyncio.Event()
+    seat.set()
+    return seat
 
 
 @dataclass
@@ -53,6 +63,8 @@ class ScriptedRequest:
     held: list[int] = field(default_factory=list)
     # The trace context it came with (vLLM's span of it would go under it).
     trace_headers: dict[str, str] | None = None
+    # Set while it holds a seat in the engine's batch: it produces only then.
+    seat: asyncio.Event = field(default_factory=held_seat)
 
     def put(self, output: RequestOutput) -> None:
         if self.pending is None:
@@ -163,9 +175,12 @@ class ScriptedEngine:
     async def _produce(self, request: ScriptedRequest) -> None:
         budget = request.params.max_tokens or 1
         while request.produced < budget and not request.finished:
+            await request.seat.wait()
             await asyncio.sleep(self.step_seconds)
             if request.finished:
                 return
+            if not request.seat.is_set():
+                continue  # paused during the step: its token waits for its seat
             request.produced += 1
             self.steps += 1
             last = request.produced == budget
@@ -204,18 +219,30 @@ class ScriptedEngine:
 class SeatedEngine(ScriptedEngine):
     """A scripted engine that runs at most ``seats`` requests at once; the others wait for a
     seat in arrival order and produce nothing meanwhile, as requests wait in vLLM's queue when
-    its KV cache is full: its report counts them waiting, and its memory as full as its seats."""
+    its batch or KV cache is full: its report counts them waiting, and its memory as full as
+    its seats. A request let in through the front's headroom (its mark in ``extra_args``) is
+    seated at once, as our scheduler in vLLM's engine core seats it: a running request that
+    has produced a token gives its seat up, a batch request first, else one of the tenant (its
+    cache salt) running the most, the one with the most tokens left, and is paused until a
+    seat frees, when it goes back first."""
 
     def __init__(self, seats: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.seats = seats
-        self._seats = asyncio.Semaphore(seats)
-        self.running = 0
         self.peak = 0
-        # Request ids in the order they took a seat.
+        # Request ids in the order they first took a seat.
         self.seated: list[str] = []
         # Request id -> requests seated between its arrival and its own seat.
         self.waited_behind: dict[str, int] = {}
+        # Request ids in the order they gave their seat to a request through the headroom.
+        self.unseated: list[str] = []
+        self._running: list[ScriptedRequest] = []
+        self._paused: deque[ScriptedRequest] = deque()
+        self._queue: deque[tuple[ScriptedRequest, int]] = deque()
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
 
     def load(self) -> EngineLoad | None:
         return EngineLoad(
@@ -226,13 +253,68 @@ class SeatedEngine(ScriptedEngine):
         )
 
     async def _produce(self, request: ScriptedRequest) -> None:
+        self._arrive(request)
+        try:
+            await super()._produce(request)
+        finally:
+            self._leave(request)
+
+    def _arrive(self, request: ScriptedRequest) -> None:
+        request.seat.clear()
         arrived = len(self.seated)
-        async with self._seats:
-            self.waited_behind[request.request_id] = len(self.seated) - arrived
-            self.seated.append(request.request_id)
-            self.running += 1
-            self.peak = max(self.peak, self.running)
-            try:
-                await super()._produce(request)
-            finally:
-                self.running -= 1
+        if self.running < self.seats:
+            self._seat(request, arrived)
+        elif through_headroom(request.params.extra_args) and (
+            victim := self._seat_to_reclaim(request)
+        ):
+            self._running.remove(victim)
+            victim.seat.clear()
+            self._paused.append(victim)
+            self.unseated.append(victim.request_id)
+            self._seat(request, arrived)
+        else:
+            self._queue.append((request, arrived))
+
+    def _seat(self, request: ScriptedRequest, arrived: int) -> None:
+        self.waited_behind[request.request_id] = len(self.seated) - arrived
+        self.seated.append(request.request_id)
+        self._running.append(request)
+        request.seat.set()
+        self.peak = max(self.peak, self.running)
+
+    def _leave(self, request: ScriptedRequest) -> None:
+        if request in self._running:
+            self._running.remove(request)
+        elif request in self._paused:
+            self._paused.remove(request)
+        else:
+            self._queue = deque(q for q in self._queue if q[0] is not request)
+        while self.running < self.seats and (self._paused or self._queue):
+            if self._paused:
+                paused = self._paused.popleft()
+                self._running.append(paused)
+                paused.seat.set()
+            else:
+                self._seat(*self._queue.popleft())
+
+    def _seat_to_reclaim(self, taker: ScriptedRequest) -> ScriptedRequest | None:
+        running = Counter(r.cache_salt for r in self._running)
+
+        def batch(request: ScriptedRequest) -> bool:
+            objectives = Objectives.of(request.params.extra_args)
+            return objectives is not None and not objectives.interactive
+
+        candidates = [
+            r
+            for r in self._running
+            if r.produced > 0 and (batch(r) or r.cache_salt != taker.cache_salt)
+        ]
+        return max(
+            candidates,
+            key=lambda r: (
+                batch(r),
+                running[r.cache_salt],
+                (r.params.max_tokens or 1) - r.produced,
+            ),
+            default=None,
+        )

@@ -129,8 +129,8 @@ def _slowloris(t: Target) -> AttackPlan:
 
 def _slow_reader(t: Target) -> AttackPlan:
     # Four choices of 1,900 tokens, over a megabyte a stream; 15 of them, 60 sequences, fit
-    # the fair scheduler's window for one tenant (max_num_seqs 64 less 2 slots of headroom),
-    # so all are streaming at once.
+    # the fair scheduler's window for one tenant (max_num_seqs 64), so all are streaming at
+    # once.
     stream = chat_payload(t.model, "Write a long story.", max_tokens=1900, n=4, stream=True)
     return AttackPlan(
         "slow-read",

@@ -39,7 +39,12 @@ from app.quota import Limits, QuotaBackend, QuotaExceeded, QuotaTooLarge, Reserv
 from app.scheduling import Admission, AdmissionRefused, FcfsAdmission, Slot, Ticket
 from app.serving.lifecycle.fair_worker import FairWorker
 from app.serving.lifecycle.inflight import InFlight
-from app.serving.lifecycle.objectives import ClassObjectives, carry, spend_wait
+from app.serving.lifecycle.objectives import (
+    ClassObjectives,
+    carry,
+    carry_headroom,
+    spend_wait,
+)
 from app.serving.lifecycle.objectives import outcome as slo_outcome
 from app.serving.lifecycle.runs import (
     ClientDisconnected,
@@ -279,6 +284,7 @@ class RequestTracker:
                 pinned,
                 overhead,
                 reservation_id=batch.reservation_id(request_id) if batch else request_id,
+                batch_line=batch is not None,
             )
             overhead.begin("engine")
             run = service.start(request, generation, reservation)
@@ -315,6 +321,8 @@ class RequestTracker:
                     await slot.acquire()
                     waited = time.monotonic() - began
                     spend_wait(generation.params, waited)
+                    if slot.through_headroom:
+                        carry_headroom(generation.params)
                     if request_trace is not None:
                         run.trace_headers = request_trace.admitted(waited)
                     if access is not None:
@@ -367,9 +375,11 @@ class RequestTracker:
         overhead: RequestOverhead,
         *,
         reservation_id: str,
+        batch_line: bool,
     ) -> tuple[Generation, Reservation | None]:
         """Resolve, pre-check, tokenise and reserve (as ``reservation_id``), or raise; a
-        refusal holds nothing (what ``holds`` holds is the caller's to let go)."""
+        refusal holds nothing (what ``holds`` holds is the caller's to let go). A
+        ``batch_line`` is of the batch class."""
         tenant = principal.tenant
         model = metrics.UNKNOWN_MODEL  # until resolved: refused names stay out of the labels
         request_trace = tracing.of(overhead)
@@ -401,7 +411,7 @@ class RequestTracker:
             generation = await self._prepare(
                 service, request, principal, target, request_id, body_bytes
             )
-            carry(generation.params, self._objectives.of(tenant))
+            carry(generation.params, self._objectives.of(tenant, batch=batch_line))
             reservation = None
             if subjects:
                 # The quota backend's round trip (Redis's, where it is shared).
@@ -704,7 +714,7 @@ class RequestTracker:
         # A shadow's answer is discarded: it carries the batch class's objectives, whose
         # turns never pause an interactive stream.
         params = generation.params.clone()
-        carry(params, self._objectives.of(generation.principal.tenant, shadow=True))
+        carry(params, self._objectives.of(generation.principal.tenant, batch=True))
         shadowed = replace(
             generation,
             request_id=f"{generation.request_id}-shadow",

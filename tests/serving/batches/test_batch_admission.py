@@ -45,30 +45,31 @@ class LoggedEngine(SeatedEngine):
 
 
 async def test_a_batch_alone_fills_the_window_as_online_load_does(serve: ServeFactory) -> None:
-    """Its lines take the window less the headroom (6 of 8), not the batch's share beside
-    interactive requests (4), with as many lines in flight as the engine batches."""
+    """Its lines take the engine's whole batch (8, the headroom going beyond it), not the
+    batch's share beside interactive requests (4)."""
     engine = SeatedEngine(8, step_seconds=0.01)
     async with serve(engine, max_num_seqs=8, scheduler_window=8, **FAST_BATCHES) as served:
         api = client(served)
         lines = [chat_line(f"l-{i}", served.model, max_tokens=LINE_TOKENS) for i in range(30)]
         batch = await finished(api, (await submitted(api, lines)).id)
         assert batch.status == "completed"
-        assert engine.peak == 6
+        assert engine.peak == 8
 
 
 async def test_an_interactive_request_waiting_in_the_engine_keeps_batch_lines_out(
     serve: ServeFactory,
 ) -> None:
-    """The engine runs 2 at once; alone, the batch has 6 lines in it, 4 of them queued. An
-    interactive request goes in through the headroom and waits in the engine's queue behind
-    them: until its first token no new line goes into the engine, after it lines do again."""
+    """The engine runs 2 at once; alone, the batch has 8 lines in it, 6 of them queued. An
+    interactive request of the same tenant goes in through the headroom, and the engine seats
+    it at once in a line's seat: until its first token no new line goes into the engine,
+    after it lines do again."""
     engine = LoggedEngine(2, step_seconds=0.02)
     settings = {"max_num_seqs": 8, "scheduler_window": 8, **FAST_BATCHES}
     async with serve(engine, **settings) as served:
         api = client(served)
         lines = [chat_line(f"l-{i}", served.model, max_tokens=LINE_TOKENS) for i in range(30)]
         created = await submitted(api, lines)
-        await eventually(lambda: engine.num_unfinished_requests() == 6)
+        await eventually(lambda: engine.num_unfinished_requests() == 8)
         async with served.client() as http:
             response = await http.post(
                 "/v1/chat/completions", json=chat(served, max_tokens=INTERACTIVE_TOKENS)
@@ -80,9 +81,10 @@ async def test_an_interactive_request_waiting_in_the_engine_keeps_batch_lines_ou
     [interactive] = [r for _, r in engine.events if engine.kind(r) == "interactive"][:1]
     arrived = engine.events.index(("arrive", interactive))
     first = engine.events.index(("first", interactive))
-    # It waited in the engine's queue behind lines let in before it...
-    assert engine.waited_behind[interactive] >= 1
-    # ...and none went in over it while it waited; lines went in again once it had its token.
+    # Seated on arrival, ahead of the lines queued in the engine, in a line's seat...
+    assert engine.waited_behind[interactive] == 0
+    assert [engine.kind(r) for r in engine.unseated] == ["line"]
+    # ...and none went in before its first token; lines went in again once it had it.
     between = engine.events[arrived + 1 : first]
     assert [r for event, r in between if event == "arrive"] == []
     after = engine.events[first + 1 :]
