@@ -607,26 +607,27 @@ class SlotSharingScheduler(Scheduler):
         return adapter in resident or len(resident) < self.lora_config.max_loras
 
     def _seat_to_reclaim(self, taker: Request) -> Request | None:
-        """The running request that gives its seat to ``taker``: one that has its first
-        token, a batch request first (its tenant's own included), else one of the tenant
-        running the most (its requests share a cache salt; never ``taker``'s), the one with
-        the most tokens left (a pause costs it the least per token); None where none runs."""
+        """The running request that gives its seat to ``taker``: a batch request first (its
+        tenant's own included), else one of the tenant running the most (its requests share a
+        cache salt; never ``taker``'s); of those, one that has its first token (a pause
+        before it delays a first token), the one with the most tokens left (a pause costs it
+        the least per token); None where none runs."""
         running = Counter(r.cache_salt for r in self.running)
 
         def batch(request: Request) -> bool:
             objectives = self._objectives.get(request.request_id)
             return objectives is not None and not objectives.interactive
 
-        candidates = [
-            r
-            for r in self.running
-            if r.num_output_tokens > 0 and (batch(r) or r.cache_salt != taker.cache_salt)
-        ]
-        if not candidates:
-            return None
+        candidates = (r for r in self.running if batch(r) or r.cache_salt != taker.cache_salt)
         return max(
             candidates,
-            key=lambda r: (batch(r), running[r.cache_salt], r.max_tokens - r.num_output_tokens),
+            key=lambda r: (
+                batch(r),
+                running[r.cache_salt],
+                r.num_output_tokens > 0,
+                r.max_tokens - r.num_output_tokens,
+            ),
+            default=None,
         )
 
     def _to_front(self, requests: list[Request]) -> None:

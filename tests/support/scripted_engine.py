@@ -221,10 +221,10 @@ class SeatedEngine(ScriptedEngine):
     seat in arrival order and produce nothing meanwhile, as requests wait in vLLM's queue when
     its batch or KV cache is full: its report counts them waiting, and its memory as full as
     its seats. A request let in through the front's headroom (its mark in ``extra_args``) is
-    seated at once, as our scheduler in vLLM's engine core seats it: a running request that
-    has produced a token gives its seat up, a batch request first, else one of the tenant (its
-    cache salt) running the most, the one with the most tokens left, and is paused until a
-    seat frees, when it goes back first."""
+    seated at once, as our scheduler in vLLM's engine core seats it: a running request gives
+    its seat up, a batch request first, else one of the tenant (its cache salt) running the
+    most, one that has produced a token first, the one with the most tokens left, and is
+    paused until a seat frees, when it goes back first."""
 
     def __init__(self, seats: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -304,16 +304,13 @@ class SeatedEngine(ScriptedEngine):
             objectives = Objectives.of(request.params.extra_args)
             return objectives is not None and not objectives.interactive
 
-        candidates = [
-            r
-            for r in self._running
-            if r.produced > 0 and (batch(r) or r.cache_salt != taker.cache_salt)
-        ]
+        candidates = (r for r in self._running if batch(r) or r.cache_salt != taker.cache_salt)
         return max(
             candidates,
             key=lambda r: (
                 batch(r),
                 running[r.cache_salt],
+                r.produced > 0,
                 (r.params.max_tokens or 1) - r.produced,
             ),
             default=None,
