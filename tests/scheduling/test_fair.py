@@ -54,6 +54,29 @@ async def test_a_request_waits_for_a_slot_and_takes_it_when_one_is_released() ->
     assert fair.queue.in_flight == 0
 
 
+async def test_a_slot_granted_beyond_the_batch_says_it_went_through_the_headroom() -> None:
+    """Granted at once or after a wait: the request then carries the mark that has the
+    engine seat it (app.serving.lifecycle.tracking)."""
+    fair = admission(window=3, headroom=1)  # a batch of 2, and 1 beyond it
+    flood = [fair.admit(ticket("a", n)) for n in range(3)]
+    for slot in flood[:2]:
+        await slot.acquire()
+    waiting = asyncio.create_task(flood[2].acquire())
+    newcomer = fair.admit(ticket("b", 0))
+    await newcomer.acquire()  # at once, beyond the batch
+    assert newcomer.through_headroom
+    assert not any(slot.through_headroom for slot in flood[:2])
+    newcomer.release()
+    flood[0].release()
+    await asyncio.wait_for(waiting, HANG_SECONDS)  # after a wait, within the batch
+    assert not flood[2].through_headroom
+    late = fair.admit(ticket("b", 1))
+    await late.acquire()
+    assert late.through_headroom
+    for slot in (late, *flood[1:]):
+        slot.release()
+
+
 async def test_a_full_queue_is_a_429_with_retry_after() -> None:
     fair = admission(depth=2)
     held = fair.admit(ticket("a", 0))

@@ -365,17 +365,27 @@ def test_a_tenant_held_back_for_its_constrained_requests_gains_no_credit_meanwhi
 
 
 def test_headroom_keeps_the_last_slots_for_a_newcomer() -> None:
+    """The window here is the engine's batch (3) and the headroom (1) beyond it
+    (:func:`app.scheduling.admission_for`): a request let in beyond the batch is marked, so
+    that the engine seats it at once."""
     fair = queue(window=4, headroom=1)
     for number in range(10):
         fair.push(ticket("flood", number), 0.0)
     held = []
     while (dispatch := fair.pop(0.0)) is not None:
         held.append(dispatch)
-    # Alone, the flooder runs window - headroom requests: that is what headroom costs it.
+    # Alone, the flooder fills the batch, never the headroom.
     assert len(held) == 3
+    assert not any(d.waiting.through_headroom for d in held)
     fair.push(ticket("new", 0), 1.0)
     newcomer = fair.pop(1.0)
     assert newcomer is not None and newcomer.waiting.ticket.tenant == "new"
+    assert newcomer.waiting.through_headroom
+    # Once a flood request ends, the next goes into the batch, not through the headroom.
+    fair.done(held[0].waiting.ticket, None)
+    fair.done(newcomer.waiting.ticket, None)
+    refill = fair.pop(2.0)
+    assert refill is not None and not refill.waiting.through_headroom
 
 
 def test_without_headroom_a_newcomer_waits_for_the_flood() -> None:
