@@ -8,8 +8,7 @@ from __future__ import annotations
 from vllm import SamplingParams
 
 from app.inside_vllm.objectives import CLASS_KEY, TPOT_KEY, TTFT_KEY, Objectives
-from app.serving.lifecycle.objectives import MIN_TTFT_MS, ClassObjectives, carry, spend_wait
-from app.tenancy.tenants import Tenant
+from app.serving.lifecycle.objectives import MIN_TTFT_MS, carry, spend_wait
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.serving import TENANT, Served, ServeFactory, chat
 
@@ -101,14 +100,3 @@ async def test_each_request_is_counted_by_its_outcome_against_its_objectives(
             "missed_tpot": 1,
             "missed_ttft": 1,
         }
-
-
-def test_a_batch_line_or_a_shadow_is_of_the_batch_class_with_its_objectives() -> None:
-    """Whatever its tenant's class: an interactive tenant's own objectives are for its own
-    requests, not for its batch lines (nor its shadows, whose answers are discarded)."""
-    objectives = ClassObjectives({"interactive": 500, "batch": 60_000}, {"interactive": 50})
-    tenant = Tenant(id="t", name="T", priority="interactive", slo_ttft_ms=200, slo_tpot_ms=20)
-    assert objectives.of(tenant) == Objectives(interactive=True, ttft=0.2, tpot=0.02)
-    assert objectives.of(tenant, batch=True) == Objectives(interactive=False, ttft=60.0)
-    batch_tenant = Tenant(id="b", name="B", priority="batch", slo_ttft_ms=90_000)
-    assert objectives.of(batch_tenant, batch=True) == Objectives(interactive=False, ttft=90.0)

@@ -2,8 +2,7 @@
 (:mod:`app.inside_vllm.slot_sharing`), and its outcome against them; and the headroom's mark,
 which travels the same way.
 
-A request's class is its tenant's priority; a shadow's is batch (its answer is discarded), and
-so is a batch line's (docs/batches.md);
+A request's class is its tenant's priority (a shadow's is batch: its answer is discarded);
 its objectives are its tenant's own where it has them, else its class's from the settings.
 Where neither the settings nor the tenant set any, the request carries its class alone and
 its turns are the quantum's, as before objectives, except that a batch request's never pause
@@ -46,18 +45,14 @@ class ClassObjectives:
             },
         )
 
-    def of(self, tenant: Tenant, *, batch: bool = False) -> Objectives:
-        """The class and objectives a request of ``tenant`` carries (``batch``: a shadow or a
-        batch line, of the batch class whatever its tenant's): its class always, so that the
-        engine's turns never let a batch request pause an interactive stream, whatever
-        objectives others carry; each objective its tenant's own where the class is its
-        tenant's, else its class's, else none."""
-        priority: Priority = "batch" if batch else tenant.priority
-        # A tenant's own objectives are its class's: a batch line of an interactive tenant
-        # is held to the batch class's.
-        own = priority == tenant.priority
-        ttft = (own and tenant.slo_ttft_ms) or self.ttft_ms.get(priority)
-        tpot = (own and tenant.slo_tpot_ms) or self.tpot_ms.get(priority)
+    def of(self, tenant: Tenant, *, shadow: bool = False) -> Objectives:
+        """The class and objectives a request of ``tenant`` carries: its class always, so that
+        the engine's turns never let a batch request pause an interactive stream, whatever
+        objectives others carry; each objective its tenant's own, else its class's, else
+        none."""
+        priority: Priority = "batch" if shadow else tenant.priority
+        ttft = tenant.slo_ttft_ms or self.ttft_ms.get(priority)
+        tpot = tenant.slo_tpot_ms or self.tpot_ms.get(priority)
         return Objectives(
             interactive=priority == "interactive",
             ttft=None if ttft is None else ttft / 1000,

@@ -284,7 +284,6 @@ class RequestTracker:
                 pinned,
                 overhead,
                 reservation_id=batch.reservation_id(request_id) if batch else request_id,
-                batch_line=batch is not None,
             )
             overhead.begin("engine")
             run = service.start(request, generation, reservation)
@@ -375,11 +374,9 @@ class RequestTracker:
         overhead: RequestOverhead,
         *,
         reservation_id: str,
-        batch_line: bool,
     ) -> tuple[Generation, Reservation | None]:
         """Resolve, pre-check, tokenise and reserve (as ``reservation_id``), or raise; a
-        refusal holds nothing (what ``holds`` holds is the caller's to let go). A
-        ``batch_line`` is of the batch class."""
+        refusal holds nothing (what ``holds`` holds is the caller's to let go)."""
         tenant = principal.tenant
         model = metrics.UNKNOWN_MODEL  # until resolved: refused names stay out of the labels
         request_trace = tracing.of(overhead)
@@ -411,7 +408,7 @@ class RequestTracker:
             generation = await self._prepare(
                 service, request, principal, target, request_id, body_bytes
             )
-            carry(generation.params, self._objectives.of(tenant, batch=batch_line))
+            carry(generation.params, self._objectives.of(tenant))
             reservation = None
             if subjects:
                 # The quota backend's round trip (Redis's, where it is shared).
@@ -714,7 +711,7 @@ class RequestTracker:
         # A shadow's answer is discarded: it carries the batch class's objectives, whose
         # turns never pause an interactive stream.
         params = generation.params.clone()
-        carry(params, self._objectives.of(generation.principal.tenant, batch=True))
+        carry(params, self._objectives.of(generation.principal.tenant, shadow=True))
         shadowed = replace(
             generation,
             request_id=f"{generation.request_id}-shadow",
