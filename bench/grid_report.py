@@ -19,6 +19,7 @@ from bench.grid import GridPoint
 from bench.stats import (
     ATTAINMENT,
     GOODPUT,
+    HEADROOM_SEATS,
     OUTPUT_TPS,
     SLO_TPOT,
     SLO_TTFT,
@@ -103,8 +104,8 @@ def _figure(figure: Figure, samples: Sequence[Sample]) -> str:
     return "-" if value is None else f"{value * figure.scale:.{figure.digits}f}"
 
 
-def _turns(samples: Sequence[Sample]) -> str:
-    counts = [s.counters[TURNS] for s in samples if TURNS in s.counters]
+def _median_count(samples: Sequence[Sample], counter: str) -> str:
+    counts = [s.counters[counter] for s in samples if counter in s.counters]
     return "-" if not counts else f"{sorted(counts)[len(counts) // 2]:.0f}"
 
 
@@ -174,22 +175,28 @@ def render_grid(
             "",
             f"Objectives: {_objectives(_of(samples, VLLM, reference))} (median over rounds).",
             "",
-            "| point | system | " + " | ".join(c for c, _ in COLUMNS) + " | slot turns |",
-            "|---|---|" + "---:|" * (len(COLUMNS) + 1),
+            "| point | system | "
+            + " | ".join(c for c, _ in COLUMNS)
+            + " | slot turns | headroom seats |",
+            "|---|---|" + "---:|" * (len(COLUMNS) + 2),
         ]
         for point in members:
             name = point.name(slots)
             label = name.split(", ", 1)[1].rsplit(", ", 1)[0]
             for system in (VLLM, GATEWAY):
                 mine = _of(samples, system, name)
-                cells = [*(_figure(f, mine) for _, f in COLUMNS), _turns(mine)]
+                cells = [
+                    *(_figure(f, mine) for _, f in COLUMNS),
+                    _median_count(mine, TURNS),
+                    _median_count(mine, HEADROOM_SEATS),
+                ]
                 lines.append(f"| {label} | {system} | " + " | ".join(cells) + " |")
             matched = pairs(samples, (GATEWAY, name), (VLLM, name))
             ratios = [
                 ratio_estimate(f, matched, seed=seed, draws=draws).text(2) if matched else "-"
                 for _, f in COLUMNS
             ]
-            lines.append(f"| {label} | ratio | " + " | ".join(ratios) + " | |")
+            lines.append(f"| {label} | ratio | " + " | ".join(ratios) + " | | |")
         lines.append("")
     lines += ["## Targets", "", "| target | verdict | ratio [95%] | detail |", "|---|---|---|---|"]
     lines += [t.row() for t in targets]

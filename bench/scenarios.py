@@ -30,6 +30,7 @@ from bench.random_adapters import BenchAdapter
 from bench.stats import (
     ACTIVATION_SECONDS,
     ACTIVATIONS,
+    HEADROOM_SEATS,
     LOAD_SECONDS,
     LOADS,
     PREEMPTIONS,
@@ -71,6 +72,7 @@ async def sample_of(system: System, point: str, round_: int, measure: Measure) -
             ACTIVATION_SECONDS: delta.swap_seconds["activate"],
             PREEMPTIONS: delta.preemptions,
             TURNS: delta.turns,
+            HEADROOM_SEATS: delta.headroom_seats,
             **{f"{TURN_LEAD}{bound}": n for bound, n in delta.turn_lead_buckets.items()},
         }
     return Sample(system.name, point, round_, tuple(records), wall, counters)

@@ -200,6 +200,8 @@ LOAD_SECONDS = "adapter_load_seconds"
 ACTIVATION_SECONDS = "adapter_activation_seconds"
 PREEMPTIONS = "preempted_requests"
 TURNS = "slot_turns"
+# Seats the engine took back for requests let in through the fair front's headroom.
+HEADROOM_SEATS = "headroom_seats"
 # The turns' lead in steps, by histogram bucket: TURN_LEAD + upper bound -> cumulative count.
 TURN_LEAD = "turn_lead_steps_le_"
 

@@ -1,6 +1,6 @@
 """Our gateway's adapter residency figures, read from its ``/metrics``: the adapters' loads and
 activations, and the requests vLLM paused (``vllm:num_preemptions``, where a slot turn pauses
-its holder's requests).
+its holder's requests), the slot turns and the seats taken back for the headroom.
 
 The counters are cumulative since the engine started, and one engine serves
 every workload point of a round: each point's figures are the difference of
@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.metrics import (
     ADAPTER_SWAP_SECONDS,
     ADAPTER_USES,
+    HEADROOM_SEATS,
     SLOT_TURN_LEAD_STEPS,
     SLOT_TURNS,
     SWAP_STAGES,
@@ -31,6 +32,7 @@ SWAP = family_name(ADAPTER_SWAP_SECONDS)
 PREEMPTIONS_METRIC = "vllm:num_preemptions_total"
 TURNS = family_name(SLOT_TURNS)
 TURN_LEAD = family_name(SLOT_TURN_LEAD_STEPS)
+SEATS = family_name(HEADROOM_SEATS)
 STAGES: tuple[str, ...] = SWAP_STAGES
 
 
@@ -43,6 +45,7 @@ class SwapCounters:
     swap_buckets: dict[str, dict[float, float]] = field(default_factory=lambda: defaultdict(dict))
     preemptions: float = 0.0
     turns: float = 0.0  # slot turns taken, by any rule
+    headroom_seats: float = 0.0  # seats taken back for the headroom, parked or preempted
     # {upper bound: cumulative count} of the steps each turn took to deliver its token
     turn_lead_buckets: dict[float, float] = field(default_factory=dict)
 
@@ -66,6 +69,7 @@ class SwapCounters:
             ),
             preemptions=self.preemptions + sign * other.preemptions,
             turns=self.turns + sign * other.turns,
+            headroom_seats=self.headroom_seats + sign * other.headroom_seats,
             turn_lead_buckets=merge(self.turn_lead_buckets, other.turn_lead_buckets),
         )
 
@@ -91,6 +95,7 @@ class SwapCounters:
             "swap_p99_seconds": {s: self.swap_quantile(s, 0.99) for s in STAGES},
             "preemptions": self.preemptions,
             "turns": self.turns,
+            "headroom_seats": self.headroom_seats,
         }
 
 
@@ -113,6 +118,8 @@ def parse_swap_counters(text: str) -> SwapCounters:
                 counters.preemptions += sample.value
             elif sample.name == f"{TURNS}_total":
                 counters.turns += sample.value
+            elif sample.name == f"{SEATS}_total":
+                counters.headroom_seats += sample.value
             elif sample.name == f"{TURN_LEAD}_bucket":
                 bound = float(labels["le"])
                 buckets = counters.turn_lead_buckets

@@ -38,7 +38,16 @@ from bench.grid_run import adapter_pools, append_samples, grid_engine, run_point
 from bench.insitu import server_processes
 from bench.prompts import SizedPrompts
 from bench.runner import warm_up
-from bench.stats import GOODPUT, OUTPUT_TPS, SLO_TPOT, SLO_TTFT, TURNS, Sample, met_objectives
+from bench.stats import (
+    GOODPUT,
+    HEADROOM_SEATS,
+    OUTPUT_TPS,
+    SLO_TPOT,
+    SLO_TTFT,
+    TURNS,
+    Sample,
+    met_objectives,
+)
 from bench.status import StatusLine
 from bench.systems import GatewaySystem, System, VLLMServer
 
@@ -94,9 +103,9 @@ def render(
         f"{point}; objectives TTFT {ttft_ms} ms, TPOT {tpot_ms} ms (every run counted "
         "against them).",
         "",
-        "| run | turns | output tok/s | within both | TTFT missed | TPOT missed "
-        "| engine tokens / steps | CPU s (server, core, worker) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| run | turns | headroom seats | output tok/s | within both | TTFT missed "
+        "| TPOT missed | engine tokens / steps | CPU s (server, core, worker) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for sample in samples:
         late, broken = misses(sample)
@@ -105,7 +114,8 @@ def render(
         cpu = ", ".join(f"{v:.1f}" for k, v in c.items() if k.startswith(CPU))
         work = f"{c[ENGINE_TOKENS]:.0f} / {c[ENGINE_STEPS]:.0f}" if c[ENGINE_STEPS] else "-"
         lines.append(
-            f"| {sample.point} | {c.get(TURNS, 0.0):.0f} | {OUTPUT_TPS.of(sample) or 0.0:.1f} "
+            f"| {sample.point} | {c.get(TURNS, 0.0):.0f} | {c.get(HEADROOM_SEATS, 0.0):.0f} "
+            f"| {OUTPUT_TPS.of(sample) or 0.0:.1f} "
             f"| {met} | {late} | {broken} | {work} | {cpu} |"
         )
     ratios = []

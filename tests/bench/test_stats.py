@@ -210,6 +210,12 @@ lora_gateway_adapter_swap_seconds_sum{stage="load"} 0.065
 vllm:num_requests_running{engine="0"} 0.0
 # TYPE vllm:num_preemptions counter
 vllm:num_preemptions_total{engine="0",model_name="m"} 6.0
+# TYPE lora_gateway_slot_turns counter
+lora_gateway_slot_turns_total{rule="objective"} 3.0
+lora_gateway_slot_turns_total{rule="quantum"} 1.0
+# TYPE lora_gateway_headroom_seats counter
+lora_gateway_headroom_seats_total{how="parked"} 2.0
+lora_gateway_headroom_seats_total{how="preempted"} 1.0
 """
 
 
@@ -224,6 +230,7 @@ def test_residency_is_the_difference_of_two_scrapes() -> None:
     assert report["swap_p50_seconds"]["load"] == pytest.approx(0.015)
     assert report["swap_p99_seconds"]["load"] == pytest.approx(0.0199)
     assert report["preemptions"] == 6.0
+    assert (report["turns"], report["headroom_seats"]) == (4.0, 3.0)
 
 
 def test_residency_of_rounds_adds_up() -> None:

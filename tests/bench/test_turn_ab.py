@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from bench.client import RequestRecord
-from bench.stats import SLO_TPOT, SLO_TTFT, TURNS, Sample
+from bench.stats import HEADROOM_SEATS, SLO_TPOT, SLO_TTFT, TURNS, Sample
 from bench.turn_ab import (
     CPU,
     ENGINE_STEPS,
@@ -31,9 +31,9 @@ def record(ttft: float, tpot: float, *, ok: bool = True) -> RequestRecord:
     )  # fmt: skip
 
 
-def sample(arm: str, *records: RequestRecord, turns: float = 0.0) -> Sample:
+def sample(arm: str, *records: RequestRecord, turns: float = 0.0, seats: float = 0.0) -> Sample:
     counters = {
-        SLO_TTFT: 0.5, SLO_TPOT: 0.02, TURNS: turns, ENGINE_TOKENS: 1200.0,
+        SLO_TTFT: 0.5, SLO_TPOT: 0.02, TURNS: turns, HEADROOM_SEATS: seats, ENGINE_TOKENS: 1200.0,
         ENGINE_STEPS: 100.0, f"{CPU}server": 1.5, f"{CPU}Worker": 60.0,
     }  # fmt: skip
     return Sample("gateway", arm, 0, records, 2.0, counters)
@@ -75,14 +75,14 @@ def test_a_request_misses_its_first_tokens_objective_or_its_streams_never_both()
 def test_the_summary_gives_each_run_and_each_pairs_goodput_ratio():
     good, late = record(0.1, 0.01), record(0.6, 0.01)
     runs = [
-        sample(WITH, good, good, turns=5),
+        sample(WITH, good, good, turns=5, seats=2),
         sample(WITHOUT, good, late),
         sample(WITHOUT, good, late),
         sample(WITH, good, late, turns=3),
     ]
     text = render(runs, "e: attention, uniform 8x", 500, 20)
-    assert "| with turns | 5 | 10.0 | 2 | 0 | 0 | 1200 / 100 | 1.5, 60.0 |" in text
-    assert "| without | 0 | 10.0 | 1 | 1 | 0 |" in text
+    assert "| with turns | 5 | 2 | 10.0 | 2 | 0 | 0 | 1200 / 100 | 1.5, 60.0 |" in text
+    assert "| without | 0 | 0 | 10.0 | 1 | 1 | 0 |" in text
     # Goodput with turns (1.0 + 0.5 req/s) over without (0.5 + 0.5).
     assert text.rstrip().endswith("per pair: 1.50x")
 
@@ -95,7 +95,7 @@ def test_against_vllms_server_its_runs_show_no_engine_work_it_does_not_report():
     )  # fmt: skip
     runs = [sample(WITH, good, good), other, other, sample(WITH, good, good)]
     text = render(runs, "e: all, 1x", 500, 20, VLLM_SERVER)
-    assert "| vLLM's server | 0 | 10.0 | 1 | 1 | 0 | - | 1.0 |" in text
+    assert "| vLLM's server | 0 | 0 | 10.0 | 1 | 1 | 0 | - | 1.0 |" in text
     assert text.rstrip().endswith("with turns over vLLM's server, per pair: 2.00x")
 
 
