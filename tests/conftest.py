@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import httpx._transports.default
+import httpx2
+import httpx2._transports.default
 import pytest
 from xdist.scheduler import LoadFileScheduling, LoadScheduling
 
@@ -57,8 +59,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
     And one default TLS context per test process: httpx builds one for every client, loading
     certifi's whole CA bundle (about 30 ms of CPU), and the tests make thousands of clients,
-    nearly all to plain HTTP on loopback. The same context, shared (as httpx advises)."""
+    nearly all to plain HTTP on loopback. The same context, shared (as httpx advises). The
+    same for httpx2, the fork under the official ``openai`` client, which loads the system's
+    bundle for each ``AsyncOpenAI`` the serving tests make."""
     httpx._transports.default.create_ssl_context = _shared_default_tls  # type: ignore[assignment]
+    httpx2._transports.default.create_ssl_context = _shared_default_tls2  # type: ignore[assignment]
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1...
     if worker is not None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         cores = sorted(os.sched_getaffinity(0))
@@ -74,6 +79,17 @@ def _shared_default_tls(verify: Any = True, cert: Any = None, trust_env: bool = 
     if verify is True and cert is None:
         return _default_tls()
     return httpx.create_ssl_context(verify, cert, trust_env)
+
+
+@functools.cache
+def _default_tls2(trust_env: bool) -> ssl.SSLContext:
+    return httpx2.create_ssl_context(trust_env=trust_env)
+
+
+def _shared_default_tls2(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+    if verify is True and cert is None:
+        return _default_tls2(trust_env)
+    return httpx2.create_ssl_context(verify, cert, trust_env)
 
 
 def pytest_xdist_make_scheduler(

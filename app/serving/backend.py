@@ -13,9 +13,7 @@ engine role's server instead of this app). See docs/architecture.md.
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
-
-from vllm.tool_parsers import ToolParser
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.protocol import ChatCompletionRequest, CompletionRequest
 from app.scheduling import Admission
@@ -25,6 +23,10 @@ from app.serving.lifecycle.runs import Service
 from app.serving.preparation.structured import OutputConstraints
 from app.settings import Settings
 from app.tenancy.adapters import Adapter
+
+if TYPE_CHECKING:
+    # Annotations only: vLLM's tool parsers load where one is set (preparation.tools).
+    from vllm.tool_parsers import ToolParser
 
 
 class Backend(Protocol):

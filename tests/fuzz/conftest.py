@@ -54,7 +54,9 @@ def fuzz_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzTarget
         base_url = served.base_url
         headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         with httpx.Client(base_url=f"{base_url}/admin/v1", headers=headers, timeout=30) as admin:
-            served_document = httpx.get(f"{base_url}/openapi.json").json()
+            # The first /openapi.json builds the schema (about a second of CPU): past httpx's
+            # 5-second default on a loaded machine, which is no latency this suite asserts.
+            served_document = httpx.get(f"{base_url}/openapi.json", timeout=30).json()
             assert served_document == openapi_document(), "the fuzzed schema is not the served one"
             seeds = Seeds(admin)
             seeds.restore()
@@ -65,7 +67,9 @@ def fuzz_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzTarget
 
 
 def _base_model_id(base_url: str, key: str) -> str:
-    listed = httpx.get(f"{base_url}/v1/models", headers={"Authorization": f"Bearer {key}"})
+    listed = httpx.get(
+        f"{base_url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30
+    )
     assert listed.status_code == 200, listed.text
     parents = [m["id"] for m in listed.json()["data"] if m["parent"] is None]
     assert len(parents) == 1, listed.text

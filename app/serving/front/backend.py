@@ -20,11 +20,10 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel
 from vllm.tokenizers import get_tokenizer
-from vllm.tool_parsers import ToolParser
 
 from app.errors import BadRequestError, GatewayError
 from app.protocol import (
@@ -55,6 +54,10 @@ from app.serving.text_stream import TextEnd, TextPiece, TextStream
 from app.settings import Settings
 from app.tenancy.adapters import Adapter
 from app.tenancy.tenants import ModelTarget, Principal
+
+if TYPE_CHECKING:
+    # Annotations only: vLLM's tool parsers load where one is set (preparation.tools).
+    from vllm.tool_parsers import ToolParser
 
 logger = logging.getLogger(__name__)
 

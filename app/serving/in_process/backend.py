@@ -7,8 +7,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-
-from vllm.tool_parsers import ToolParser
+from typing import TYPE_CHECKING
 
 from app.engine.base import Engine
 from app.scheduling import admission_for
@@ -20,6 +19,10 @@ from app.serving.preparation.generation import warm_tokenizer
 from app.serving.preparation.structured import OutputConstraints
 from app.settings import Settings
 from app.tenancy.adapters import Adapter
+
+if TYPE_CHECKING:
+    # Annotations only: vLLM's tool parsers load where one is set (preparation.tools).
+    from vllm.tool_parsers import ToolParser
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ rendered, the parser that will read ``auto``'s calls."""
 
 from __future__ import annotations
 
-from vllm.tool_parsers import ToolParser
+from typing import TYPE_CHECKING
 
 from app.errors import BadRequestError, GatewayError
 from app.protocol import ChatCompletionRequest
@@ -11,6 +11,10 @@ from app.serving.preparation import generation as gen
 from app.serving.preparation import tools
 from app.serving.preparation.structured import OutputConstraints
 from app.tenancy.tenants import ModelTarget, Principal
+
+if TYPE_CHECKING:
+    # Annotations only: vLLM's tool parsers load where one is set (preparation.tools).
+    from vllm.tool_parsers import ToolParser
 
 
 class ChatPreparation(gen.Preparation[ChatCompletionRequest]):

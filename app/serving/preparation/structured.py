@@ -33,8 +33,6 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.validators import Draft202012Validator, validator_for
 from llguidance.gbnf_to_lark import is_lark_syntax
 from vllm.sampling_params import StructuredOutputsParams
-from vllm.v1.structured_output.backend_guidance import serialize_guidance_grammar
-from vllm.v1.structured_output.request import get_structured_output_key
 
 from app.errors import BadRequestError
 from app.protocol import ChatCompletionRequest, SamplingFields
@@ -234,6 +232,12 @@ def _refuse_if_unenforceable(compiler: GrammarCheck, constraint: Constraint) -> 
     """Compile ``constraint`` as the engine's llguidance backend will and compute its first
     token mask, within the check's budget; what fails is the tenant's 400, with llguidance's
     reason."""
+    # Imported here: vLLM's structured-output backends bring its tool and reasoning parsers
+    # (about half a second of CPU), which a gateway whose requests ask for no constraint and
+    # that names no tool parser never needs.
+    from vllm.v1.structured_output.backend_guidance import serialize_guidance_grammar
+    from vllm.v1.structured_output.request import get_structured_output_key
+
     param = constraint.param
     try:
         grammar = serialize_guidance_grammar(

@@ -22,16 +22,14 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Sequence
-from typing import Any
-
-from vllm.entrypoints.openai.chat_completion.protocol import (
-    ChatCompletionRequest as VllmChatRequest,
-)
-from vllm.tool_parsers import ToolParser, ToolParserManager
+from typing import TYPE_CHECKING, Any
 
 from app.protocol.requests import ChatCompletionRequest, ChatMessage
 from app.protocol.responses import FunctionCall, ToolCall
 from app.protocol.tools import Tool
+
+if TYPE_CHECKING:
+    from vllm.tool_parsers import ToolParser
 
 Message = dict[str, Any]
 
@@ -118,6 +116,10 @@ def _call(name: str, arguments: str) -> ToolCall:
 def tool_parser_class(name: str) -> type[ToolParser]:
     """vLLM's parser registered as ``name``; a ``ValueError`` listing the known names
     otherwise (raised when the gateway starts, not on the first request)."""
+    # Imported here: vLLM's parsers and its chat protocol (about half a second of CPU) load
+    # only in a gateway that names a parser, the one place that reads calls with one.
+    from vllm.tool_parsers import ToolParserManager
+
     known = ToolParserManager.list_registered()
     if name not in known:
         raise ValueError(
@@ -134,6 +136,11 @@ class AutoCalls:
     def __init__(
         self, parser_class: type[ToolParser], tokenizer: Any, request: ChatCompletionRequest
     ) -> None:
+        # Loaded already with the parser class (tool_parser_class).
+        from vllm.entrypoints.openai.chat_completion.protocol import (
+            ChatCompletionRequest as VllmChatRequest,
+        )
+
         self.request = VllmChatRequest.model_validate(
             {
                 "model": request.model,
