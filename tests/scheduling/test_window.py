@@ -111,11 +111,12 @@ def test_it_does_not_grow_past_what_the_engines_memory_would_hold() -> None:
 
 def simulate(*, capacity: int, tenants: int, reports: int) -> list[int]:
     """A closed loop against an engine with memory for ``capacity`` requests and a backlog
-    that never ends: one tenant gets the window less the headroom (2), several fill it."""
+    that never ends: the window is the batch the tenants share; one tenant fills it, and
+    beside it a newcomer holds the headroom's 2 beyond it."""
     window = AdaptiveWindow(cap=64, floor=3)
     sizes = []
     for _ in range(reports):
-        in_flight = window.size - 2 if tenants == 1 else window.size
+        in_flight = window.size if tenants == 1 else window.size + 2
         running = min(in_flight, capacity)
         load = report(running, in_flight - running, running / capacity)
         sizes.append(window.observe(load, held_back=True))
