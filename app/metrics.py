@@ -104,8 +104,10 @@ ADAPTERS_RESIDENT = Gauge(
 SLOT_TURNS = Counter(
     "lora_gateway_slot_turns",
     "Device slots the engine's scheduler took from a resident adapter for a waiting one, "
-    "pausing its running requests, by rule: objective (a waiting request would otherwise "
-    "miss its latency objective) or quantum.",
+    "pausing its running requests, by rule: first_token (a new request would otherwise miss "
+    "its TTFT objective; the slot goes back once it has its first token), objective (a "
+    "waiting request would otherwise miss its latency objective; for its whole run) or "
+    "quantum.",
     ["rule"],
 )
 HEADROOM_SEATS = Counter(

@@ -128,21 +128,30 @@ def render(
     return "\n".join(lines) + "\n"
 
 
+def grid_point(args: argparse.Namespace, config: GridConfig) -> GridPoint:
+    """The point the arguments name: an open loop where they give its rate."""
+    load = Load(share=config.open_share) if args.rate else Load(args.concurrency)
+    return GridPoint(args.targets, args.popularity, args.multiple, load)
+
+
 async def run(args: argparse.Namespace) -> Path:
-    point = GridPoint(args.targets, args.popularity, args.multiple, Load(args.concurrency))
+    config = GridConfig()
+    point = grid_point(args, config)
+    load = point.load
     started = datetime.now(timezone.utc)
     out: Path = args.out / f"turn-ab-{started.strftime('%Y%m%dT%H%M%SZ')}"
     (out / "logs").mkdir(parents=True)
     (out / "arguments.json").write_text(json.dumps(sys.argv[1:]) + "\n")
     settings = Settings()
-    config = dataclasses.replace(GridConfig(), only=(point,))
+    config = dataclasses.replace(config, only=(point,))
     engine = grid_engine(config, settings)
     name = point.name(config.max_loras)
     adapters = await asyncio.to_thread(adapter_pools, config, Path(settings.model))
     prompts = SizedPrompts(Path(settings.model), config.prompt_tokens)
     other = AGAINST[args.against]
     order = run_order(args.pairs, other)
-    status = StatusLine(len(order) * config.closed_requests(point.load))
+    per_run = config.closed_requests(load) if load.closed else config.open_requests
+    status = StatusLine(len(order) * per_run)
     gateway = GatewaySystem(
         engine, config.adapter_cache / "grid", out / "tmp", extra=dict(args.gateway_settings)
     )
@@ -163,7 +172,7 @@ async def run(args: argparse.Namespace) -> Path:
                 await gateway.set_objectives(*objectives[arm])
             requests = [  # a prompt of its own for every run: no cached prefix
                 dataclasses.replace(r, prompt=prompts(f"ab.{number}.{r.index}"))
-                for r in config.requests(point)
+                for r in config.requests(point, args.rate)
             ]
             before, cpu_before = await system.metrics_text() or "", cpu_seconds(system)
             sample = await run_point(system, point, requests, adapters, number, arm, status)
@@ -196,6 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--popularity", choices=POPULARITIES, default="uniform")
     parser.add_argument("--multiple", type=int, default=8, help="adapters per device slot")
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="an open loop at this many requests a second (a grid run's: its 1x goodput at "
+        "the open loop), in place of the closed loop",
+    )
     parser.add_argument(
         "--ttft-ms", type=int, required=True, help="TTFT objective (a grid run's summary)"
     )

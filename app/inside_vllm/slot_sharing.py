@@ -26,7 +26,10 @@ its objective (its first token's, or a paused stream's next token's), judged fro
 measured step time and the tokens the holders have left; the turn pauses the adapter whose
 streams have the most slack against their own time-per-token objective, and is not taken
 where it would make more of them miss it than it saves waiting requests; a stream once paused
-is not paused again, and a batch request never pauses an interactive stream. Interactive
+is not paused again, and a batch request never pauses an interactive stream. A turn for a
+first token lasts until the new requests it was taken for have theirs: they are then parked as
+paused streams, and the streams paused for them go back, a step later, so that it costs them a
+step, and may pause a stream paused before that is back within its objective. Interactive
 requests are served first, and take a slot that batch requests alone hold at once, whatever
 the quantum or objectives. The rules and what they cost:
 docs/scheduling.md, "Sharing the device slots".
@@ -106,6 +109,16 @@ class Candidate(Protocol):
 
     @property
     def lora_request(self) -> Any: ...
+
+
+class Take(NamedTuple):
+    """A slot the plan gives: to ``request``, from the running requests of the adapter that
+    holds it (``paused``; none for a free slot), for its whole run or, with ``first_token``,
+    until its adapter's new requests have their first token."""
+
+    request: Candidate
+    paused: list[Candidate]
+    first_token: bool = False
 
 
 class Holder(NamedTuple):
@@ -198,13 +211,19 @@ class Judge:
         turn makes progress)."""
         return holder.turn >= 1 and all(self.batch(r) for r in holder.requests)
 
-    def may_pause(self, holder: Holder, waiting: Candidate) -> bool:
-        """Whether a turn for ``waiting`` may pause ``holder``'s requests: none is a protected
-        stream, nor an interactive one where ``waiting`` is a batch request."""
+    def may_pause(
+        self, holder: Holder, waiting: Candidate, *, for_seconds: float | None = None
+    ) -> bool:
+        """Whether a turn for ``waiting`` may pause ``holder``'s requests: none is an
+        interactive one where ``waiting`` is a batch request, nor a protected stream; for a
+        pause of ``for_seconds`` only (a first token's), a protected stream may be paused if
+        its next token keeps its deadline all the same (it is back within its objective)."""
         objectives = self.objectives.get(waiting.request_id)
         batch = objectives is not None and not objectives.interactive
         return not any(
-            self.protected(r) or (batch and self.interactive(r)) for r in holder.requests
+            (batch and self.interactive(r))
+            or (self.protected(r) and (for_seconds is None or self.slack(r) < for_seconds))
+            for r in holder.requests
         )
 
     def needs_turn(self, deadline: float, holders: Iterable[Holder]) -> bool:
@@ -260,9 +279,11 @@ def plan(
     objectives: Mapping[str, Objectives] | None = None,
     first_token_at: Mapping[str, float] | None = None,
     step_seconds: float = 0.0,
-) -> list[tuple[Candidate, list[Candidate]]]:
-    """The slots to give now: pairs of (a waiting request whose adapter holds no slot, the
-    running requests of the resident adapter whose slot it takes, none for a free slot).
+    first_token_turns: bool = False,
+) -> list[Take]:
+    """The slots to give now (:class:`Take`): each to a waiting request whose adapter holds
+    no slot, from the running requests of the resident adapter whose slot it takes (none for a
+    free slot).
 
     Free slots go first. Waiting adapters are served by their requests' waits until
     ``now`` added up, a request with no token yet counted :data:`NEW_REQUEST_LEAD` seconds
@@ -284,10 +305,13 @@ def plan(
     token's deadline, at the last steps that still meet it, from the adapter whose requests
     have the most slack, each of which has generated a token since it last started (a
     request with no objective: its quantum), unless the pause makes more of them miss their
-    TPOT objective than it saves (:func:`_by_objectives`). No turn pauses a stream paused
-    before that has a TPOT objective, nor, for a batch request, an interactive one; these
-    rules apply to the quantum's turns too, and a request they alone keep from a turn does
-    not keep the requests behind it from one.
+    TPOT objective than it saves (:func:`_by_objectives`); with ``first_token_turns``, a
+    turn for a request with no token yet pauses them only until its adapter's new requests
+    have theirs, a step, and may pause a stream paused before whose next token keeps its
+    deadline all the same; no other turn pauses a stream paused before that has a TPOT
+    objective. No turn for a batch request pauses an interactive one. These rules apply to
+    the quantum's turns too, and a request they alone keep from a turn does not keep the
+    requests behind it from one.
 
     Interactive requests (by their class) are served before batch ones, and an adapter with
     one waiting takes at once a slot held by batch requests only, each of which has had a
@@ -340,7 +364,7 @@ def plan(
     )
     smallest = len(holders[0].requests) if holders else 0
     holders[:0] = [FREE_SLOT] * (max_loras - len(resident))
-    takes: list[tuple[Candidate, list[Candidate]]] = []
+    takes: list[Take] = []
     # Interactive requests first: a batch request never takes a slot one of them waits for.
     order = sorted(
         blocked,
@@ -356,15 +380,18 @@ def plan(
             yielding = next((h for h in holders if h is FREE_SLOT or judge.yields(h)), None)
             if yielding is not None:
                 holders.remove(yielding)
-                takes.append((interactive[adapter][1], yielding.requests))
+                takes.append(Take(interactive[adapter][1], yielding.requests))
                 continue
+        first_token = False
         if adapter in due:
             deadline, request = due[adapter]
+            first_token = first_token_turns and request.num_output_tokens == 0
             holder = _by_objectives(
-                judge, request, deadline, holders, largest, quantum, queued[adapter]
+                judge, request, deadline, holders, largest, quantum, queued[adapter], first_token
             )
             if holder is None:
                 continue  # within its objective, or no stream may be paused for it
+            first_token = first_token and holder is not FREE_SLOT
         else:
             request = blocked[adapter][1]
             new = request.num_output_tokens == 0
@@ -388,7 +415,7 @@ def plan(
             if holder is None:
                 continue  # its turns pause no stream it may: another request may take them
         holders.remove(holder)
-        takes.append((request, holder.requests))
+        takes.append(Take(request, holder.requests, first_token))
     return takes
 
 
@@ -400,33 +427,40 @@ def _by_objectives(
     largest: int,
     quantum: int,
     queued: list[Candidate],
+    first_token: bool = False,
 ) -> Holder | None:
     """The slot ``request`` (due at ``deadline``, its adapter's waiting requests ``queued``)
     takes: a free one, else, where it would miss its deadline waiting for one, the held one
     whose pause breaks the fewest objectives, then whose streams have the most slack, among
     those a turn may pause; None where it waits. A turn that breaks objectives (its streams,
-    paused until ``queued`` have run to their end, would miss their TPOT objective at their
-    last token) is taken only where it saves more (the adapter's waiting requests that would
-    miss theirs waiting for a slot to free, and meet them now): one request is worth one,
-    whichever objective it keeps."""
+    paused until ``queued`` have run to their end, or with ``first_token`` for the step that
+    gives them their first token, would miss their TPOT objective at their last token) is
+    taken only where it saves more (the adapter's waiting requests that would miss theirs
+    waiting for a slot to free, and meet them now): one request is worth one, whichever
+    objective it keeps."""
     if holders and holders[0] is FREE_SLOT:
         return FREE_SLOT
     if not judge.needs_turn(deadline, holders):
         return None
+    # Paused for a first token, the streams wait a step. Paused for the taker's whole run,
+    # they are counted to wait it out, not only until the first slot to free: a slot that
+    # frees sooner goes to whichever waiting request is due first, and new requests near
+    # their first token's deadline compete for it.
+    pause = (
+        judge.step
+        if first_token
+        else judge.frees_in([Holder(turn=0, by_turn=True, requests=queued)])
+    )
     pausable = [
         h
         for h in holders
         if h.turn >= 1
         and len(h.requests) <= largest
-        and judge.may_pause(h, request)
+        and judge.may_pause(h, request, for_seconds=pause if first_token else None)
         and (h.turn >= quantum or all(judge.deadline(r) is not None for r in h.requests))
     ]
     if not pausable:
         return None
-    # The paused streams are counted to wait out the taker's run, not only until the first
-    # slot to free: a slot that frees sooner goes to whichever waiting request is due first,
-    # and new requests near their first token's deadline compete for it.
-    pause = judge.frees_in([Holder(turn=0, by_turn=True, requests=queued)])
     lost, holder = max(
         ((judge.broken(h.requests, pause), h) for h in pausable),
         key=lambda pair: (-pair[0], min(judge.slack(r) for r in pair[1].requests)),
@@ -484,6 +518,9 @@ class SlotSharingScheduler(Scheduler):
         # token, with the steps done and its output count when it was taken.
         self._steps = 0
         self._turn_taken: dict[str, tuple[int, int, str]] = {}
+        # The turns taken for first tokens, by the adapter they gave a slot to: the request
+        # each was taken for and the requests it paused, parked until it ends.
+        self._first_token_turns: dict[int | None, tuple[Candidate, list[Candidate]]] = {}
         # The requests let in through the front's headroom that have not run yet, and the
         # running requests paused to seat them, parked until a seat frees.
         self._headroom: dict[str, Request] = {}
@@ -508,9 +545,10 @@ class SlotSharingScheduler(Scheduler):
             self._step_began = time.monotonic()
         if self._turn_start or self._objectives or self._unseated:
             self._forget_finished()
+        returning = self._end_first_token_turns() if self._first_token_turns else []
         shares = self.quantum > 0 or any(o.any for o in self._objectives.values())
         if self.lora_config is not None and shares and self._anyone_waits():
-            self._share_slots(self.lora_config.max_loras)
+            self._share_slots(self.lora_config.max_loras, returning)
         if self._headroom or self._unseated:
             self._seat_headroom()
         return super().schedule(*args, **kwargs)
@@ -636,14 +674,41 @@ class SlotSharingScheduler(Scheduler):
             self.waiting.remove_requests(requests)
             self.waiting.prepend_requests(reversed(requests))
 
-    def _share_slots(self, max_loras: int) -> None:
-        self._repark({adapter_of(r) for r in self.running})
+    def _end_first_token_turns(self) -> list[Request]:
+        """End each turn taken for a first token whose requests have theirs: its adapter's
+        running requests are parked, as paused streams, and the requests the turn paused go
+        back with their blocks, to the queue vLLM drains first. Those going back, returned,
+        hold their adapter's slot for this step's plan."""
+        now = time.time()
+        timestamp = time.monotonic()
+        returning: list[Request] = []
+        for adapter, (taker, paused) in list(self._first_token_turns.items()):
+            takers = [r for r in self.running if adapter_of(r) == adapter]
+            waits = taker.status == RequestStatus.WAITING and taker.num_output_tokens == 0
+            if waits or any(r.num_output_tokens == 0 for r in takers):
+                continue  # a prompt still computing: the turn lasts another step
+            del self._first_token_turns[adapter]
+            for request in takers:
+                self.running.remove(request)
+                self._park(request, timestamp, into=self._parked)
+                self._turn_start[request.request_id] = request.num_output_tokens
+                self._waiting_since[request.request_id] = now
+            back = [r for r in self._parked if r in paused]
+            self._unpark(back, keep_blocks=True)
+            returning.extend(back)
+        return returning
+
+    def _share_slots(self, max_loras: int, returning: list[Request]) -> None:
+        # The requests a first token's turn returns hold their adapter's slot, as running.
+        running = [*self.running, *returning]
+        self._repark({adapter_of(r) for r in running})
         if self._parked and self.kv_cache_manager.usage >= self.parked_kv_usage:
             self._unpark(self._parked, keep_blocks=False)
         held = [*self._parked, *self.kv_holding_waiting]
         now = time.time()  # vLLM's arrival times are the front end's time.time()
+        park = self.parks and self.kv_cache_manager.usage < self.parked_kv_usage
         takes = plan(
-            self.running,
+            running,
             [*held, *self.waiting],
             max_loras=max_loras,
             quantum=self.quantum,
@@ -654,15 +719,18 @@ class SlotSharingScheduler(Scheduler):
             objectives=self._objectives,
             first_token_at=self._first_token_at,
             step_seconds=self.step_seconds,
+            # A first token's turn parks the requests it pauses: it gives them their slot back.
+            first_token_turns=park,
         )
         if not takes and not self._parked:
             return
         timestamp = time.monotonic()
-        park = self.parks and self.kv_cache_manager.usage < self.parked_kv_usage
         preempted: list[Request] = []
-        for request, victims in takes:
+        for request, victims, first_token in takes:
+            if first_token:
+                self._first_token_turns[adapter_of(request)] = (request, victims)
             if victims:  # a turn, not a free slot
-                rule = self._rule_of(request)
+                rule = "first_token" if first_token else self._rule_of(request)
                 self._turn_start[request.request_id] = request.num_output_tokens
                 self._turn_taken[request.request_id] = (
                     self._steps,
@@ -678,11 +746,12 @@ class SlotSharingScheduler(Scheduler):
                     self._preempt_request(victim, timestamp)  # type: ignore[arg-type]
                     preempted.append(victim)  # type: ignore[arg-type]
                 self._turn_start[victim.request_id] = victim.num_output_tokens
-                self._waiting_since[victim.request_id] = now
+                if not first_token:  # a step's pause: not a pause that protects it
+                    self._waiting_since[victim.request_id] = now
         # A parked request resumes once its adapter holds a slot: a resident adapter, or one
         # given a slot now. Those holding KV blocks go first in vLLM's order.
-        wanted: list[Request] = [request for request, _ in takes]  # type: ignore[misc]
-        slotted = {adapter_of(r) for r in (*self.running, *wanted)}
+        wanted: list[Request] = [take.request for take in takes]  # type: ignore[misc]
+        slotted = {adapter_of(r) for r in (*self.running, *returning, *wanted)}
         self._unpark([r for r in self._parked if adapter_of(r) in slotted], keep_blocks=True)
         # vLLM puts a preempted request at the queue's front: these go to its back, and the
         # waiting requests given a slot to its front, in the plan's order.

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from bench.client import RequestRecord
+from bench.grid import GridConfig, Load
 from bench.stats import HEADROOM_SEATS, SLO_TPOT, SLO_TTFT, TURNS, Sample
 from bench.turn_ab import (
     CPU,
@@ -18,6 +19,7 @@ from bench.turn_ab import (
     WITHOUT,
     build_parser,
     engine_work,
+    grid_point,
     misses,
     render,
     run_order,
@@ -117,3 +119,8 @@ def test_the_objectives_are_required_and_the_point_defaults_to_the_grids_hardest
         "SCHEDULER=fcfs",
     ]
     assert build_parser().parse_args(fcfs).gateway_settings == (("SCHEDULER", "fcfs"),)
+    # An open loop where a rate is given, at the grid's share of saturation (its name).
+    config = GridConfig()
+    assert grid_point(args, config).load == Load(concurrency=64)
+    open_loop = build_parser().parse_args(["--ttft-ms", "1", "--tpot-ms", "1", "--rate", "1.8"])
+    assert grid_point(open_loop, config).load == Load(share=config.open_share)

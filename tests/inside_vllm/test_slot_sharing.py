@@ -77,8 +77,10 @@ def takes(
     objectives: dict[str, Objectives] | None = None,
     first_token_at: dict[str, float] | None = None,
     step_seconds: float = 0.0,
-) -> list[tuple[str, list[str]]]:
-    """The plan's takes as (the waiting request, the running requests it pauses), by id."""
+    first_token_turns: bool = False,
+) -> list[tuple[object, ...]]:
+    """The plan's takes as (the waiting request, the running requests it pauses), by id; with
+    ``first_token_turns``, and whether each is for a first token only."""
     planned = plan(
         slots,
         waiting,
@@ -91,8 +93,13 @@ def takes(
         objectives=objectives,
         first_token_at=first_token_at,
         step_seconds=step_seconds,
+        first_token_turns=first_token_turns,
     )
-    return [(request.request_id, [r.request_id for r in victims]) for request, victims in planned]
+    return [
+        (take.request.request_id, [r.request_id for r in take.paused])
+        + ((take.first_token,) if first_token_turns else ())
+        for take in planned
+    ]
 
 
 def test_a_free_slot_is_given_first_and_pauses_nothing() -> None:
@@ -225,7 +232,7 @@ def by_objectives(
     objectives: dict[str, Objectives] | None = None,
     max_loras: int = 1,
     **kwargs: object,
-) -> list[tuple[str, list[str]]]:
+) -> list[tuple[object, ...]]:
     """The takes with every request interactive (unless ``objectives`` says otherwise),
     each running one's first token 10 s before ``now``, and each waiting one
     :data:`WAITING_LEFT` tokens from its end unless its ``max_tokens`` is set: a turn for it
@@ -393,6 +400,54 @@ def test_a_paused_stream_is_counted_to_wait_out_the_takers_run() -> None:
         [a1, b1], waiting, now, max_loras=2, first_token_at=first, waiting_since={"b1": 90.0}
     )
     assert taken == [("w", ["a1"])]
+
+
+def test_a_turn_for_a_first_token_pauses_its_streams_a_step_only() -> None:
+    """Where the paused streams can be parked, a new request's turn lasts until it has its
+    first token: a stream that could not wait out the taker's run can wait a step. One that a
+    step would break is paused only where the turn saves more."""
+    now = 101.0 - TURN_LEAD_STEPS * STEP  # 100.25; w's first token is due at 101
+    a1, b1 = running("a1", 1, 10), running("b1", 2, 10)
+    a1.max_tokens, b1.max_tokens = 20, 13  # b1's slot frees in 4 steps: too late for w
+    first = {"a1": 94.5, "b1": 94.0}  # a1's last token due at 104: at 103.75 after 4 steps
+    since = {"b1": 90.0}  # b1 was paused before and is behind: no turn pauses it
+    waiting = [Fake("w", 3, arrival_time=99.0, max_tokens=8)]
+    kwargs = {"max_loras": 2, "first_token_at": first, "waiting_since": since}
+    assert by_objectives([a1, b1], waiting, now, **kwargs) == []  # w's whole run breaks a1
+    taken = by_objectives([a1, b1], waiting, now, first_token_turns=True, **kwargs)
+    assert taken == [("w", ["a1"], True)]
+    # a1 due at 102.75, at its last token running on: a step's pause breaks it, to save w.
+    first["a1"] = 93.25
+    assert by_objectives([a1, b1], waiting, now, first_token_turns=True, **kwargs) == []
+    # Taken where it saves two first tokens.
+    waiting.append(Fake("w2", 3, arrival_time=99.0, max_tokens=8))
+    taken = by_objectives([a1, b1], waiting, now, first_token_turns=True, **kwargs)
+    assert taken == [("w", ["a1"], True)]
+
+
+def test_a_turn_for_a_first_token_pauses_a_stream_paused_before_once_back_within() -> None:
+    """Back within its objective: its next token keeps its deadline after the step's pause.
+    A turn for a whole run never pauses it again."""
+    holder, waiting = running("a1", 1, 10), [Fake("w", 2, arrival_time=99.0)]
+    now = 101.0 - TURN_LEAD_STEPS * STEP  # 100.25
+    since = {"a1": 90.0}  # paused before
+    for first, turn in [(96.0, True), (95.5, False)]:  # its 11th token due at 101, at 100.5
+        kwargs = {"first_token_at": {"a1": first}, "waiting_since": since}
+        assert by_objectives([holder], waiting, now, **kwargs) == []
+        taken = by_objectives([holder], waiting, now, first_token_turns=True, **kwargs)
+        assert taken == ([("w", ["a1"], True)] if turn else [])
+
+
+def test_a_paused_streams_turn_lasts_its_whole_run() -> None:
+    """A stream's next token is not its first: its turn, where one is due, is a whole one; a
+    free slot is a take, never a turn."""
+    holder = running("a1", 1, 40)
+    stream = paused("p", 2, 21)  # its 22nd token is due at 90.5 + 21 x 0.5 = 101
+    now = 101.0 - TURN_LEAD_STEPS * STEP
+    kwargs = {"first_token_at": {"p": 90.5}, "first_token_turns": True}
+    assert by_objectives([holder], [stream], now, **kwargs) == [("p", ["a1"], False)]
+    new = Fake("w", 2, arrival_time=99.0)
+    assert by_objectives([], [new], now, first_token_turns=True) == [("w", [], False)]
 
 
 def test_a_turn_waits_for_each_stream_to_generate_a_token_since_it_last_started() -> None:
@@ -733,24 +788,52 @@ def test_the_scheduler_takes_turns_by_the_objectives_its_requests_carry(
     quantum: int, asynchronous: bool, ttft: float, turn: bool
 ) -> None:
     """With or without a quantum, synchronous or not: the second adapter waits for the whole
-    first answer while its first token's objective allows, and takes the slot at once (after
-    the holder's first token) when it is due."""
+    first answer while its first token's objective allows, and takes the slot (after the
+    holder's first token) when it is due: for its first token only, where the holder can be
+    parked, which then has the slot back the step after."""
     sched = scheduler(quantum, asynchronous=asynchronous, objectives=not quantum)
     assert isinstance(sched, SlotSharingScheduler)
     within = Objectives(interactive=True, ttft=3600.0, tpot=3600.0)
     r0, r1 = request(0, 1, within), request(1, 2, Objectives(interactive=True, ttft=ttft))
-    turns = {rule: SLOT_TURNS.labels(rule)._value.get() for rule in ("objective", "quantum")}
+    rules = ("objective", "first_token", "quantum")
+    turns = {rule: SLOT_TURNS.labels(rule)._value.get() for rule in rules}
     run = drive(sched, {0: r0, 1: r1})
     if turn:
         assert run.first_step("r1") == 1 and run.last_step("r0") > 1
+        if not asynchronous:  # r1, with no TPOT objective, waits for a slot once it has its token
+            assert run.steps[2][0] == {"r0"}
     else:
         assert run.first_step("r1") > run.last_step("r0")
-    # r1's turn, by its objective; r0 had its slot back when r1 ended: a free slot.
-    taken = {rule: SLOT_TURNS.labels(rule)._value.get() - turns[rule] for rule in turns}
-    assert taken == {"objective": int(turn), "quantum": 0}
+    # r1's turn, by its objective: for its whole run where vLLM schedules asynchronously.
+    taken = {rule: SLOT_TURNS.labels(rule)._value.get() - turns[rule] for rule in rules}
+    assert taken["objective"] == int(turn and asynchronous)
+    assert taken["first_token"] == int(turn and not asynchronous)
+    # r0 had its slot back when r1 ended, or r1 when r0 ended: a free slot.
+    assert taken["quantum"] == 0 or quantum
     assert run.tokens == {"r0": ANSWER, "r1": ANSWER}
     assert sched.step_seconds > 0  # the measured pace
     assert sched._objectives == {} and sched._first_token_at == {}  # forgotten once done
+
+
+def test_a_turn_for_a_first_token_gives_the_slot_back_the_step_after() -> None:
+    """r1's first token is due at once: r0 is parked for the step that computes r1's prompt,
+    then goes back, with its blocks, while r1 waits with its own for the slot to free (its
+    TPOT objective allows it)."""
+    sched = scheduler(0, objectives=True)
+    within = Objectives(interactive=True, ttft=3600.0, tpot=3600.0)
+    r0 = request(0, 1, within)
+    r1 = request(1, 2, Objectives(interactive=True, ttft=1e-6, tpot=3600.0))
+    turns = SLOT_TURNS.labels("first_token")._value.get()
+    run = drive(sched, {0: r0, 1: r1})
+    assert run.steps[1][0] == {"r1"} and run.steps[2][0] == {"r0"}
+    assert run.computed[2]["r0"] == 1  # resumed with its next token alone
+    resumed = next(i for i in range(2, len(run.steps)) if "r1" in run.steps[i][0])
+    assert resumed == run.last_step("r0") + 1 and run.computed[resumed]["r1"] == 1
+    assert SLOT_TURNS.labels("first_token")._value.get() - turns == 1
+    assert run.tokens == {"r0": ANSWER, "r1": ANSWER}
+    assert r0.num_preemptions == 1 and r1.num_preemptions == 1
+    assert sched._first_token_turns == {} and sched._parked == []
+    assert sched.kv_cache_manager.usage == 0.0
 
 
 @pytest.mark.parametrize(
