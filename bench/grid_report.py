@@ -11,16 +11,19 @@ server with the same ops, round by round.
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
 from bench.config import GATEWAY, VLLM
-from bench.grid import GridPoint
+from bench.grid import GridPoint, Load
 from bench.stats import (
     ATTAINMENT,
     GOODPUT,
     HEADROOM_SEATS,
     OUTPUT_TPS,
+    REQUESTS_PS,
     SLO_TPOT,
     SLO_TTFT,
     TPOT_P50,
@@ -137,6 +140,39 @@ def turn_lead(samples: Sequence[Sample]) -> str:
     )
 
 
+def offered_load(
+    samples: Sequence[Sample], point: GridPoint, slots: int, saturation: Load
+) -> float | None:
+    """An open loop's offered requests per second over the most the same point delivered in
+    the closed loop at ``saturation`` (the higher of the two systems), median over rounds.
+    Past 1 the open loop's queue grows over the run, and its TTFT p99 with it, in whatever
+    order the requests are served: a cliff no scheduler can hold within its limits."""
+    reference = GridPoint(point.targets, "uniform", 1, saturation).name(slots)
+    closed = dataclasses.replace(point, load=saturation).name(slots)
+    ratios = []
+    for round_ in sorted({s.round for s in samples}):
+        rates = [REQUESTS_PS.of(s) for s in _of(samples, VLLM, reference) if s.round == round_]
+        delivered = [
+            rate
+            for s in samples
+            if s.point == closed and s.round == round_ and (rate := REQUESTS_PS.of(s))
+        ]
+        if rates and rates[0] and delivered:
+            ratios.append(point.load.share * rates[0] / max(delivered))
+    return statistics.median(ratios) if ratios else None
+
+
+def _offered_loads(
+    samples: Sequence[Sample], members: Sequence[GridPoint], slots: int, saturation: Load
+) -> str:
+    loads = []
+    for point in members:
+        ratio = offered_load(samples, point, slots, saturation)
+        label = point.name(slots).split(", ", 1)[1].split(" (", 1)[0]  # "uniform 8x"
+        loads.append(f"{label} {'-' if ratio is None else f'{ratio:.2f}'}")
+    return ", ".join(loads)
+
+
 def render_grid(
     samples: Sequence[Sample],
     points: Sequence[GridPoint],
@@ -167,6 +203,8 @@ def render_grid(
         "",
     ]
     groups = list(dict.fromkeys(p.group for p in points))
+    closed = [p.load for p in points if p.load.closed]
+    saturation = max(closed) if closed else None  # Load orders by concurrency
     for group in groups:
         members = [p for p in points if p.group == group]
         reference = members[0].reference.name(slots)
@@ -175,6 +213,16 @@ def render_grid(
             "",
             f"Objectives: {_objectives(_of(samples, VLLM, reference))} (median over rounds).",
             "",
+        ]
+        if not group[1].closed and saturation is not None:
+            lines += [
+                f"Offered load over the most each point delivered at {saturation.name} (the "
+                "higher system, median over rounds; past 1 the queue grows over the run): "
+                + _offered_loads(samples, members, slots, saturation)
+                + ".",
+                "",
+            ]
+        lines += [
             "| point | system | "
             + " | ".join(c for c, _ in COLUMNS)
             + " | slot turns | headroom seats |",

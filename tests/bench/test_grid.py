@@ -11,7 +11,7 @@ import pytest
 from bench.client import RequestRecord
 from bench.config import GATEWAY, VLLM
 from bench.grid import GridConfig, GridPoint, Load, Objectives
-from bench.grid_report import evaluate_grid, render_grid, turn_lead
+from bench.grid_report import evaluate_grid, offered_load, render_grid, turn_lead
 from bench.grid_run import (
     ARGUMENTS_FILE,
     SAMPLES_FILE,
@@ -244,3 +244,35 @@ def test_a_run_is_resumed_with_its_own_grid_arguments_and_the_rounds_asked_for_n
         parser.parse_args(resumed_arguments(["--resume", str(tmp_path)], parser))
     )
     assert as_saved.rounds == 1
+
+
+def test_an_open_loops_offered_load_is_set_against_what_the_same_point_delivered_closed():
+    """vLLM's server completes 2 req/s at 1x closed, so the open loop offers 0.7 x 2 = 1.4;
+    closed at 8x the gateway completed 1.25 req/s, vLLM's server 1.0: offered 1.12x the
+    most delivered there, a queue that grows over the open loop's run."""
+    config = GridConfig(targets=("attention",), multiples=(1, 8), popularities=("uniform",))
+    points = [p for p in config.points() if p.load != C16]
+
+    def completing(per_second: float) -> tuple[RequestRecord, ...]:
+        return tuple(record(0.1, 0.01) for _ in range(round(per_second * 20)))
+
+    delivered = {(VLLM, 1): 2.0, (GATEWAY, 1): 1.8, (VLLM, 8): 1.0, (GATEWAY, 8): 1.25}
+    samples = [
+        Sample(system, point.name(SLOTS), 0, completing(delivered[system, point.multiple]), 20.0)
+        for point in points
+        for system in (VLLM, GATEWAY)
+        if point.load == C64
+    ]
+    assert offered_load(samples, GridPoint("attention", "uniform", 8, OPEN), SLOTS, C64) == (
+        pytest.approx(1.12)
+    )
+    assert offered_load(samples, GridPoint("attention", "uniform", 1, OPEN), SLOTS, C64) == (
+        pytest.approx(0.7)
+    )
+    assert offered_load(samples, GridPoint("attention", "uniform", 8, OPEN), SLOTS, C16) is None
+    text = render_grid(
+        samples, points, SLOTS, [],
+        {"command": "c", "machine": "m", "engine": "e", "rounds": 1, "wall_seconds": 1}, 0, 50,
+    )  # fmt: skip
+    assert "at concurrency 64 (the higher system" in text
+    assert ": 1x 0.70, uniform 8x 1.12." in text
