@@ -86,9 +86,10 @@ services:
 # The fast layer on one worker more than the cores (pytest-xdist): about half of a fast test's
 # time is waiting (for a subprocess, a server, a timeout), which the extra worker fills. Then
 # the tests that start real engines, on two workers: the tests that share an engine on one
-# (tests/conftest.py). Each layer prints its time, and the whole is printed last.
-FAST_LAYER := -n $(shell echo $$(( $$(nproc) + 1 ))) -m "not slow"
-SLOW_LAYER := -n 2 --dist loadfile -m slow
+# (tests/conftest.py). Each layer prints its time and its 20 slowest tests (what to cut
+# first when it grows), and the whole is printed last.
+FAST_LAYER := -n $(shell echo $$(( $$(nproc) + 1 ))) -m "not slow" --durations=20
+SLOW_LAYER := -n 2 --dist loadfile -m slow --durations=20
 test: install model adapters services
 	@start=$$(date +%s); \
 	$(BIN)/python -m pytest -ra $(FAST_LAYER) && $(BIN)/python -m pytest -ra $(SLOW_LAYER); \
