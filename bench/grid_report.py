@@ -20,6 +20,8 @@ from bench.config import GATEWAY, VLLM
 from bench.grid import GridPoint, Load
 from bench.stats import (
     ATTAINMENT,
+    ENGINE_STEPS,
+    ENGINE_TOKENS,
     GOODPUT,
     HEADROOM_SEATS,
     OUTPUT_TPS,
@@ -112,6 +114,20 @@ def _median_count(samples: Sequence[Sample], counter: str) -> str:
     return "-" if not counts else f"{sorted(counts)[len(counts) // 2]:.0f}"
 
 
+def _engine_steps(samples: Sequence[Sample]) -> tuple[str, str]:
+    """The engine's tokens a step and the run's wall time a step (in a closed loop, where the
+    engine never idles, its step time), median over rounds: a system that delivers less
+    either runs smaller batches or slower steps."""
+    stepped = [s for s in samples if s.counters.get(ENGINE_STEPS)]
+    if not stepped:
+        return "-", "-"
+    tokens = statistics.median(
+        s.counters[ENGINE_TOKENS] / s.counters[ENGINE_STEPS] for s in stepped
+    )
+    seconds = statistics.median(s.wall_seconds / s.counters[ENGINE_STEPS] for s in stepped)
+    return f"{tokens:.1f}", f"{seconds * 1000:.0f}"
+
+
 def _objectives(samples: Sequence[Sample]) -> str:
     known = [s for s in samples if SLO_TTFT in s.counters]
     if not known:
@@ -198,7 +214,9 @@ def render_grid(
         f"every other point elsewhere; wall time {context['wall_seconds']} s"
         + (f" (resumed: {context['resumed']})" if context.get("resumed", "no") != "no" else ""),
         "- figures: median over rounds; ratios: gateway / vLLM, median of the per-round ratios "
-        "with a 95% bootstrap interval (rounds, then requests)",
+        "with a 95% bootstrap interval (rounds, then requests); each engine's tokens a step and "
+        "the run's wall time a step from its `vllm:iteration_tokens_total` (in a closed loop, "
+        "its step time)",
         f"- the gateway's slot turns: {turn_lead([s for s in samples if s.system == GATEWAY])}",
         "",
     ]
@@ -225,8 +243,8 @@ def render_grid(
         lines += [
             "| point | system | "
             + " | ".join(c for c, _ in COLUMNS)
-            + " | slot turns | headroom seats |",
-            "|---|---|" + "---:|" * (len(COLUMNS) + 2),
+            + " | slot turns | headroom seats | tokens a step | ms a step |",
+            "|---|---|" + "---:|" * (len(COLUMNS) + 4),
         ]
         for point in members:
             name = point.name(slots)
@@ -237,6 +255,7 @@ def render_grid(
                     *(_figure(f, mine) for _, f in COLUMNS),
                     _median_count(mine, TURNS),
                     _median_count(mine, HEADROOM_SEATS),
+                    *_engine_steps(mine),
                 ]
                 lines.append(f"| {label} | {system} | " + " | ".join(cells) + " |")
             matched = pairs(samples, (GATEWAY, name), (VLLM, name))
@@ -244,7 +263,7 @@ def render_grid(
                 ratio_estimate(f, matched, seed=seed, draws=draws).text(2) if matched else "-"
                 for _, f in COLUMNS
             ]
-            lines.append(f"| {label} | ratio | " + " | ".join(ratios) + " | | |")
+            lines.append(f"| {label} | ratio | " + " | ".join(ratios) + " | | | | |")
         lines.append("")
     lines += ["## Targets", "", "| target | verdict | ratio [95%] | detail |", "|---|---|---|---|"]
     lines += [t.row() for t in targets]

@@ -30,6 +30,8 @@ from bench.random_adapters import BenchAdapter
 from bench.stats import (
     ACTIVATION_SECONDS,
     ACTIVATIONS,
+    ENGINE_STEPS,
+    ENGINE_TOKENS,
     HEADROOM_SEATS,
     LOAD_SECONDS,
     LOADS,
@@ -57,8 +59,9 @@ Prompts = Callable[[str], str]  # a prompt for a request's label (bench.prompts.
 
 
 async def sample_of(system: System, point: str, round_: int, measure: Measure) -> Sample:
-    """Run ``measure``; with the system's adapter loads and activations over it, where it
-    counts them."""
+    """Run ``measure``; with what the system's engine computed over it (its steps, and the
+    requests it paused), and the gateway's adapter loads, activations, turns and seats where
+    it counts them."""
     before = await system.metrics_text()
     records, wall = await measure()
     after = await system.metrics_text()
@@ -66,15 +69,20 @@ async def sample_of(system: System, point: str, round_: int, measure: Measure) -
     if before is not None and after is not None:
         delta = parse_swap_counters(after) - parse_swap_counters(before)
         counters = {
-            LOADS: delta.swaps["load"],
-            ACTIVATIONS: delta.swaps["activate"],
-            LOAD_SECONDS: delta.swap_seconds["load"],
-            ACTIVATION_SECONDS: delta.swap_seconds["activate"],
+            ENGINE_TOKENS: delta.engine_tokens,
+            ENGINE_STEPS: delta.engine_steps,
             PREEMPTIONS: delta.preemptions,
-            TURNS: delta.turns,
-            HEADROOM_SEATS: delta.headroom_seats,
-            **{f"{TURN_LEAD}{bound}": n for bound, n in delta.turn_lead_buckets.items()},
         }
+        if system.counts_adapters:
+            counters |= {
+                LOADS: delta.swaps["load"],
+                ACTIVATIONS: delta.swaps["activate"],
+                LOAD_SECONDS: delta.swap_seconds["load"],
+                ACTIVATION_SECONDS: delta.swap_seconds["activate"],
+                TURNS: delta.turns,
+                HEADROOM_SEATS: delta.headroom_seats,
+                **{f"{TURN_LEAD}{bound}": n for bound, n in delta.turn_lead_buckets.items()},
+            }
     return Sample(system.name, point, round_, tuple(records), wall, counters)
 
 

@@ -192,8 +192,9 @@ def _of_steps(value: Callable[[int, int, float], float]) -> Callable[[Array, Sam
 
 
 # Counters a system reports over a sample (the gateway's residency metrics; vLLM's server
-# counts none): adapter loads into the host tier and activations into a device slot, the
-# engine-step seconds each took, and the requests paused (parked, or preempted).
+# counts none of these but the requests paused): adapter loads into the host tier and
+# activations into a device slot, the engine-step seconds each took, and the requests paused
+# (parked, or preempted).
 LOADS = "adapter_loads"
 ACTIVATIONS = "adapter_activations"
 LOAD_SECONDS = "adapter_load_seconds"
@@ -204,6 +205,10 @@ TURNS = "slot_turns"
 HEADROOM_SEATS = "headroom_seats"
 # The turns' lead in steps, by histogram bucket: TURN_LEAD + upper bound -> cumulative count.
 TURN_LEAD = "turn_lead_steps_le_"
+# What the engine computed, which every system with vLLM's metrics reports: tokens (prompts
+# and outputs) and steps.
+ENGINE_TOKENS = "engine_tokens"
+ENGINE_STEPS = "engine_steps"
 
 OUTPUT_TPS = Figure(
     "output_tps", "output tok/s", True,

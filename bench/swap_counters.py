@@ -1,6 +1,8 @@
 """Our gateway's adapter residency figures, read from its ``/metrics``: the adapters' loads and
 activations, and the requests vLLM paused (``vllm:num_preemptions``, where a slot turn pauses
-its holder's requests), the slot turns and the seats taken back for the headroom.
+its holder's requests), the slot turns and the seats taken back for the headroom. And the
+engine's work, which vLLM's server reports too (``vllm:iteration_tokens_total``): the tokens
+its steps computed (prompts and outputs) and how many steps.
 
 The counters are cumulative since the engine started, and one engine serves
 every workload point of a round: each point's figures are the difference of
@@ -30,6 +32,7 @@ from app.metrics import (
 USES = family_name(ADAPTER_USES)
 SWAP = family_name(ADAPTER_SWAP_SECONDS)
 PREEMPTIONS_METRIC = "vllm:num_preemptions_total"
+STEP_TOKENS_METRIC = "vllm:iteration_tokens_total"
 TURNS = family_name(SLOT_TURNS)
 TURN_LEAD = family_name(SLOT_TURN_LEAD_STEPS)
 SEATS = family_name(HEADROOM_SEATS)
@@ -48,6 +51,8 @@ class SwapCounters:
     headroom_seats: float = 0.0  # seats taken back for the headroom, parked or preempted
     # {upper bound: cumulative count} of the steps each turn took to deliver its token
     turn_lead_buckets: dict[float, float] = field(default_factory=dict)
+    engine_tokens: float = 0.0  # computed by the engine's steps, prompts and outputs
+    engine_steps: float = 0.0
 
     def combined(self, other: SwapCounters, sign: float) -> SwapCounters:
         """``self + sign * other``, key by key (a scrape difference, or a sum of rounds)."""
@@ -71,6 +76,8 @@ class SwapCounters:
             turns=self.turns + sign * other.turns,
             headroom_seats=self.headroom_seats + sign * other.headroom_seats,
             turn_lead_buckets=merge(self.turn_lead_buckets, other.turn_lead_buckets),
+            engine_tokens=self.engine_tokens + sign * other.engine_tokens,
+            engine_steps=self.engine_steps + sign * other.engine_steps,
         )
 
     def __sub__(self, before: SwapCounters) -> SwapCounters:
@@ -120,6 +127,10 @@ def parse_swap_counters(text: str) -> SwapCounters:
                 counters.turns += sample.value
             elif sample.name == f"{SEATS}_total":
                 counters.headroom_seats += sample.value
+            elif sample.name == f"{STEP_TOKENS_METRIC}_sum":
+                counters.engine_tokens += sample.value
+            elif sample.name == f"{STEP_TOKENS_METRIC}_count":
+                counters.engine_steps += sample.value
             elif sample.name == f"{TURN_LEAD}_bucket":
                 bound = float(labels["le"])
                 buckets = counters.turn_lead_buckets

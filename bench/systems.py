@@ -151,6 +151,9 @@ class System(Protocol):
     name: str
     base_url: str
     engine: EngineConfig
+    # Its /metrics has the gateway's adapter loads, activations, turns and seats (both
+    # systems report vLLM's own metrics, the engine's steps among them).
+    counts_adapters: bool
 
     async def start(self, adapters: Sequence[BenchAdapter], log_path: Path) -> float: ...
 
@@ -173,6 +176,8 @@ PROVISION_CONCURRENCY = 8
 class GatewaySystem:
     """Our gateway: ``lora-gateway serve`` with a fresh store; adapter ``i``
     granted to tenant ``i % tenants`` (one tenant per adapter by default)."""
+
+    counts_adapters = True
 
     def __init__(
         self,
@@ -330,6 +335,8 @@ class VLLMServer:
     """vLLM's own OpenAI server with every adapter as a ``--lora-modules`` entry,
     with our ops (``isolation_fix``) or as shipped."""
 
+    counts_adapters = False
+
     def __init__(
         self, engine: EngineConfig, *, name: str = "vllm", isolation_fix: bool = True
     ) -> None:
@@ -385,7 +392,10 @@ class VLLMServer:
         return Call(model, None, {"cache_salt": tenant_id(planned.tenant)})
 
     async def metrics_text(self) -> str | None:
-        return None
+        async with httpx.AsyncClient(timeout=30.0) as client:
+            response = await client.get(f"{self.base_url}/metrics")
+            response.raise_for_status()
+            return response.text
 
     @property
     def pid(self) -> int | None:

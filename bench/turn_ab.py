@@ -29,7 +29,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
 from app.settings import Settings
 from app.tenancy.manifests import MAX_OBJECTIVE_MS
@@ -40,6 +39,8 @@ from bench.insitu import server_processes
 from bench.prompts import SizedPrompts
 from bench.runner import warm_up
 from bench.stats import (
+    ENGINE_STEPS,
+    ENGINE_TOKENS,
     GOODPUT,
     HEADROOM_SEATS,
     OUTPUT_TPS,
@@ -57,26 +58,12 @@ AGAINST = {"without": WITHOUT, "vllm": VLLM_SERVER}
 # Objectives no request reaches: no turn is ever due (whole milliseconds, as a tenant's; the
 # most the admin API takes, a day).
 UNREACHABLE_MS = MAX_OBJECTIVE_MS
-ENGINE_TOKENS = "engine_tokens"
-ENGINE_STEPS = "engine_steps"
 CPU = "cpu_seconds_"  # + the process's name
 
 
 def run_order(pairs: int, other: str = WITHOUT) -> list[str]:
     """With, the other, the other, with: each pair's drift weighs on both alike."""
     return [WITH, other, other, WITH] * pairs
-
-
-def engine_work(metrics: str) -> tuple[float, float]:
-    """The tokens the engine has computed (prompts and outputs) and its steps, so far."""
-    tokens = steps = 0.0
-    for family in text_string_to_metric_families(metrics):
-        for sample in family.samples:
-            if sample.name == "vllm:iteration_tokens_total_sum":
-                tokens += sample.value
-            elif sample.name == "vllm:iteration_tokens_total_count":
-                steps += sample.value
-    return tokens, steps
 
 
 def cpu_seconds(system: System) -> dict[str, float]:
@@ -114,7 +101,8 @@ def render(
         met = sum(bool(met_objectives(r, sample)) for r in sample.records)
         c = sample.counters
         cpu = ", ".join(f"{v:.1f}" for k, v in c.items() if k.startswith(CPU))
-        work = f"{c[ENGINE_TOKENS]:.0f} / {c[ENGINE_STEPS]:.0f}" if c[ENGINE_STEPS] else "-"
+        steps = c.get(ENGINE_STEPS)
+        work = f"{c[ENGINE_TOKENS]:.0f} / {steps:.0f}" if steps else "-"
         lines.append(
             f"| {sample.point} | {c.get(TURNS, 0.0):.0f} | {c.get(HEADROOM_SEATS, 0.0):.0f} "
             f"| {OUTPUT_TPS.of(sample) or 0.0:.1f} "
@@ -176,16 +164,13 @@ async def run(args: argparse.Namespace) -> Path:
                 dataclasses.replace(r, prompt=prompts(f"ab.{number}.{r.index}"))
                 for r in config.requests(point, args.rate)
             ]
-            before, cpu_before = await system.metrics_text() or "", cpu_seconds(system)
+            cpu_before = cpu_seconds(system)
             sample = await run_point(system, point, requests, adapters, number, arm, status)
-            after, cpu_after = await system.metrics_text() or "", cpu_seconds(system)
-            (tokens, steps), (tokens_before, steps_before) = engine_work(after), engine_work(before)
+            cpu_after = cpu_seconds(system)
             counters = {
                 **sample.counters,
                 SLO_TTFT: args.ttft_ms / 1000,
                 SLO_TPOT: args.tpot_ms / 1000,
-                ENGINE_TOKENS: tokens - tokens_before,
-                ENGINE_STEPS: steps - steps_before,
                 **{CPU + k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after},
             }
             samples.append(dataclasses.replace(sample, counters=counters))

@@ -23,7 +23,16 @@ from bench.grid_run import (
     round_plan,
     whole_rounds,
 )
-from bench.stats import ATTAINMENT, GOODPUT, SLO_TPOT, SLO_TTFT, TURN_LEAD, Sample
+from bench.stats import (
+    ATTAINMENT,
+    ENGINE_STEPS,
+    ENGINE_TOKENS,
+    GOODPUT,
+    SLO_TPOT,
+    SLO_TTFT,
+    TURN_LEAD,
+    Sample,
+)
 
 C16, C64, OPEN = Load(concurrency=16), Load(concurrency=64), Load(share=0.7)
 SLOTS = 4
@@ -257,12 +266,16 @@ def test_an_open_loops_offered_load_is_set_against_what_the_same_point_delivered
         return tuple(record(0.1, 0.01) for _ in range(round(per_second * 20)))
 
     delivered = {(VLLM, 1): 2.0, (GATEWAY, 1): 1.8, (VLLM, 8): 1.0, (GATEWAY, 8): 1.25}
+    engine = {ENGINE_STEPS: 100.0, ENGINE_TOKENS: 1600.0}  # 16 tokens and 200 ms a step
     samples = [
-        Sample(system, point.name(SLOTS), 0, completing(delivered[system, point.multiple]), 20.0)
+        Sample(
+            system, point.name(SLOTS), 0, completing(delivered[system, point.multiple]), 20.0,
+            engine if system == GATEWAY else {},
+        )
         for point in points
         for system in (VLLM, GATEWAY)
         if point.load == C64
-    ]
+    ]  # fmt: skip
     assert offered_load(samples, GridPoint("attention", "uniform", 8, OPEN), SLOTS, C64) == (
         pytest.approx(1.12)
     )
@@ -276,3 +289,13 @@ def test_an_open_loops_offered_load_is_set_against_what_the_same_point_delivered
     )  # fmt: skip
     assert "at concurrency 64 (the higher system" in text
     assert ": 1x 0.70, uniform 8x 1.12." in text
+    # The engine's steps, where the system reports them.
+    assert "| 1x (4 adapters on 4 slots) | gateway |" in text
+    gateway_8x = next(
+        line for line in text.splitlines() if "uniform 8x" in line and "gateway" in line
+    )
+    assert gateway_8x.endswith("| 16.0 | 200 |")
+    vllm_8x = next(
+        line for line in text.splitlines() if "uniform 8x" in line and "| vllm |" in line
+    )
+    assert vllm_8x.endswith("| - | - |")

@@ -21,7 +21,15 @@ from bench.config import (
 )
 from bench.random_adapters import BenchAdapter
 from bench.scenarios import FLOOD_COMPLETED, cliff, noisy_neighbour, saturation
-from bench.stats import ACTIVATION_SECONDS, ACTIVATIONS, LOAD_SECONDS, LOADS
+from bench.stats import (
+    ACTIVATION_SECONDS,
+    ACTIVATIONS,
+    ENGINE_STEPS,
+    ENGINE_TOKENS,
+    LOAD_SECONDS,
+    LOADS,
+    PREEMPTIONS,
+)
 from bench.systems import EngineConfig
 from bench.workload import PlannedRequest
 from tests.bench.stream_server import serving
@@ -29,9 +37,13 @@ from tests.bench.stream_server import serving
 ADAPTERS = [BenchAdapter(f"bench-{i:03d}", 8, Path(f"/nowhere/{i}")) for i in range(16)]
 
 
-def swaps(load: int, activate: int) -> str:
-    """Exposition text: ``load`` loads of 0.5 s each, ``activate`` activations of 0.01 s."""
+def swaps(load: int, activate: int, steps: int = 0) -> str:
+    """Exposition text: ``load`` loads of 0.5 s each, ``activate`` activations of 0.01 s, and
+    ``steps`` engine steps of 32 tokens each."""
     return (
+        "# TYPE vllm:iteration_tokens_total histogram\n"
+        f'vllm:iteration_tokens_total_count{{engine="0"}} {steps}.0\n'
+        f'vllm:iteration_tokens_total_sum{{engine="0"}} {steps * 32}.0\n'
         "# TYPE lora_gateway_adapter_swap_seconds histogram\n"
         f'lora_gateway_adapter_swap_seconds_count{{stage="load"}} {load}.0\n'
         f'lora_gateway_adapter_swap_seconds_sum{{stage="load"}} {load * 0.5}\n'
@@ -41,7 +53,10 @@ def swaps(load: int, activate: int) -> str:
 
 
 class FakeSystem:
-    def __init__(self, base_url: str, scrapes: Sequence[str | None]) -> None:
+    def __init__(
+        self, base_url: str, scrapes: Sequence[str | None], *, counts_adapters: bool = True
+    ) -> None:
+        self.counts_adapters = counts_adapters
         self.name = "gateway"
         self.base_url = base_url
         self.engine = EngineConfig(Settings())
@@ -77,6 +92,17 @@ async def test_saturation_counts_the_swaps_around_each_point() -> None:
         assert server.most_open <= 3
         # The mix's adapters, drawn for the closed loop.
         assert {p.adapter for p in system.calls} <= {None, 0, 1, 2}
+
+
+async def test_a_system_that_counts_no_adapters_reports_its_engines_steps_alone() -> None:
+    config = BenchConfig(adapters=3, concurrencies=(2,), waves=2, cliff_multiples=())
+    async for _, url in serving(0.01):
+        scrapes = [swaps(1, 0, steps=10), swaps(5, 2, steps=25)]
+        vllm = FakeSystem(url, scrapes, counts_adapters=False)
+        [sample] = await saturation(vllm, ADAPTERS, config, 0, lambda _: None)
+        assert sample.counters == {ENGINE_STEPS: 15, ENGINE_TOKENS: 15 * 32, PREEMPTIONS: 0}
+        [sample] = await saturation(FakeSystem(url, scrapes), ADAPTERS, config, 0, lambda _: None)
+        assert (sample.counters[ENGINE_STEPS], sample.counters[LOADS]) == (15, 4)
 
 
 async def test_noisy_neighbour_measures_b_alone_then_under_the_flood() -> None:

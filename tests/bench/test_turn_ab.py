@@ -9,16 +9,21 @@ import pytest
 
 from bench.client import RequestRecord
 from bench.grid import GridConfig, Load
-from bench.stats import HEADROOM_SEATS, SLO_TPOT, SLO_TTFT, TURNS, Sample
-from bench.turn_ab import (
-    CPU,
+from bench.stats import (
     ENGINE_STEPS,
     ENGINE_TOKENS,
+    HEADROOM_SEATS,
+    SLO_TPOT,
+    SLO_TTFT,
+    TURNS,
+    Sample,
+)
+from bench.turn_ab import (
+    CPU,
     VLLM_SERVER,
     WITH,
     WITHOUT,
     build_parser,
-    engine_work,
     grid_point,
     misses,
     render,
@@ -45,21 +50,6 @@ def test_each_pair_runs_with_and_without_turns_mirrored():
     assert run_order(1) == [WITH, WITHOUT, WITHOUT, WITH]
     assert run_order(2) == run_order(1) * 2
     assert run_order(1, VLLM_SERVER) == [WITH, VLLM_SERVER, VLLM_SERVER, WITH]
-
-
-def test_the_engines_tokens_and_steps_are_read_from_its_iteration_histogram():
-    metrics = "\n".join(
-        [
-            "# TYPE vllm:iteration_tokens_total histogram",
-            'vllm:iteration_tokens_total_bucket{engine="0",le="+Inf"} 391.0',
-            'vllm:iteration_tokens_total_count{engine="0"} 391.0',
-            'vllm:iteration_tokens_total_sum{engine="0"} 12288.0',
-            "# TYPE vllm:num_preemptions counter",
-            'vllm:num_preemptions_total{engine="0"} 7.0',
-        ]
-    )
-    assert engine_work(metrics) == (12288.0, 391.0)
-    assert engine_work("") == (0.0, 0.0)
 
 
 def test_a_request_misses_its_first_tokens_objective_or_its_streams_never_both():
@@ -89,15 +79,17 @@ def test_the_summary_gives_each_run_and_each_pairs_goodput_ratio():
     assert text.rstrip().endswith("per pair: 1.50x")
 
 
-def test_against_vllms_server_its_runs_show_no_engine_work_it_does_not_report():
+def test_against_vllms_server_its_runs_show_its_engines_work_and_no_turn():
     good, late = record(0.1, 0.01), record(0.6, 0.01)
     other = dataclasses.replace(
         sample(VLLM_SERVER, good, late), counters={SLO_TTFT: 0.5, SLO_TPOT: 0.02,
-        ENGINE_TOKENS: 0.0, ENGINE_STEPS: 0.0, f"{CPU}server": 1.0},
+        ENGINE_TOKENS: 900.0, ENGINE_STEPS: 80.0, f"{CPU}server": 1.0},
     )  # fmt: skip
-    runs = [sample(WITH, good, good), other, other, sample(WITH, good, good)]
+    unmeasured = dataclasses.replace(other, counters={SLO_TTFT: 0.5, SLO_TPOT: 0.02})
+    runs = [sample(WITH, good, good), other, unmeasured, sample(WITH, good, good)]
     text = render(runs, "e: all, 1x", 500, 20, VLLM_SERVER)
-    assert "| vLLM's server | 0 | 0 | 10.0 | 1 | 1 | 0 | - | 1.0 |" in text
+    assert "| vLLM's server | 0 | 0 | 10.0 | 1 | 1 | 0 | 900 / 80 | 1.0 |" in text
+    assert "| vLLM's server | 0 | 0 | 10.0 | 1 | 1 | 0 | - |  |" in text
     assert text.rstrip().endswith("with turns over vLLM's server, per pair: 2.00x")
 
 
