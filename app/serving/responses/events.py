@@ -191,7 +191,10 @@ class _Events:
         function = delta.get("function") or {}
         call = self.calls.get(delta["index"])
         if call is None:
+            # An item is done before the next one is added, as OpenAI streams them: the
+            # tool parser has finished a call's arguments when it starts the next call.
             events += self._close_message()
+            events += self._close_calls()
             item_id, call_id = new_id("fc"), delta.get("id") or new_id("call")
             name = function.get("name") or ""
             item = {
@@ -264,7 +267,10 @@ class _Events:
         events = []
         if not self.items:
             events += self._text("")
-        events += self._close_message()
+        return events + self._close_message() + self._close_calls()
+
+    def _close_calls(self) -> list[str]:
+        events = []
         for call in self.open_calls:
             arguments = "".join(call.arguments)
             call.item["arguments"] = arguments
@@ -288,10 +294,14 @@ class _Events:
         self.open_calls = []
         return events
 
-    def final(self) -> tuple[Body, str]:
-        """The finished Response, and its last event: written of the items' JSON texts, all
-        done by then (:meth:`closing`)."""
-        made = self.response("completed")
+    def finished(self) -> Body:
+        """The finished Response, every item done by then (:meth:`closing`)."""
+        return self.response("completed")
+
+    def final(self, made: Body) -> str:
+        """The stream's last event, for ``made`` (:meth:`finished`) once it is kept: written
+        of the items' JSON texts. A failure to keep it ends the stream with
+        ``response.failed`` instead, numbered next."""
         kind = "response.incomplete" if made["status"] == "incomplete" else "response.completed"
         self.ended = True
         written = self.response_text.write(
@@ -300,7 +310,7 @@ class _Events:
             finish_reason=self.finish_reason,
             token_usage=self.usage_text,
         )
-        return made, self.written(kind, f', "response": {written}')
+        return self.written(kind, f', "response": {written}')
 
     def failed(self, body: dict[str, Any]) -> str:
         error = output.error_of(body).model_dump()
@@ -328,6 +338,15 @@ def _payloads(text: str) -> list[str]:
     return [line.removeprefix("data: ") for line in text.split("\n") if line.startswith("data: ")]
 
 
+def _failed(events: _Events, exc: Exception) -> str:
+    """The ``response.failed`` event that ends a stream ``exc`` broke: a gateway error's own
+    body (the tenant's storage full, say), else a server error's."""
+    if isinstance(exc, GatewayError):
+        return events.failed(exc.body())
+    logger.exception("responses stream failed")
+    return events.failed({"error": {"message": "The server had an error while streaming."}})
+
+
 async def response_events(
     translated: Translated,
     chat_events: AsyncIterator[str],
@@ -341,6 +360,7 @@ async def response_events(
     ``response.failed``, its error given to ``failed`` too."""
     events = _Events(translated, failed)
     opened = False
+    unsent: list[str] = []  # the items' last events while the Response is kept
     try:
         async for text in chat_events:
             out: list[str] = []
@@ -351,10 +371,10 @@ async def response_events(
                     out += events.opening()
                     opened = True
                 if payload == "[DONE]":
-                    out += events.closing()
-                    made, last = events.final()
+                    unsent = [*out, *events.closing()]
+                    made = events.finished()
                     await finish(made)
-                    out.append(last)
+                    out, unsent = [*unsent, events.final(made)], []
                     continue
                 chunk = json.loads(payload)
                 if "error" in chunk:
@@ -365,12 +385,10 @@ async def response_events(
                 yield "".join(out)
     except ClientDisconnected:
         raise
-    except Exception:
+    except Exception as exc:
         if not opened or events.ended:
             raise
-        logger.exception("responses stream failed")
-        failure = {"error": {"message": "The server had an error while streaming."}}
-        yield events.failed(failure)
+        yield "".join([*unsent, _failed(events, exc)])
     finally:
         await chat_events.aclose()  # type: ignore[attr-defined]
 
@@ -384,6 +402,7 @@ async def text_events(
     later one ends the stream with ``response.failed``, its error given to ``failed`` too."""
     events = _Events(translated, failed)
     opened = False
+    unsent: list[str] = []  # the items' last events while the Response is kept
     try:
         async for piece in pieces:
             if not isinstance(piece, TextPiece):  # the end: its counts
@@ -402,20 +421,15 @@ async def text_events(
             yield "".join(out)
         out = [] if opened else events.opening()
         opened = True
-        out += events.closing()
-        made, last = events.final()
+        unsent = [*out, *events.closing()]
+        made = events.finished()
         await finish(made)
-        out.append(last)
-        yield "".join(out)
+        yield "".join([*unsent, events.final(made)])
     except ClientDisconnected:
         raise
     except Exception as exc:
         if not opened or events.ended:
             raise
-        if isinstance(exc, GatewayError):
-            yield events.failed(exc.body())
-        else:
-            logger.exception("responses stream failed")
-            yield events.failed({"error": {"message": "The server had an error while streaming."}})
+        yield "".join([*unsent, _failed(events, exc)])
     finally:
         await pieces.aclose()

@@ -188,14 +188,16 @@ async def test_text_then_calls_read_back_from_chat_chunks() -> None:
         "output_item.added",
         "function_call_arguments.delta",
         "function_call_arguments.delta",
+        "function_call_arguments.done",  # each call done before the next is added
+        "output_item.done",
         "output_item.added",
         "function_call_arguments.delta",
         "function_call_arguments.done",
         "output_item.done",
-        "function_call_arguments.done",
-        "output_item.done",
         "completed",
     ]
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [item.get("call_id") for item in done] == [None, "call_a", "call_b"]
     final = events[-1]["response"]
     assert final == comparable(kept[0])
     message, weather, clock = final["output"]
@@ -244,3 +246,32 @@ async def test_a_failure_after_the_first_piece_ends_with_response_failed() -> No
 
     with pytest.raises(GatewayError):
         [e async for e in text_events(translated(), failing_at_once(), keep)]
+
+
+@pytest.mark.parametrize("path", ["text", "chat"])
+async def test_a_response_that_cannot_be_kept_ends_its_stream_with_response_failed(
+    path: str,
+) -> None:
+    """Its items done, numbered without a gap, then ``response.failed`` with the store's
+    error: never ``response.completed`` for a Response a client could not then find."""
+
+    async def storage_full(response: dict[str, Any]) -> None:
+        raise GatewayError("The tenant's storage is full.")
+
+    usage = (5, len(TEXTS))
+    if path == "text":
+        stream = text_events(translated(), pieces(TEXTS, "stop", usage), storage_full)
+    else:
+        stream = response_events(
+            translated(), iterate(chat_stream(TEXTS, "stop", usage)), storage_full
+        )
+    events = parsed([e async for e in stream])
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events[-4:]] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.failed",
+    ]
+    assert events[-1]["response"]["error"]["message"] == "The tenant's storage is full."
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == "".join(TEXTS)
