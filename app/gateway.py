@@ -120,7 +120,10 @@ class Gateway:
         self.store_version = StoreVersion(sessions)
         batch_store = BatchStore(sessions)
         self.batches = Batches(
-            batch_store, self.files, timedelta(seconds=settings.batch_window_seconds)
+            batch_store,
+            self.files,
+            timedelta(seconds=settings.batch_window_seconds),
+            lambda: self.registry,
         )
         self.leases = Leases(sessions, new_holder_id())
         self.batch_runner = BatchRunner(

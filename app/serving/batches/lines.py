@@ -29,7 +29,7 @@ from app.store.batches import PendingLine
 from app.store.responses import ResponseStore
 from app.tenancy.grants import Pin
 from app.tenancy.registry import TenantRegistry
-from app.tenancy.tenants import ModelTarget, Principal
+from app.tenancy.tenants import ModelTarget, Principal, Tenant
 
 MAX_REPORTED_ERRORS = 1000
 KEEP_EVERY = 500
@@ -98,6 +98,13 @@ def as_pin(pinned: dict[str, Any] | None) -> Pin | None:
     return None if pinned is None else Pin(pinned["adapter"], pinned["version"], "model")
 
 
+def pins_of(registry: TenantRegistry, tenant: Tenant) -> dict[str, Any]:
+    """Each alias ``tenant`` may call resolved to one adapter version now (of a split, one
+    drawn): a batch's lines run on the versions of its creation, whatever a split or a
+    rollback does while it waits and runs."""
+    return {alias: pin_of(registry.resolve(tenant, alias)) for alias in tenant.grants}
+
+
 @dataclass
 class Checked:
     pins: dict[str, Any]
@@ -127,10 +134,13 @@ async def check_lines(
     services: Services,
     prepare: Prepare,
     keep: Callable[[list[PendingLine]], Awaitable[None]],
+    pins: dict[str, Any] | None = None,
 ) -> Checked:
     """Read and check every line of the file at ``path``, handing the valid ones to ``keep``
-    a few hundred at a time while none is invalid: the file is never whole in memory."""
-    checked = Checked(pins={}, errors=[])
+    a few hundred at a time while none is invalid: the file is never whole in memory. Each
+    model runs on its version in ``pins`` (the batch's creation's, :func:`pins_of`); one
+    named there not (granted since), on the version drawn now."""
+    checked = Checked(pins=dict(pins or {}), errors=[])
     seen: set[str] = set()
     kept: list[PendingLine] = []
     for number, raw in _numbered(path):

@@ -41,6 +41,7 @@ from app.quota import Limits
 from app.scheduling import AdmissionRefused
 from app.serving.batches.files import Files
 from app.serving.batches.lines import Services, as_pin, check_lines, parsed_body
+from app.serving.lifecycle.runs import ADAPTER_VERSION_HEADER
 from app.serving.lifecycle.tracking import BatchLine, RequestTracker
 from app.store.batches import BatchStore, EnqueuedLimitPassed, PendingLine
 from app.store.changes import StoreVersion
@@ -253,6 +254,7 @@ class BatchRunner:
                 services=self.services,
                 prepare=self.tracker.prepare,
                 keep=keep,
+                pins=batch.pins,
             )
         if not checked.error_count:
             start = self.store.start(batch.id, checked.valid, checked.pins, cost=checked.cost)
@@ -281,21 +283,24 @@ class BatchRunner:
         aborted and settled)."""
         ending: list[Ending] = []
         buffered: list[PendingLine] = []
-        taken = 0  # the last line handed to a worker
+        read = 0  # the last line read from the store
         reading = asyncio.Lock()
 
         async def next_line() -> PendingLine | None:
-            """The next pending line, read from the store a page at a time."""
-            nonlocal taken
+            """The next pending line, read from the store a page at a time; within a page,
+            the lines that name one model go one after another (in file order), so that an
+            adapter's lines run together rather than each taking its slot in turn."""
+            nonlocal read
             async with reading:
                 if not buffered:
-                    page = self.store.pending(batch.id, after=taken, limit=PENDING_PAGE)
-                    buffered.extend(reversed(await shield(page)))
-                if not buffered:
-                    return None
-                line = buffered.pop()
-                taken = line.line
-                return line
+                    page = await shield(
+                        self.store.pending(batch.id, after=read, limit=PENDING_PAGE)
+                    )
+                    if page:
+                        read = page[-1].line
+                    page.sort(key=lambda line: (str(line.body.get("model")), line.line))
+                    buffered.extend(reversed(page))
+                return buffered.pop() if buffered else None
 
         async def worker() -> None:
             while not ending and (line := await next_line()) is not None:
@@ -347,9 +352,12 @@ class BatchRunner:
         request_id = f"{batch.id}-{line.line}"
         sink = BatchLine(batch.id, ending=ending)
         status: Literal["ok", "error", "cancelled", "expired"] = "error"
+        response: dict[str, Any] = {"status_code": 200, "request_id": request_id}
         try:
             request = parsed_body(batch.endpoint, line.body)
             pinned = as_pin((batch.pins or {}).get(request.model))  # type: ignore[attr-defined]
+            if pinned is not None:  # named as the online path names it, in a header
+                response["headers"] = {ADAPTER_VERSION_HEADER: str(pinned.version)}
             while True:
                 service, prepared = self.services.for_line(
                     batch.endpoint, request, f"resp_{batch.id}_{line.line}"
@@ -365,7 +373,6 @@ class BatchRunner:
                     # for its turn, however long (nothing ran, nothing is billed).
                     await asyncio.sleep(refused.retry_after)
             status = "ok"
-            response = {"status_code": 200, "request_id": request_id}
             output = _line_output(
                 line.custom_id,
                 request_id,
@@ -376,7 +383,7 @@ class BatchRunner:
             if not isinstance(exc, GatewayError):  # rendered as the online path renders it
                 logger.error("batch line %s failed", request_id, exc_info=exc)
                 exc = GatewayError("The server had an error while processing your request.")
-            response = {"status_code": exc.status_code, "request_id": request_id}
+            response["status_code"] = exc.status_code
             output = _line_output(
                 line.custom_id, request_id, response={**response, "body": exc.body()}, error=None
             )

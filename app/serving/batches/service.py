@@ -3,15 +3,18 @@ the replicas' runners (:mod:`.runner`); read, listed and cancelled by its tenant
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from app.errors import BadRequestError, BatchTokensLimitError, NotFoundError
 from app.protocol.batches import TERMINAL_STATUSES, BatchCreate
 from app.serving.batches.files import Files
+from app.serving.batches.lines import pins_of
 from app.store.batches import BatchPage, BatchStore, new_batch_id
 from app.store.db import now
 from app.store.tables import BatchRow
+from app.tenancy.registry import TenantRegistry
 from app.tenancy.tenants import Principal
 
 
@@ -21,13 +24,21 @@ def not_found(batch_id: str) -> NotFoundError:
 
 
 class Batches:
-    def __init__(self, store: BatchStore, files: Files, window: timedelta) -> None:
+    def __init__(
+        self,
+        store: BatchStore,
+        files: Files,
+        window: timedelta,
+        registry: Callable[[], TenantRegistry],
+    ) -> None:
         self.store = store
         self.files = files
         self.window = window
+        self.registry = registry
 
     async def create(self, principal: Principal, body: BatchCreate) -> BatchRow:
-        """A new batch of the tenant's file ``input_file_id`` (its own, of purpose batch)."""
+        """A new batch of the tenant's file ``input_file_id`` (its own, of purpose batch), each
+        of the tenant's aliases resolved to the version its lines will run on."""
         tenant = principal.tenant
         source = await self.files.store.get(tenant.uid, body.input_file_id)
         if source is None:
@@ -51,6 +62,7 @@ class Batches:
             completion_window=body.completion_window,
             metadata_=body.metadata,
             status="validating",
+            pins=pins_of(self.registry(), tenant),
             total=0,
             completed=0,
             failed=0,

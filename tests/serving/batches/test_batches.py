@@ -7,7 +7,9 @@ another tenant's batch is a 404; cancel and expiry settle what ran."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -17,6 +19,7 @@ from openai.types import Batch
 from app.quota import Limits
 from app.store.batches import BatchStore
 from app.store.changes import StoreVersion
+from bench.random_adapters import make_random_adapter
 from tests.support.batches import FAST_BATCHES, FINAL, chat_line, finished, read_jsonl, submitted
 from tests.support.responses import client
 from tests.support.scripted_engine import ScriptedEngine
@@ -79,6 +82,65 @@ async def test_a_batch_runs_every_line_once_and_bills_it_once(serve: ServeFactor
         assert (online_only["num_model_requests"], online_only["output_tokens"]) == (1, 2)
         grouped = {r["batch"]: r["num_model_requests"] for r in await usage(group_by="batch")}
         assert grouped == {True: 12, False: 1}
+
+
+async def test_each_alias_runs_on_its_version_at_the_batchs_creation_named_in_each_line(
+    serve: ServeFactory, tiny_model_dir: Path
+) -> None:
+    engine = ScriptedEngine()
+    # No poll comes by itself: the batch is validated when the test says, after the split
+    # has moved.
+    async with serve(engine, batch_poll_seconds=3600) as served:
+        for seed in (1, 2):
+            make_random_adapter(
+                tiny_model_dir, served.settings.adapter_root / f"helper-{seed}", rank=4,
+                target_modules=("q_proj",), seed=seed,
+            )  # fmt: skip
+            await served.admin("POST", "/adapters", {"name": "helper", "path": f"helper-{seed}"})
+        split = f"/tenants/{TENANT}/adapters/helper"
+        await served.admin("PUT", split, {"adapter": "helper", "versions": {"1": 1000, "2": 0}})
+        api = client(served)
+        lines = [chat_line(f"q-{i}", "helper", max_tokens=2) for i in range(3)]
+        created = await submitted(api, lines)
+        await served.admin("PUT", split, {"adapter": "helper", "versions": {"1": 0, "2": 1000}})
+        await served.gateway.batch_runner.take_new()
+        batch = await finished(api, created.id)
+        assert batch.status == "completed" and batch.output_file_id is not None
+        output = read_jsonl((await api.files.content(batch.output_file_id)).read())
+        assert [line["response"]["headers"] for line in output] == [{"x-adapter-version": "1"}] * 3
+        assert [run.adapter.version for run in engine.requests.values()] == [1, 1, 1]  # type: ignore[union-attr]
+        # Online, the alias has moved on.
+        async with served.client() as http:
+            answer = await http.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "helper",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 2,
+                },
+            )
+        assert answer.headers["x-adapter-version"] == "2"
+
+
+async def test_a_batchs_lines_for_one_adapter_run_together(
+    serve: ServeFactory, tiny_model_dir: Path
+) -> None:
+    engine = ScriptedEngine()
+    async with serve(engine, batch_concurrency=1, **FAST_BATCHES) as served:
+        make_random_adapter(
+            tiny_model_dir, served.settings.adapter_root / "helper", rank=4,
+            target_modules=("q_proj",), seed=1,
+        )  # fmt: skip
+        await served.admin("POST", "/adapters", {"name": "helper", "path": "helper"})
+        await served.admin("PUT", f"/tenants/{TENANT}/adapters/helper", {"adapter": "helper"})
+        api = client(served)
+        models = ["helper", served.model] * 4
+        lines = [chat_line(f"q-{i}", model, max_tokens=1) for i, model in enumerate(models)]
+        batch = await finished(api, (await submitted(api, lines)).id)
+        assert batch.status == "completed"
+        ran = [run.adapter is not None for run in engine.requests.values()]
+        assert sorted(ran) == sorted(m == "helper" for m in models)
+        assert sum(a != b for a, b in itertools.pairwise(ran)) == 1  # one change
 
 
 async def test_engine_failures_go_to_the_error_file(serve: ServeFactory) -> None:
