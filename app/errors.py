@@ -116,9 +116,17 @@ class RequestTooLargeError(BadRequestError):
     code = "request_too_large"
 
     def __init__(
-        self, limit: int, *, what: str = "The request body", param: str | None = None
+        self,
+        limit: int,
+        *,
+        what: str = "The request body",
+        param: str | None = None,
+        setting: str = "max_request_bytes",
     ) -> None:
-        super().__init__(f"{what} is larger than the limit of {limit} bytes.", param=param)
+        super().__init__(
+            f"{what} is larger than the limit of {limit} bytes (the gateway's `{setting}`).",
+            param=param,
+        )
 
 
 class GenerationFailedError(GatewayError):

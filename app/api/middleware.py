@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from starlette._utils import get_route_path
 from starlette.datastructures import Headers
@@ -39,6 +39,22 @@ GENERATION_ENDPOINTS = {
     "/v1/completions": "completions",
     "/v1/responses": "responses",
 }
+
+
+class BodyLimit(NamedTuple):
+    """The most a request's body may be: ``bytes`` with a multipart form's envelope, the
+    refusal naming the limit as its setting has it (``stated``, ``setting``)."""
+
+    bytes: int
+    stated: int
+    what: str = "The request body"
+    setting: str = "max_request_bytes"
+    param: str | None = None
+
+    def refusal(self) -> RequestTooLargeError:
+        return RequestTooLargeError(
+            self.stated, what=self.what, param=self.param, setting=self.setting
+        )
 
 
 class AccessLog:
@@ -146,9 +162,15 @@ class EarlyRefusalMiddleware:
         metrics_listener: bool = False,
     ) -> None:
         self.app = app
-        self._max_request_bytes = max_request_bytes
-        self._max_upload_bytes = max_upload_bytes
-        self._max_file_bytes = max_file_bytes or max_request_bytes
+        self._request_limit = BodyLimit(max_request_bytes, max_request_bytes)
+        self._upload_limit = BodyLimit(
+            max_upload_bytes + MULTIPART_OVERHEAD_BYTES, max_upload_bytes, "The adapter archive",
+            "max_adapter_bytes", "file",
+        )  # fmt: skip
+        file_bytes = max_file_bytes or max_request_bytes
+        self._file_limit = BodyLimit(
+            file_bytes + MULTIPART_OVERHEAD_BYTES, file_bytes, "The file", "max_file_bytes", "file"
+        )
         self._metrics_tokens = [metrics_token] if metrics_token else []
         self._metrics_listener = metrics_listener
         # The app's own, shared with the console's sign-in (a listener that serves no admin
@@ -201,8 +223,8 @@ class EarlyRefusalMiddleware:
         headers = Headers(scope=scope)
         refusal = await self._check_credentials(scope, path, headers, gateway)
         limit = self._body_limit(scope, path, headers)
-        if refusal is None and _content_length(headers) > limit:
-            refusal = RequestTooLargeError(limit)
+        if refusal is None and _content_length(headers) > limit.bytes:
+            refusal = limit.refusal()
             if is_admin_path(path):
                 await record_admin_failure(gateway, scope, path, "rejected", refusal.message)
         if refusal is not None:
@@ -217,8 +239,7 @@ class EarlyRefusalMiddleware:
             await self.app(scope, receive, send)
             return
         if await self._within_limit(scope, receive, send, limit) and is_admin_path(path):
-            message = RequestTooLargeError(limit).message
-            await record_admin_failure(gateway, scope, path, "rejected", message)
+            await record_admin_failure(gateway, scope, path, "rejected", limit.refusal().message)
 
     async def _check_credentials(
         self, scope: Scope, path: str, headers: Headers, gateway: Gateway | None
@@ -248,22 +269,24 @@ class EarlyRefusalMiddleware:
             return AuthenticationError(INVALID_ADMIN_TOKEN)
         return None
 
-    def _body_limit(self, scope: Scope, path: str, headers: Headers) -> int:
+    def _body_limit(self, scope: Scope, path: str, headers: Headers) -> BodyLimit:
         multipart = scope["method"] == "POST" and headers.get("content-type", "").startswith(
             "multipart/form-data"
         )
         if multipart and path in ADAPTER_UPLOAD_PATHS:
-            return self._max_upload_bytes + MULTIPART_OVERHEAD_BYTES
+            return self._upload_limit
         if multipart and path == FILE_UPLOAD_PATH:
-            return self._max_file_bytes + MULTIPART_OVERHEAD_BYTES
-        return self._max_request_bytes
+            return self._file_limit
+        return self._request_limit
 
-    async def _within_limit(self, scope: Scope, receive: Receive, send: Send, limit: int) -> bool:
+    async def _within_limit(
+        self, scope: Scope, receive: Receive, send: Send, limit: BodyLimit
+    ) -> bool:
         """Run the app, cutting the body off once it passes ``limit`` bytes: from
         then on, whatever the app answers to the cut-off body becomes the 413
         (and its error handlers see ``BODY_CUT_OFF`` in the request's state).
         Whether it was cut off."""
-        too_large = RequestTooLargeError(limit)
+        too_large = limit.refusal()
         received = 0
         exceeded = responded = False
 
@@ -274,7 +297,7 @@ class EarlyRefusalMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > limit:
+                if received > limit.bytes:
                     exceeded = True
                     scope.setdefault("state", {})[BODY_CUT_OFF] = True
                     raise too_large

@@ -135,7 +135,8 @@ async def test_a_declared_size_over_the_limit_gets_413_unread(edge: EdgeApp) -> 
         assert answer.status == 413
         assert answer.delivered == 0
         assert answer.json()["error"] == {
-            "message": f"The request body is larger than the limit of {LIMIT} bytes.",
+            "message": f"The request body is larger than the limit of {LIMIT} bytes (the "
+            "gateway's `max_request_bytes`).",
             "type": "invalid_request_error",
             "param": None,
             "code": "request_too_large",
@@ -266,8 +267,12 @@ async def test_a_tenants_file_upload_has_its_own_limit(edge: EdgeApp) -> None:
     assert answer.status == 413
     assert answer.json()["error"]["param"] == "file"
 
-    # A declared size past the allowance: refused unread.
+    # A declared size past the allowance: refused unread, naming the file's limit itself.
     headers = {"content-type": content_type, "content-length": str(HUGE), **bearer(edge.tenant_key)}
     answer = await call(edge.app, "POST", "/v1/files", headers=headers, body=body_of(HUGE))
     assert answer.status == 413
     assert answer.delivered == 0
+    assert answer.json()["error"]["message"] == (
+        f"The file is larger than the limit of {FILE_LIMIT} bytes (the gateway's `max_file_bytes`)."
+    )
+    assert answer.json()["error"]["param"] == "file"

@@ -79,14 +79,17 @@ class Files:
                     continue
                 size += len(chunk)
                 if size > self.max_bytes:
-                    raise RequestTooLargeError(self.max_bytes, what="The file", param="file")
+                    raise RequestTooLargeError(
+                        self.max_bytes, what="The file", param="file", setting="max_file_bytes"
+                    )
                 lines += chunk.count(b"\n")
                 last = chunk[-1:]
                 out.write(chunk)
         lines += last != b"\n"  # a last line without its newline
         if lines > self.max_lines:
             raise BadRequestError(
-                f"The file has {lines} lines; a batch file may have at most {self.max_lines}.",
+                f"The file has {lines} lines; a batch file may have at most {self.max_lines} "
+                "(the gateway's `max_file_lines`).",
                 param="file",
             )
         if size == 0:

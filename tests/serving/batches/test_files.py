@@ -94,10 +94,10 @@ async def test_the_size_and_line_limits_are_refused_naming_them(serve: ServeFact
         with pytest.raises(openai.APIStatusError) as too_large:
             await files.create(file=("big.jsonl", b"x" * 5000), purpose="batch")
         assert too_large.value.status_code == 413
-        assert "4096" in too_large.value.message
+        assert "limit of 4096 bytes (the gateway's `max_file_bytes`)" in too_large.value.message
         with pytest.raises(openai.BadRequestError) as too_long:
             await files.create(file=("long.jsonl", jsonl(6)), purpose="batch")
-        assert "at most 5" in too_long.value.message
+        assert "at most 5 (the gateway's `max_file_lines`)" in too_long.value.message
         with pytest.raises(openai.BadRequestError) as wrong_purpose:
             await files.create(file=("a.jsonl", jsonl(1)), purpose="fine-tune")
         assert wrong_purpose.value.param == "purpose"  # type: ignore[attr-defined]
