@@ -85,6 +85,15 @@ class StorageLimitError(GatewayError):
             param="storage_bytes",
             headers={"x-should-retry": "false"},
         )
+        self.cap = cap
+
+
+class FileStorageLimitError(StorageLimitError):
+    """An upload that does not fit in the tenant's ``storage_bytes``: a 413, as its other
+    limits (size, lines) are answered with the status of a request that can never pass."""
+
+    status_code = 413
+    error_type = "invalid_request_error"
 
 
 class BatchTokensLimitError(GatewayError):

@@ -12,7 +12,13 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Literal
 
-from app.errors import BadRequestError, NotFoundError, RequestTooLargeError, StorageLimitError
+from app.errors import (
+    BadRequestError,
+    FileStorageLimitError,
+    NotFoundError,
+    RequestTooLargeError,
+    StorageLimitError,
+)
 from app.store.file_contents import FileContents
 from app.store.files import FilePage, FileStore, new_file_id
 from app.store.tables import FileRow
@@ -52,8 +58,8 @@ class Files:
     ) -> FileRow:
         """Keep the bytes of ``chunks`` as a new file of the tenant. Refused, with nothing
         kept: past ``max_bytes`` (413, as soon as it passes), past ``max_lines`` (400), or
-        past the tenant's storage cap (429; checked before the bytes are stored, and again,
-        exactly, as the file is recorded)."""
+        past the tenant's storage cap (413 naming ``storage_bytes``; checked before the bytes
+        are stored, and again, exactly, as the file is recorded)."""
         path = self.spool_path()
         try:
             size = await self._spooled(chunks, path)
@@ -67,6 +73,8 @@ class Files:
             except BaseException:
                 await asyncio.to_thread(self.contents.delete, file_id)
                 raise
+        except StorageLimitError as full:
+            raise FileStorageLimitError(full.cap) from None
         finally:
             path.unlink(missing_ok=True)
 
@@ -97,10 +105,11 @@ class Files:
         return size
 
     async def check_room(self, tenant: Tenant, size: int) -> None:
-        """Refuse (429) ``size`` more bytes past the tenant's storage cap; ``size`` 0 asks
-        whether anything more fits. A check before the work, not a claim: what is then
-        recorded is checked again in its own transaction (an upload), or may pass the cap
-        by its own size (a stored response, whose size is known only once it ran)."""
+        """Refuse (:class:`StorageLimitError`) ``size`` more bytes past the tenant's storage
+        cap; ``size`` 0 asks whether anything more fits. A check before the work, not a
+        claim: what is then recorded is checked again in its own transaction (an upload), or
+        may pass the cap by its own size (a stored response, whose size is known only once it
+        ran)."""
         cap, used = await self.store.storage_room(tenant.id, tenant.uid)
         if used + size > cap or (size == 0 and used >= cap):
             raise StorageLimitError(cap)

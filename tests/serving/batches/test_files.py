@@ -117,9 +117,11 @@ async def test_the_storage_cap_counts_files_and_stored_responses(serve: ServeFac
         assert (await served.admin("GET", f"/tenants/{TENANT}/quota"))["storage_bytes"] == 1500
         api = client(served)
         await api.files.create(file=("a.jsonl", b"x" * 1000), purpose="batch")
-        with pytest.raises(openai.RateLimitError) as refused:
+        with pytest.raises(openai.APIStatusError) as too_big:  # a 413, as a file's other limits
             await api.files.create(file=("b.jsonl", b"x" * 1000), purpose="batch")
-        assert "storage_bytes" in refused.value.message
+        assert too_big.value.status_code == 413
+        assert too_big.value.body["param"] == "storage_bytes"  # type: ignore[index]
+        assert "storage_bytes" in too_big.value.message
         # A stored response counts too: past the cap, `store: true` is refused before it runs.
         await api.responses.create(model=served.model, input="hi", max_output_tokens=2)
         used = await served.gateway.files.store.storage_used(
@@ -169,7 +171,8 @@ async def test_concurrent_uploads_never_pass_the_storage_cap_together(serve: Ser
         async def upload(n: int) -> FileObject | None:
             try:
                 return await api.files.create(file=(f"{n}.jsonl", b"x" * 600), purpose="batch")
-            except openai.RateLimitError:
+            except openai.APIStatusError as refused:
+                assert refused.status_code == 413 and "storage_bytes" in refused.message
                 return None
 
         kept = [f for f in await asyncio.gather(*(upload(n) for n in range(4))) if f is not None]
