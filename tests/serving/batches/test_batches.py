@@ -180,6 +180,17 @@ MALFORMED: list[tuple[Any, str, str | None]] = [
         "invalid_url",
         "url",
     ),
+    ([1, 2], "invalid_json_line", None),  # JSON, not an object
+    (
+        {"custom_id": "b", "method": "POST", "url": "/v1/chat/completions"},
+        "invalid_request",
+        "body",
+    ),
+    (
+        {"custom_id": "b", "method": "POST", "url": "/v1/chat/completions", "body": "hi"},
+        "invalid_request",
+        "body",
+    ),
     ("no-messages", "invalid_request", "body.messages"),
     ("stream", "invalid_request", "body.stream"),
     ("unknown-model", "model_not_found", "body.model"),
@@ -218,6 +229,18 @@ async def test_a_malformed_line_fails_the_batch_naming_it(
         assert batch.failed_at and batch.output_file_id is None
         assert served.engine.requests == {}, "nothing ran"
         assert await served.usage_records() == []
+
+
+async def test_a_file_of_blank_lines_fails_the_batch_as_empty(serve: ServeFactory) -> None:
+    async with serve(ScriptedEngine(), **FAST_BATCHES) as served:
+        api = client(served)
+        uploaded = await api.files.create(file=("blank.jsonl", b"\n \n\n"), purpose="batch")
+        created = await api.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        batch = await finished(api, created.id)
+        assert batch.status == "failed" and batch.errors is not None
+        assert [(e.code, e.line) for e in batch.errors.data or []] == [("empty_file", None)]
 
 
 async def test_another_tenants_batch_is_a_404_like_an_unknown_one(serve: ServeFactory) -> None:
@@ -463,16 +486,22 @@ async def test_lines_skip_the_per_minute_limits_but_pay_the_token_budget(
 ) -> None:
     async with serve(ScriptedEngine(), **FAST_BATCHES) as served:
         api = client(served)
-        await served.set_quota(requests_per_minute=1, token_budget=10**6, budget_period="day")
-        lines = [chat_line(f"l-{i}", served.model, max_tokens=2) for i in range(4)]
+        tokens_per_minute = 60
+        await served.set_quota(
+            requests_per_minute=1, tokens_per_minute=tokens_per_minute, token_budget=10**6,
+            budget_period="day",
+        )  # fmt: skip
+        lines = [chat_line(f"l-{i}", served.model, max_tokens=2) for i in range(8)]
         batch = await finished(api, (await submitted(api, lines)).id)
         assert batch.status == "completed", batch
-        assert batch.request_counts is not None and batch.request_counts.completed == 4
+        assert batch.request_counts is not None and batch.request_counts.completed == 8
         await served.settled()
         records = await served.usage_records()
         used = await quota_usage(served)
-        assert used.budget_used == sum(r.prompt_tokens + r.completion_tokens for r in records)
-        # The tenant's one interactive request a minute is still its own.
+        spent = sum(r.prompt_tokens + r.completion_tokens for r in records)
+        assert used.budget_used == spent > tokens_per_minute
+        # The tenant's one interactive request a minute, and its tokens a minute, are still
+        # its own.
         await api.chat.completions.create(
             model=served.model, messages=[{"role": "user", "content": "hi"}], max_tokens=1
         )
