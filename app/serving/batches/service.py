@@ -85,8 +85,8 @@ class Batches:
 
     async def cancel(self, principal: Principal, batch_id: str) -> BatchRow:
         """Ask the batch's runner to stop it: ``cancelling`` now, ``cancelled`` once its lines
-        in flight are settled. A batch already finished is a 400 (cancelling one twice is
-        not)."""
+        in flight are settled. A batch already finished, or finalizing (every line has run),
+        is a 400 (cancelling one twice is not)."""
         return await self.cancel_of(principal.tenant.uid, batch_id)
 
     async def cancel_of(self, tenant_uid: str, batch_id: str) -> BatchRow:
@@ -94,7 +94,9 @@ class Batches:
         row = await self.store.get(tenant_uid, batch_id)
         if row is None:
             raise not_found(batch_id)
-        if row.status in TERMINAL_STATUSES and row.status != "cancelled":
+        if row.status == "finalizing" or (
+            row.status in TERMINAL_STATUSES and row.status != "cancelled"
+        ):
             raise BadRequestError(
                 f"Batch {batch_id} is {row.status}: it cannot be cancelled.", param="batch_id"
             )

@@ -327,6 +327,18 @@ async def test_a_batch_past_its_window_expires_with_its_unrun_lines(serve: Serve
             await api.batches.cancel(batch.id)
 
 
+async def test_a_finalizing_batch_cannot_be_cancelled(serve: ServeFactory) -> None:
+    async with serve(ScriptedEngine(), batch_poll_seconds=3600) as served:  # no runner looks
+        api = client(served)
+        created = await submitted(api, [chat_line("a", served.model, max_tokens=1)])
+        store = served.gateway.batches.store
+        await store.move(created.id, "finalizing", only_from=("validating",))  # every line ran
+        with pytest.raises(openai.BadRequestError) as refused:
+            await api.batches.cancel(created.id)
+        assert "finalizing" in refused.value.message
+        assert (await api.batches.retrieve(created.id)).status == "finalizing"
+
+
 async def test_enqueued_batch_tokens_are_capped_by_the_tenants_quota(
     serve: ServeFactory,
 ) -> None:
