@@ -241,15 +241,24 @@ class BatchStore:
             after = page[-1].line
         return settled
 
-    async def outputs(self, batch_id: str, statuses: Sequence[str]) -> list[dict[str, Any]]:
-        """The finished lines of ``statuses``, in input order, as their files have them."""
+    async def outputs(
+        self, batch_id: str, statuses: Sequence[str], *, after: int = 0, limit: int = INSERT_CHUNK
+    ) -> list[tuple[int, dict[str, Any]]]:
+        """The finished lines of ``statuses`` after line ``after``, at most ``limit``, in
+        input order: each line's number and the line as its file has it."""
         query = (
-            select(BatchLineRow.output)
-            .where(BatchLineRow.batch_id == batch_id, BatchLineRow.status.in_(statuses))
+            select(BatchLineRow.line, BatchLineRow.output)
+            .where(
+                BatchLineRow.batch_id == batch_id,
+                BatchLineRow.status.in_(statuses),
+                BatchLineRow.line > after,
+                BatchLineRow.output.is_not(None),
+            )
             .order_by(BatchLineRow.line)
+            .limit(limit)
         )
         async with self._sessions() as session:
-            return [row for row in (await session.scalars(query)).all() if row is not None]
+            return [(line, output) for line, output in (await session.execute(query)).all()]
 
     async def tokens_enqueued(self, tenant_uid: str) -> int:
         """The worst-case tokens of the tenant's lines still to run."""

@@ -79,7 +79,11 @@ async def test_a_line_finishes_once_with_its_usage_record(
     assert after is not None
     assert (after.status, after.total, after.completed, after.failed) == ("in_progress", 3, 1, 1)
     assert [line.line for line in await store.pending(batch.id)] == [1]
-    assert await store.outputs(batch.id, ("ok",)) == [output]
+    assert await store.outputs(batch.id, ("ok",)) == [(2, output)]
+    # Read a page at a time, in line order.
+    finished = ("ok", "error")
+    assert await store.outputs(batch.id, finished, limit=1) == [(2, output)]
+    assert await store.outputs(batch.id, finished, after=2) == [(3, {"custom_id": "c3"})]
     async with sessions() as session:
         ids = (await session.scalars(select(UsageRow.request_id))).all()
     assert ids == [f"{batch.id}-2"]

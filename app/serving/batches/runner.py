@@ -90,6 +90,11 @@ def batch_principal(registry: TenantRegistry, batch: BatchRow) -> Principal | No
     return Principal(tenant=tenant, key=ApiKey(id=batch.key_id, tenant_id=tenant.id, sha256=""))
 
 
+def _appended(path: Path, lines: list[dict[str, Any]]) -> None:
+    with path.open("a") as out:
+        out.writelines(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
+
+
 def _line_output(custom_id: str, request_id: str, **fields: Any) -> dict[str, Any]:
     return {"id": f"batch_req_{request_id}", "custom_id": custom_id, **fields}
 
@@ -431,11 +436,12 @@ class BatchRunner:
             ("output_file_id", ("ok",), "output"),
             ("error_file_id", ("error", "expired", "cancelled"), "error"),
         ):
-            lines = await shield(self.store.outputs(batch.id, statuses))
-            if not lines or tenant is None or tenant.uid != batch.tenant_uid:
+            if tenant is None or tenant.uid != batch.tenant_uid:
+                continue
+            path = await self._written(batch.id, statuses)
+            if path is None:
                 continue
             file_id = result_file_id(batch.id, name)
-            path = await asyncio.to_thread(self._written, lines)
             try:
                 size = path.stat().st_size
                 await asyncio.to_thread(self.files.contents.put, file_id, path)
@@ -454,9 +460,16 @@ class BatchRunner:
         moved = self.store.move(batch.id, status, only_from=only_from, files=rows, **file_ids)
         await shield(moved)
 
-    def _written(self, lines: list[dict[str, Any]]) -> Path:
+    async def _written(self, batch_id: str, statuses: tuple[str, ...]) -> Path | None:
+        """The batch's finished lines of ``statuses`` as a JSONL file, read from the store a
+        page at a time (a batch's output is never whole in memory); None where it has none."""
         path = self.files.spool_path()
-        with path.open("w") as out:
-            for line in lines:
-                out.write(json.dumps(line, separators=(",", ":")) + "\n")
-        return path
+        after = 0
+        try:
+            while page := await shield(self.store.outputs(batch_id, statuses, after=after)):
+                await asyncio.to_thread(_appended, path, [output for _, output in page])
+                after = page[-1][0]
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return path if after else None
