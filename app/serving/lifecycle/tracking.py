@@ -421,12 +421,43 @@ class RequestTracker:
                     metrics.QUOTA_UNCHECKED.labels(tenant.id).inc()
             overhead.end("preparation")
         except GatewayError as exc:
-            status = exc.code or exc.error_type
-            metrics.REQUESTS.labels(tenant.id, model, service.endpoint, status).inc()
-            if exc.status_code in (400, 404):  # refused once parsed or tokenised
-                await self.charge_refused(principal)
+            await self._counted_refusal(exc, principal, model, service.endpoint)
             raise
         return generation, reservation
+
+    async def check(
+        self,
+        service: Service[Request, Any],
+        request: Request,
+        principal: Principal,
+        request_id: str,
+        *,
+        pinned: Pin | None = None,
+    ) -> None:
+        """Refuse ``request`` as admission would once its body is read (its model, the
+        version it is pinned to, its prompt against the context, its parameters and output
+        constraint), without admitting it: a request run detached from its HTTP request (a
+        background response) is refused so before it is accepted. Counted like any refusal."""
+        model = metrics.UNKNOWN_MODEL
+        try:
+            target = self._registry().resolve(
+                principal.tenant, request.model, sticky_key=sticky_key(request, principal),
+                pinned=pinned,
+            )  # fmt: skip
+            model = target.model
+            await self._prepare(service, request, principal, target, request_id, None)
+        except GatewayError as exc:
+            await self._counted_refusal(exc, principal, model, service.endpoint)
+            raise
+
+    async def _counted_refusal(
+        self, exc: GatewayError, principal: Principal, model: str, endpoint: str
+    ) -> None:
+        metrics.REQUESTS.labels(
+            principal.tenant.id, model, endpoint, exc.code or exc.error_type
+        ).inc()
+        if exc.status_code in (400, 404):  # refused once parsed or tokenised
+            await self.charge_refused(principal)
 
     async def precheck(self, principal: Principal, endpoint: str) -> None:
         """Refuse, before the request's body is read, a request its rate or concurrency

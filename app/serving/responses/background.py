@@ -97,8 +97,11 @@ class BackgroundResponses:
         prechecked: bool = False,
     ) -> dict[str, Any]:
         """Store ``translated``'s response as ``queued`` under this replica's lease, start it,
-        and return the queued Response's body. ``prechecked``: the tenant's rate limits were
-        checked before its body was read (as for a foreground request)."""
+        and return the queued Response's body; refused, as a foreground one would be, where
+        it could not run (its model or pinned version, its chain past the context...).
+        ``prechecked``: the tenant's rate limits were checked before its body was read (as
+        for a foreground request)."""
+        await self.tracker.check(service, translated.chat, principal, request_id, pinned=pinned)
         response_id = translated.response_id
         queued = response(translated, [], status="queued").model_dump(mode="json")
         if not await shield(self.leases.take(lease_name(response_id), self.lease)):

@@ -144,11 +144,13 @@ async def test_a_chain_stays_on_its_adapter_version(
         ran = [request.adapter.version for request in engine.requests.values()]  # type: ignore[union-attr]
         assert ran == [1, 1, 2]
 
-        # Version 1 gone from the alias: continuing its chain is refused, naming the field.
+        # Version 1 gone from the alias: continuing its chain is refused, naming the field,
+        # in the background too, before it is accepted.
         await served.admin("PUT", grant, {"adapter": "helper", "version": 2})
-        refused = await http.post("/v1/responses", json=chained)
-        assert refused.status_code == 400
-        assert refused.json()["error"]["param"] == "previous_response_id"
+        for background in ({}, {"background": True}):
+            refused = await http.post("/v1/responses", json={**chained, **background})
+            assert refused.status_code == 400
+            assert refused.json()["error"]["param"] == "previous_response_id"
         assert len(engine.requests) == 3
 
 
@@ -192,10 +194,17 @@ async def test_a_chain_past_the_context_is_refused_before_it_runs(serve: ServeFa
                 "previous_response_id": started["id"],
             }
             refused = await http.post("/v1/responses", json=body)
-        assert refused.status_code == 400
-        error = refused.json()["error"]
-        assert (error["code"], error["param"]) == ("context_length_exceeded", "input")
+            # In the background, refused the same before it is accepted: nothing queued.
+            in_background = await http.post("/v1/responses", json={**body, "background": True})
+        for answer in (refused, in_background):
+            assert answer.status_code == 400
+            error = answer.json()["error"]
+            assert (error["code"], error["param"]) == ("context_length_exceeded", "input")
         assert len(engine.requests) == 1
+        tenant = served.gateway.registry.tenant(TENANT)
+        assert tenant is not None
+        queued = f"resp_{in_background.headers['x-request-id']}"
+        assert await served.gateway.responses.get(tenant.uid, queued) is None
 
 
 async def test_storing_a_response_is_one_write(serve: ServeFactory) -> None:
