@@ -11,6 +11,7 @@ import pytest
 from app.errors import BadRequestError
 from app.protocol.responses_api import ResponsesRequest
 from app.serving.preparation.responses import responses_param, translate
+from app.serving.preparation.structured import OutputConstraints
 
 WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
 
@@ -87,6 +88,12 @@ def test_fields_move_to_chats_shapes() -> None:
     assert formatted.response_format is not None
     assert formatted.response_format.json_schema is not None
     assert formatted.response_format.json_schema.json_schema == schema
+    as_object = translate(request(text={"format": {"type": "json_object"}}), []).chat
+    assert as_object.response_format is not None and as_object.response_format.type == "json_object"
+    constraint = OutputConstraints().constraint(as_object)
+    assert constraint is not None and constraint.params.json_object is True
+    plain = translate(request(text={"format": {"type": "text"}}), []).chat
+    assert OutputConstraints().constraint(plain) is None
 
 
 @pytest.mark.parametrize(
