@@ -16,7 +16,8 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 from sqlalchemy import select
 
-from app.serving.responses.background import lease_name
+from app import gateway as gateway_module
+from app.serving.responses.background import STOPPED, lease_name
 from app.store.leases import Leases
 from app.store.responses import StoredResponse
 from app.store.tables import LeaseRow
@@ -253,6 +254,22 @@ async def test_a_response_whose_replica_died_is_failed_by_a_sweep(serve: ServeFa
         async with asyncio.timeout(60):  # bounds a hang only
             while await leases_held(served):
                 await asyncio.sleep(0.01)
+
+
+async def test_a_replica_that_stops_fails_the_responses_it_still_runs(
+    serve: ServeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gateway_module, "BACKGROUND_GRACE_SECONDS", 0.2)
+    async with serve(ScriptedEngine()) as other:
+        async with serve(ScriptedEngine(step_seconds=0.05)) as stopping:
+            created = await client(stopping).responses.create(
+                model=stopping.model, input="hi", max_output_tokens=500, background=True
+            )
+            await polled(stopping, created.id, "in_progress")
+        # Stopped within its grace, not died: it wrote the end itself, and let its lease go.
+        failed = strict(await polled(other, created.id, "failed"))
+        assert failed.error is not None and failed.error.message == STOPPED.message
+        assert await leases_held(other) == []
 
 
 async def typed_events(served: Served, response_id: str, **query: Any) -> list[Any]:
