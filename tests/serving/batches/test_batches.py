@@ -143,6 +143,27 @@ async def test_a_batchs_lines_for_one_adapter_run_together(
         assert sum(a != b for a, b in itertools.pairwise(ran)) == 1  # one change
 
 
+async def test_two_replicas_run_a_batch_once_between_them(serve: ServeFactory) -> None:
+    first, second = ScriptedEngine(step_seconds=0.01), ScriptedEngine(step_seconds=0.01)
+    async with serve(first, **FAST_BATCHES) as one, serve(second, **FAST_BATCHES) as two:
+        api = client(one)
+        lines = [chat_line(f"req-{i}", one.model, max_tokens=2) for i in range(12)]
+        batches = [await submitted(api, lines) for _ in range(2)]
+        for created in batches:
+            batch = await finished(client(two), created.id)  # read on either replica
+            assert batch.status == "completed" and batch.output_file_id is not None
+            output = read_jsonl((await api.files.content(batch.output_file_id)).read())
+            assert [line["custom_id"] for line in output] == [f"req-{i}" for i in range(12)]
+        # Every line of both batches ran once, on one replica or the other, and was billed once.
+        assert len(first.requests) + len(second.requests) == 24
+        await one.settled()
+        await two.settled()
+        records = await one.usage_records()
+        assert sorted(r.request_id for r in records) == sorted(
+            f"{b.id}-{n}" for b in batches for n in range(1, 13)
+        )
+
+
 async def test_engine_failures_go_to_the_error_file(serve: ServeFactory) -> None:
     engine = ScriptedEngine(fail_after=1)
     async with serve(engine, **FAST_BATCHES) as served:
