@@ -89,8 +89,8 @@ class StorageLimitError(GatewayError):
 
 
 class FileStorageLimitError(StorageLimitError):
-    """An upload that does not fit in the tenant's ``storage_bytes``: a 413, as its other
-    limits (size, lines) are answered with the status of a request that can never pass."""
+    """An upload that does not fit in the tenant's ``storage_bytes``: a 413, as a file past
+    its size limit is (until the tenant deletes files or stored responses, it cannot fit)."""
 
     status_code = 413
     error_type = "invalid_request_error"

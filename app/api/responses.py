@@ -20,6 +20,7 @@ from app.protocol.responses_api import (
     ResponseObject,
     ResponsesRequest,
 )
+from app.serving.lifecycle.runs import ADAPTER_VERSION_HEADER
 from app.serving.preparation.responses import translate
 from app.serving.responses.chain import continued
 from app.serving.responses.replay import replayed
@@ -56,7 +57,10 @@ async def create_response(
             chain.pinned,
             prechecked=PRECHECKED in http.scope.get("state", {}),
         )
-        return JSONResponse(queued)
+        version = (
+            {} if queued.adapter is None else {ADAPTER_VERSION_HEADER: str(queued.adapter.version)}
+        )
+        return JSONResponse(queued.body, headers=version)
     return CompletionResponse(
         gateway.tracker, service, translated.chat, principal, request_id, pinned=chain.pinned
     )

@@ -19,7 +19,6 @@ BatchStatus = Literal[
     "cancelling",
     "cancelled",
 ]
-TERMINAL_STATUSES: frozenset[str] = frozenset({"failed", "completed", "expired", "cancelled"})
 Metadata = dict[
     Annotated[str, StringConstraints(max_length=64)],
     Annotated[str, StringConstraints(max_length=512)],

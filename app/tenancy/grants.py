@@ -110,11 +110,13 @@ def _rendezvous_score(key: str, version: Weighted) -> float:
 @dataclass(frozen=True)
 class Pin:
     """A version a request must be served with, whatever the alias's split says: the one that
-    answered the response a Responses chain continues (named by ``param``)."""
+    answered the response a Responses chain continues, or the one a batch's lines run on
+    (named by ``param``; ``held_by`` says what holds it to that version)."""
 
     adapter: str
     version: int
     param: str
+    held_by: str
 
     def among(self, grant: Grant, alias: str) -> Adapter:
         """The pinned version, where ``grant`` still names it (a version weighted 0 included:
@@ -124,7 +126,6 @@ class Pin:
             if adapter.name == self.adapter and adapter.version == self.version:
                 return adapter
         raise BadRequestError(
-            f"`{alias}` no longer serves version {self.version}, which answered the response "
-            "this request continues: start a new chain",
+            f"`{alias}` no longer serves version {self.version}, {self.held_by}",
             param=self.param,
         )

@@ -211,14 +211,17 @@ async def test_an_upload_has_its_own_limit(edge: EdgeApp) -> None:
     body, content_type = _zip_upload(UPLOAD_LIMIT + 1)
     headers = {"content-type": content_type, **bearer(ADMIN_TOKEN)}
     answer = await call(edge.app, "POST", "/admin/v1/adapters", headers=headers, body=body)
-    assert answer.status == 400
+    assert answer.status == 413
     assert answer.json()["error"]["param"] == "file"
+    named = f"The adapter archive is larger than the limit of {UPLOAD_LIMIT} bytes (the gateway's"
+    assert answer.json()["error"]["message"] == f"{named} `max_adapter_bytes`)."
 
-    # A declared size past the allowance: refused unread.
+    # A declared size past the allowance: refused unread, naming the same limit.
     headers = {"content-type": content_type, "content-length": str(HUGE), **bearer(ADMIN_TOKEN)}
     answer = await call(edge.app, "POST", "/admin/v1/adapters", headers=headers, body=body_of(HUGE))
     assert answer.status == 413
     assert answer.delivered == 0
+    assert answer.json()["error"]["message"] == f"{named} `max_adapter_bytes`)."
 
     # A file streamed past the allowance without a size: cut off as it streams.
     opening = body[: body.index(b"PK")]  # the parts up to the file's first byte

@@ -18,7 +18,7 @@ from app.admin.residency_report import Residency, read_residency
 from app.admin.service import AdminService
 from app.api.admin.deps import Admin, AdminActor
 from app.api.deps import GatewayDep
-from app.errors import BadRequestError, NotFoundError
+from app.errors import BadRequestError, NotFoundError, RequestTooLargeError
 from app.protocol import INT64_MAX
 from app.store.snapshot import adapter_of
 from app.store.tables import AdapterVersionRow
@@ -71,7 +71,9 @@ async def spool_upload(upload: UploadFile, limit: int) -> Path:
             if size > limit:
                 handle.close()
                 Path(handle.name).unlink()
-                raise BadRequestError(f"The upload is larger than {limit} bytes.", param="file")
+                raise RequestTooLargeError(
+                    limit, what="The adapter archive", param="file", setting="max_adapter_bytes"
+                )
             handle.write(chunk)
     return Path(handle.name)
 

@@ -95,14 +95,33 @@ def pin_of(target: ModelTarget) -> dict[str, Any] | None:
 
 
 def as_pin(pinned: dict[str, Any] | None) -> Pin | None:
-    return None if pinned is None else Pin(pinned["adapter"], pinned["version"], "model")
+    if pinned is None:
+        return None
+    return Pin(pinned["adapter"], pinned["version"], "model", "which this batch's lines run on")
 
 
 def pins_of(registry: TenantRegistry, tenant: Tenant) -> dict[str, Any]:
     """Each alias ``tenant`` may call resolved to one adapter version now (of a split, one
-    drawn): a batch's lines run on the versions of its creation, whatever a split or a
-    rollback does while it waits and runs."""
+    drawn): a batch's lines run on the versions of its creation, whatever a split does while
+    it waits and runs."""
     return {alias: pin_of(registry.resolve(tenant, alias)) for alias in tenant.grants}
+
+
+def _target(
+    registry: TenantRegistry, tenant: Tenant, model: str, pins: dict[str, Any]
+) -> ModelTarget:
+    """``model`` on the version the batch holds it to; drawn now (and held) where it holds
+    none, or where a rollback has taken that version from the alias since the batch was
+    created: none of its lines has run, so they all still run on one version."""
+    pinned = as_pin(pins.get(model))
+    if pinned is not None:
+        try:
+            return registry.resolve(tenant, model, pinned=pinned)
+        except BadRequestError:
+            pass
+    target = registry.resolve(tenant, model)
+    pins[model] = pin_of(target)
+    return target
 
 
 @dataclass
@@ -233,10 +252,6 @@ def _checked_line(
         raise LineError("invalid_request", "Each line needs a `body` object.", "body")
     request = parsed_body(endpoint, body)
     model: str = request.model  # type: ignore[attr-defined]
-    if model in pins:
-        target = registry.resolve(principal.tenant, model, pinned=as_pin(pins[model]))
-    else:
-        target = registry.resolve(principal.tenant, model)
-        pins[model] = pin_of(target)
+    target = _target(registry, principal.tenant, model, pins)
     service, prepared = services.for_line(endpoint, request, f"resp_{batch_id}_{number}")
     return PendingLine(line=number, custom_id=custom_id, body=body), service, prepared, target

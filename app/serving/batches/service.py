@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from app.errors import BadRequestError, BatchTokensLimitError, NotFoundError
-from app.protocol.batches import TERMINAL_STATUSES, BatchCreate
+from app.protocol.batches import BatchCreate
 from app.serving.batches.files import Files
 from app.serving.batches.lines import pins_of
 from app.store.batches import BatchPage, BatchStore, new_batch_id
@@ -94,16 +94,16 @@ class Batches:
         row = await self.store.get(tenant_uid, batch_id)
         if row is None:
             raise not_found(batch_id)
-        if row.status == "finalizing" or (
-            row.status in TERMINAL_STATUSES and row.status != "cancelled"
-        ):
+        if row.status not in ("cancelling", "cancelled"):
+            await self.store.move(batch_id, "cancelling", only_from=("validating", "in_progress"))
+            # Read again: its runner may have moved it on meanwhile (to finalizing, say).
+            row = await self.store.get(tenant_uid, batch_id)
+            assert row is not None
+        if row.status not in ("cancelling", "cancelled"):
             raise BadRequestError(
                 f"Batch {batch_id} is {row.status}: it cannot be cancelled.", param="batch_id"
             )
-        await self.store.move(batch_id, "cancelling", only_from=("validating", "in_progress"))
-        cancelled = await self.store.get(tenant_uid, batch_id)
-        assert cancelled is not None
-        return cancelled
+        return row
 
     async def latest(self, tenant_uid: str, limit: int) -> list[BatchRow]:
         """The tenant's ``limit`` newest batches."""

@@ -433,11 +433,13 @@ class RequestTracker:
         request_id: str,
         *,
         pinned: Pin | None = None,
-    ) -> None:
+    ) -> ModelTarget:
         """Refuse ``request`` as admission would once its body is read (its model, the
-        version it is pinned to, its prompt against the context, its parameters and output
-        constraint), without admitting it: a request run detached from its HTTP request (a
-        background response) is refused so before it is accepted. Counted like any refusal."""
+        version it is pinned to and whether it can be served, its prompt against the
+        context, its parameters and output constraint), without admitting it: a request run
+        detached from its HTTP request (a background response) is refused so before it is
+        accepted. Counted like any refusal. The target it resolved: of a split, the version
+        drawn, for the request to run on."""
         model = metrics.UNKNOWN_MODEL
         try:
             target = self._registry().resolve(
@@ -445,10 +447,13 @@ class RequestTracker:
                 pinned=pinned,
             )  # fmt: skip
             model = target.model
+            if target.adapter is not None and (reason := self.why_unservable(target.adapter)):
+                raise AdapterUnservableError(model, reason)
             await self._prepare(service, request, principal, target, request_id, None)
         except GatewayError as exc:
             await self._counted_refusal(exc, principal, model, service.endpoint)
             raise
+        return target
 
     async def _counted_refusal(
         self, exc: GatewayError, principal: Principal, model: str, endpoint: str

@@ -27,7 +27,7 @@ from asyncio import shield
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from app.errors import GatewayError
 from app.protocol.responses_api import ResponseError
@@ -38,6 +38,7 @@ from app.serving.responses.output import error_of, response, usage
 from app.serving.responses.service import ResponsesService
 from app.store.leases import Leases
 from app.store.responses import ResponseStore, StoredResponse
+from app.tenancy.adapters import Adapter
 from app.tenancy.grants import Pin
 from app.tenancy.tenants import Principal
 
@@ -55,6 +56,17 @@ ABANDONED = ResponseError(
 STOPPED = ResponseError(
     code="server_error", message="The server stopped before this background response finished."
 )
+
+
+DRAWN = "which was drawn for this background response when it was created"
+
+
+class Queued(NamedTuple):
+    """A background response just started: its Response's body, and the adapter version it
+    runs on (None: the base model)."""
+
+    body: dict[str, Any]
+    adapter: Adapter | None
 
 
 def lease_name(response_id: str) -> str:
@@ -95,13 +107,18 @@ class BackgroundResponses:
         pinned: Pin | None,
         *,
         prechecked: bool = False,
-    ) -> dict[str, Any]:
+    ) -> Queued:
         """Store ``translated``'s response as ``queued`` under this replica's lease, start it,
-        and return the queued Response's body; refused, as a foreground one would be, where
-        it could not run (its model or pinned version, its chain past the context...).
-        ``prechecked``: the tenant's rate limits were checked before its body was read (as
-        for a foreground request)."""
-        await self.tracker.check(service, translated.chat, principal, request_id, pinned=pinned)
+        and return the queued Response's body and the adapter version it runs on; refused, as
+        a foreground one would be, where it could not run (its model or pinned version, its
+        chain past the context...). ``prechecked``: the tenant's rate limits were checked
+        before its body was read (as for a foreground request)."""
+        target = await self.tracker.check(
+            service, translated.chat, principal, request_id, pinned=pinned
+        )
+        adapter = target.adapter
+        if pinned is None and adapter is not None:  # runs on the version drawn now
+            pinned = Pin(adapter.name, adapter.version, "model", DRAWN)
         response_id = translated.response_id
         queued = response(translated, [], status="queued").model_dump(mode="json")
         if not await shield(self.leases.take(lease_name(response_id), self.lease)):
@@ -124,7 +141,7 @@ class BackgroundResponses:
             service, translated, principal, request_id, pinned, queued, prechecked
         )
         self._running[response_id] = _Running(self.spawn(self._run(response_id, execution)))
-        return queued
+        return Queued(queued, adapter)
 
     async def _run(self, response_id: str, execution: Coroutine[Any, Any, None]) -> None:
         """Run the response (``execution``) while renewing its lease; stop it once the lease is

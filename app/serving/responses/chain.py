@@ -40,5 +40,8 @@ async def continued(store: ResponseStore, tenant_uid: str, request: ResponsesReq
         and previous.adapter_version is not None
         and previous.model == request.model
     ):
-        pinned = Pin(previous.adapter, previous.adapter_version, PARAM)
+        pinned = Pin(
+            previous.adapter, previous.adapter_version, PARAM,
+            "which answered the response this request continues: start a new chain",
+        )  # fmt: skip
     return Continued(previous.chain, pinned)

@@ -153,6 +153,7 @@ class _Events:
     def _text(self, text: str) -> list[str]:
         events = []
         if self.message is None:
+            events += self._close_calls()
             item_id = new_id("msg")
             index = self.message_index = len(self.items)
             self.message = {
@@ -190,6 +191,10 @@ class _Events:
         events: list[str] = []
         function = delta.get("function") or {}
         call = self.calls.get(delta["index"])
+        if call is not None and call not in self.open_calls:
+            # Closed when the next call began: vLLM's tool parsers stream one call after
+            # another, so its arguments were whole. Nothing sent can be taken back.
+            raise GatewayError("A tool call's arguments came after the next call had begun.")
         if call is None:
             # An item is done before the next one is added, as OpenAI streams them: the
             # tool parser has finished a call's arguments when it starts the next call.

@@ -109,6 +109,16 @@ async def test_each_alias_runs_on_its_version_at_the_batchs_creation_named_in_ea
         output = read_jsonl((await api.files.content(batch.output_file_id)).read())
         assert [line["response"]["headers"] for line in output] == [{"x-adapter-version": "1"}] * 3
         assert [run.adapter.version for run in engine.requests.values()] == [1, 1, 1]  # type: ignore[union-attr]
+        # A batch held to version 2 that a rollback takes away before the batch ran: drawn
+        # again when it is validated, every line on the version the alias serves then.
+        created = await submitted(api, lines)
+        await served.admin("PUT", split, {"adapter": "helper", "version": 1})
+        await served.gateway.batch_runner.take_new()
+        batch = await finished(api, created.id)
+        assert batch.status == "completed" and batch.output_file_id is not None
+        output = read_jsonl((await api.files.content(batch.output_file_id)).read())
+        assert [line["response"]["headers"] for line in output] == [{"x-adapter-version": "1"}] * 3
+        await served.admin("PUT", split, {"adapter": "helper", "versions": {"1": 0, "2": 1000}})
         # Online, the alias has moved on.
         async with served.client() as http:
             answer = await http.post(
@@ -353,7 +363,7 @@ async def test_a_finalizing_batch_cannot_be_cancelled(serve: ServeFactory) -> No
         api = client(served)
         created = await submitted(api, [chat_line("a", served.model, max_tokens=1)])
         store = served.gateway.batches.store
-        await store.move(created.id, "finalizing", only_from=("validating",))  # every line ran
+        assert await store.move(created.id, "finalizing", only_from=("validating",))  # all ran
         with pytest.raises(openai.BadRequestError) as refused:
             await api.batches.cancel(created.id)
         assert "finalizing" in refused.value.message

@@ -16,7 +16,7 @@ from sqlalchemy import Engine, event
 from bench.random_adapters import make_random_adapter
 from tests.support.responses import client, other_tenants_key, strict
 from tests.support.scripted_engine import ScriptedEngine
-from tests.support.serving import TENANT, Served, ServeFactory
+from tests.support.serving import TENANT, Served, ServeFactory, eventually
 
 
 def register_versions(served_root: Path, model_dir: Path) -> None:
@@ -141,8 +141,12 @@ async def test_a_chain_stays_on_its_adapter_version(
         fresh = await http.post("/v1/responses", json=body)
         assert continued.headers["x-adapter-version"] == "1"
         assert fresh.headers["x-adapter-version"] == "2"
+        # A background response runs on the version drawn when it is created, named then.
+        queued = await http.post("/v1/responses", json={**body, "background": True})
+        assert queued.headers["x-adapter-version"] == "2"
+        await eventually(lambda: len(engine.requests) == 4)
         ran = [request.adapter.version for request in engine.requests.values()]  # type: ignore[union-attr]
-        assert ran == [1, 1, 2]
+        assert ran == [1, 1, 2, 2]
 
         # Version 1 gone from the alias: continuing its chain is refused, naming the field,
         # in the background too, before it is accepted.
@@ -151,7 +155,7 @@ async def test_a_chain_stays_on_its_adapter_version(
             refused = await http.post("/v1/responses", json={**chained, **background})
             assert refused.status_code == 400
             assert refused.json()["error"]["param"] == "previous_response_id"
-        assert len(engine.requests) == 3
+        assert len(engine.requests) == 4
 
 
 async def test_a_chain_is_read_with_one_query(serve: ServeFactory) -> None:

@@ -147,18 +147,21 @@ async def test_every_event_is_the_json_its_data_encodes_to(finish: str) -> None:
     as_json_writes_them([*failed.opening(), *failed._text("x"), failed.failed({"error": {}})])
 
 
+BASE = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+
+
+def chunk(delta: dict[str, Any] | None, reason: str | None = None, **extra: Any) -> str:
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": reason}]
+    return f"data: {json.dumps({**BASE, 'choices': choices, **extra})}\n\n"
+
+
+def call(index: int, arguments: str, **first: str) -> dict[str, Any]:
+    function = {"arguments": arguments, **({"name": first["name"]} if first else {})}
+    head = {"id": first["id"], "type": "function"} if first else {}
+    return {"tool_calls": [{"index": index, **head, "function": function}]}
+
+
 async def test_text_then_calls_read_back_from_chat_chunks() -> None:
-    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
-
-    def chunk(delta: dict[str, Any] | None, reason: str | None = None, **extra: Any) -> str:
-        choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": reason}]
-        return f"data: {json.dumps({**base, 'choices': choices, **extra})}\n\n"
-
-    def call(index: int, arguments: str, **first: str) -> dict[str, Any]:
-        function = {"arguments": arguments, **({"name": first["name"]} if first else {})}
-        head = {"id": first["id"], "type": "function"} if first else {}
-        return {"tool_calls": [{"index": index, **head, "function": function}]}
-
     stream = [
         chunk({"role": "assistant", "content": "Let me check."}),
         chunk(call(0, '{"city":', id="call_a", name="get_weather")),
@@ -275,3 +278,39 @@ async def test_a_response_that_cannot_be_kept_ends_its_stream_with_response_fail
     ]
     assert events[-1]["response"]["error"]["message"] == "The tenant's storage is full."
     assert events[-1]["response"]["output"][0]["content"][0]["text"] == "".join(TEXTS)
+
+
+async def test_a_call_is_done_before_text_after_it_and_a_late_delta_fails_the_stream() -> None:
+    async def keep(response: dict[str, Any]) -> None:
+        return None
+
+    usage = chunk(None, usage={"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8})
+    stream = [
+        chunk(call(0, "{}", id="call_a", name="get_time")),
+        chunk({"content": "Done."}, "stop"),
+        usage,
+        "data: [DONE]\n\n",
+    ]
+    events = parsed([e async for e in response_events(translated(), iterate(stream), keep)])
+    assert [e["type"].removeprefix("response.") for e in events][2:] == [
+        "output_item.added",
+        "function_call_arguments.delta",
+        "function_call_arguments.done",
+        "output_item.done",
+        "output_item.added",
+        "content_part.added",
+        "output_text.delta",
+        "output_text.done",
+        "content_part.done",
+        "output_item.done",
+        "completed",
+    ]
+    late = [
+        chunk(call(0, '{"a":', id="call_a", name="f")),
+        chunk(call(1, "{}", id="call_b", name="g")),
+        chunk(call(0, " 1}")),  # the first call's arguments, after the second began
+        "data: [DONE]\n\n",
+    ]
+    events = parsed([e async for e in response_events(translated(), iterate(late), keep)])
+    assert events[-1]["type"] == "response.failed"
+    assert "after the next call had begun" in events[-1]["response"]["error"]["message"]
