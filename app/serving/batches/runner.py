@@ -95,6 +95,17 @@ def _appended(path: Path, lines: list[dict[str, Any]]) -> None:
         out.writelines(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
 
 
+async def _append(path: Path, lines: list[dict[str, Any]]) -> None:
+    """Append ``lines`` to the file at ``path`` on a thread. Cancelled, it waits for the
+    thread's write to end, so that the file its caller then deletes is not written again."""
+    writing = asyncio.get_running_loop().run_in_executor(None, _appended, path, lines)
+    try:
+        await shield(writing)
+    except asyncio.CancelledError:
+        await asyncio.wait([writing])
+        raise
+
+
 def _line_output(custom_id: str, request_id: str, **fields: Any) -> dict[str, Any]:
     return {"id": f"batch_req_{request_id}", "custom_id": custom_id, **fields}
 
@@ -467,7 +478,7 @@ class BatchRunner:
         after = 0
         try:
             while page := await shield(self.store.outputs(batch_id, statuses, after=after)):
-                await asyncio.to_thread(_appended, path, [output for _, output in page])
+                await _append(path, [output for _, output in page])
                 after = page[-1][0]
         except BaseException:
             path.unlink(missing_ok=True)
