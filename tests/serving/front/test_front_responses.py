@@ -115,6 +115,19 @@ async def test_a_streamed_response_from_the_upstreams_chunks(front: Setup) -> No
     assert final.usage is not None and final.usage.output_tokens == 3
 
 
+async def test_a_stream_the_upstream_cuts_off_ends_with_response_failed(front: Setup) -> None:
+    front.upstream.script = Script(completion_tokens=50, cut_after=2)
+    stream = await front.client().responses.create(
+        model=ALIAS, input="hi", max_output_tokens=50, stream=True
+    )
+    events = [event async for event in stream]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].type == "response.failed"
+    failed = events[-1].response  # type: ignore[union-attr]
+    assert failed.error is not None and "ended the stream early" in failed.error.message
+    assert not any(e.type == "response.completed" for e in events)
+
+
 async def test_a_background_response_cancelled_is_charged_what_the_upstream_streamed(
     front: Setup,
 ) -> None:
