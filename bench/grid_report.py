@@ -22,6 +22,7 @@ from bench.stats import (
     ATTAINMENT,
     ENGINE_STEPS,
     ENGINE_TOKENS,
+    FIRST_TOKEN_TURNS,
     GOODPUT,
     HEADROOM_SEATS,
     OUTPUT_TPS,
@@ -112,6 +113,13 @@ def _figure(figure: Figure, samples: Sequence[Sample]) -> str:
 def _median_count(samples: Sequence[Sample], counter: str) -> str:
     counts = [s.counters[counter] for s in samples if counter in s.counters]
     return "-" if not counts else f"{sorted(counts)[len(counts) // 2]:.0f}"
+
+
+def _turns(samples: Sequence[Sample]) -> str:
+    """The median turns, with those for a first token only where any was."""
+    turns = _median_count(samples, TURNS)
+    first = _median_count(samples, FIRST_TOKEN_TURNS)
+    return turns if first in ("-", "0") else f"{turns} ({first} first token)"
 
 
 def _engine_steps(samples: Sequence[Sample]) -> tuple[str, str]:
@@ -253,7 +261,7 @@ def render_grid(
                 mine = _of(samples, system, name)
                 cells = [
                     *(_figure(f, mine) for _, f in COLUMNS),
-                    _median_count(mine, TURNS),
+                    _turns(mine),
                     _median_count(mine, HEADROOM_SEATS),
                     *_engine_steps(mine),
                 ]

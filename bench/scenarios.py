@@ -32,6 +32,7 @@ from bench.stats import (
     ACTIVATIONS,
     ENGINE_STEPS,
     ENGINE_TOKENS,
+    FIRST_TOKEN_TURNS,
     HEADROOM_SEATS,
     LOAD_SECONDS,
     LOADS,
@@ -80,6 +81,7 @@ async def sample_of(system: System, point: str, round_: int, measure: Measure) -
                 LOAD_SECONDS: delta.swap_seconds["load"],
                 ACTIVATION_SECONDS: delta.swap_seconds["activate"],
                 TURNS: delta.turns,
+                FIRST_TOKEN_TURNS: delta.first_token_turns,
                 HEADROOM_SEATS: delta.headroom_seats,
                 **{f"{TURN_LEAD}{bound}": n for bound, n in delta.turn_lead_buckets.items()},
             }

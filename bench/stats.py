@@ -201,6 +201,7 @@ LOAD_SECONDS = "adapter_load_seconds"
 ACTIVATION_SECONDS = "adapter_activation_seconds"
 PREEMPTIONS = "preempted_requests"
 TURNS = "slot_turns"
+FIRST_TOKEN_TURNS = "first_token_turns"  # of the turns, those for a first token only
 # Seats the engine took back for requests let in through the fair front's headroom.
 HEADROOM_SEATS = "headroom_seats"
 # The turns' lead in steps, by histogram bucket: TURN_LEAD + upper bound -> cumulative count.

@@ -48,6 +48,7 @@ class SwapCounters:
     swap_buckets: dict[str, dict[float, float]] = field(default_factory=lambda: defaultdict(dict))
     preemptions: float = 0.0
     turns: float = 0.0  # slot turns taken, by any rule
+    first_token_turns: float = 0.0  # ... of them, for a first token only (rule first_token)
     headroom_seats: float = 0.0  # seats taken back for the headroom, parked or preempted
     # {upper bound: cumulative count} of the steps each turn took to deliver its token
     turn_lead_buckets: dict[float, float] = field(default_factory=dict)
@@ -74,6 +75,7 @@ class SwapCounters:
             ),
             preemptions=self.preemptions + sign * other.preemptions,
             turns=self.turns + sign * other.turns,
+            first_token_turns=self.first_token_turns + sign * other.first_token_turns,
             headroom_seats=self.headroom_seats + sign * other.headroom_seats,
             turn_lead_buckets=merge(self.turn_lead_buckets, other.turn_lead_buckets),
             engine_tokens=self.engine_tokens + sign * other.engine_tokens,
@@ -125,6 +127,8 @@ def parse_swap_counters(text: str) -> SwapCounters:
                 counters.preemptions += sample.value
             elif sample.name == f"{TURNS}_total":
                 counters.turns += sample.value
+                if labels.get("rule") == "first_token":
+                    counters.first_token_turns += sample.value
             elif sample.name == f"{SEATS}_total":
                 counters.headroom_seats += sample.value
             elif sample.name == f"{STEP_TOKENS_METRIC}_sum":

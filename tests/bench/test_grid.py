@@ -27,10 +27,12 @@ from bench.stats import (
     ATTAINMENT,
     ENGINE_STEPS,
     ENGINE_TOKENS,
+    FIRST_TOKEN_TURNS,
     GOODPUT,
     SLO_TPOT,
     SLO_TTFT,
     TURN_LEAD,
+    TURNS,
     Sample,
 )
 
@@ -266,7 +268,8 @@ def test_an_open_loops_offered_load_is_set_against_what_the_same_point_delivered
         return tuple(record(0.1, 0.01) for _ in range(round(per_second * 20)))
 
     delivered = {(VLLM, 1): 2.0, (GATEWAY, 1): 1.8, (VLLM, 8): 1.0, (GATEWAY, 8): 1.25}
-    engine = {ENGINE_STEPS: 100.0, ENGINE_TOKENS: 1600.0}  # 16 tokens and 200 ms a step
+    # 16 tokens and 200 ms a step; 5 turns, 2 of them for a first token
+    engine = {ENGINE_STEPS: 100.0, ENGINE_TOKENS: 1600.0, TURNS: 5.0, FIRST_TOKEN_TURNS: 2.0}
     samples = [
         Sample(
             system, point.name(SLOTS), 0, completing(delivered[system, point.multiple]), 20.0,
@@ -294,7 +297,7 @@ def test_an_open_loops_offered_load_is_set_against_what_the_same_point_delivered
     gateway_8x = next(
         line for line in text.splitlines() if "uniform 8x" in line and "gateway" in line
     )
-    assert gateway_8x.endswith("| 16.0 | 200 |")
+    assert gateway_8x.endswith("| 5 (2 first token) | - | 16.0 | 200 |")
     vllm_8x = next(
         line for line in text.splitlines() if "uniform 8x" in line and "| vllm |" in line
     )

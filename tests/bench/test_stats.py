@@ -213,6 +213,7 @@ vllm:num_preemptions_total{engine="0",model_name="m"} 6.0
 # TYPE lora_gateway_slot_turns counter
 lora_gateway_slot_turns_total{rule="objective"} 3.0
 lora_gateway_slot_turns_total{rule="quantum"} 1.0
+lora_gateway_slot_turns_total{rule="first_token"} 2.0
 # TYPE lora_gateway_headroom_seats counter
 lora_gateway_headroom_seats_total{how="parked"} 2.0
 lora_gateway_headroom_seats_total{how="preempted"} 1.0
@@ -230,7 +231,8 @@ def test_residency_is_the_difference_of_two_scrapes() -> None:
     assert report["swap_p50_seconds"]["load"] == pytest.approx(0.015)
     assert report["swap_p99_seconds"]["load"] == pytest.approx(0.0199)
     assert report["preemptions"] == 6.0
-    assert (report["turns"], report["headroom_seats"]) == (4.0, 3.0)
+    assert (report["turns"], report["headroom_seats"]) == (6.0, 3.0)
+    assert delta.first_token_turns == 2.0
 
 
 def test_residency_of_rounds_adds_up() -> None:
@@ -239,3 +241,4 @@ def test_residency_of_rounds_adds_up() -> None:
     assert two.uses["device"] == 20.0
     assert two.swaps["load"] == 8.0
     assert two.preemptions == 12.0
+    assert two.first_token_turns == 4.0
