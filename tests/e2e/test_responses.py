@@ -1,12 +1,13 @@
 """The Responses API on the real engine, through the official client: a plain create on an
 adapter, and a streamed create continuing it (``previous_response_id``), walked by the SDK's
 stream helper; a ``json_schema`` format; a forced function call answered in a second turn
-through the chain; its input items listed, and the response deleted. Every answer parses
-strictly into the SDK's types."""
+through the chain; its input items listed, and the response deleted; background responses
+polled to their end, and cancelled. Every answer parses strictly into the SDK's types."""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import openai
@@ -126,3 +127,27 @@ def test_a_schema_a_tool_call_answered_through_the_chain_listed_and_deleted(
     assert client.responses.delete(answered.id) is None
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(answered.id)
+
+
+def test_background_responses_polled_to_their_end_and_cancelled(gateway: LiveGateway) -> None:
+    client = gateway.client("demo-all")
+    queued = client.responses.create(
+        model="medical_scribe", input="What is a fever?", max_output_tokens=4, background=True
+    )
+    assert strict(queued).status == "queued" and queued.background
+    deadline = time.monotonic() + 60  # bounds only a hang
+    done = queued
+    while done.status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, done
+        time.sleep(0.1)
+        done = client.responses.retrieve(queued.id)
+    assert strict(done).status in ("completed", "incomplete") and done.output_text
+    assert done.usage is not None and 0 < done.usage.output_tokens <= 4
+
+    running = client.responses.create(
+        model="medical_scribe", input="Tell me about fevers.", max_output_tokens=2000,
+        background=True,
+    )  # fmt: skip
+    cancelled = client.responses.cancel(running.id)
+    assert strict(cancelled).status == "cancelled"
+    assert client.responses.retrieve(running.id).status == "cancelled"
