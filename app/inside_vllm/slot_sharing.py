@@ -23,13 +23,16 @@ behind every paused stream, and no paused stream waits for ever.
 A request that carries objectives (:mod:`app.inside_vllm.objectives`) is served by them
 instead of the quantum: its adapter takes a slot by a turn only when it would otherwise miss
 its objective (its first token's, or a paused stream's next token's), judged from the engine's
-measured step time and the tokens the holders have left; the turn pauses the adapter whose
-streams have the most slack against their own time-per-token objective, and is not taken
-where it would make more of them miss it than it saves waiting requests; a stream once paused
-is not paused again, and a batch request never pauses an interactive stream. A turn for a
-first token lasts until the new requests it was taken for have theirs: they are then parked as
-paused streams, and the streams paused for them go back, a step later, so that it costs them a
-step, and may pause a stream paused before that is back within its objective. Interactive
+measured step time, what a turn adds to its step (measured too) and the tokens the holders
+have left, and never for a request that would miss it all the same (until it is overdue by
+its objective again); the turn pauses the adapter whose streams have the most slack against
+their own time-per-token objective, and is not taken where it would make more of them miss it
+than it saves waiting requests; a stream once paused is not paused again, and a batch request
+never pauses an interactive stream. A turn for a first token, where the new request would
+still meet its TPOT objective paused after it, lasts until the new requests it was taken for
+have theirs: they are then parked as paused streams, and the streams paused for them go back,
+a step later, so that it costs them a step, and may pause a stream paused before that is back
+within its objective. Interactive
 requests are served first, and take a slot that batch requests alone hold at once, whatever
 the quantum or objectives. The rules and what they cost:
 docs/scheduling.md, "Sharing the device slots".
@@ -45,7 +48,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
@@ -158,12 +161,22 @@ class Judge:
         paused: Mapping[str, float],
         now: float,
         step_seconds: float,
+        turn_seconds: float = 0.0,
     ) -> None:
         self.objectives = objectives
         self.first_token_at = first_token_at
         self.paused = paused  # the requests a turn has paused (and not finished)
         self.now = now
         self.step = step_seconds
+        self.turn_seconds = turn_seconds
+        self.turns = 0  # the turns the plan has taken so far, all in the coming step
+
+    @property
+    def turn_delay(self) -> float:
+        """How much longer than a step the next turn's taker waits for its token: the time
+        each turn in the coming step adds to it (its adapter's activation, its prompt), this
+        one's and those taken before it."""
+        return (self.turns + 1) * self.turn_seconds
 
     def deadline(self, request: Candidate) -> float | None:
         """When ``request``'s next token is due to meet its objective: its first token by its
@@ -179,6 +192,20 @@ class Judge:
         if objectives.tpot is None or first is None:
             return None
         return first + objectives.tpot * request.num_output_tokens
+
+    def overdue(self, request: Candidate) -> bool:
+        """Whether ``request`` is past its next token's deadline by as long again as its
+        objective allows it (a first token: its TTFT objective; a stream's next: its TPOT
+        objective for each token after the first): the bound on how late a request past
+        saving waits for a slot to free by itself."""
+        deadline = self.deadline(request)
+        if deadline is None:
+            return False
+        if request.num_output_tokens == 0:
+            since = request.arrival_time
+        else:
+            since = self.first_token_at[request.request_id]
+        return self.now - deadline > deadline - since
 
     def slack(self, request: Candidate) -> float:
         """How long a running request could stop and still have its next token in time:
@@ -228,12 +255,22 @@ class Judge:
 
     def needs_turn(self, deadline: float, holders: Iterable[Holder]) -> bool:
         """A request due at ``deadline`` needs a turn now: it is within the turn's lead of
-        its deadline (:data:`TURN_LEAD_STEPS` steps at the engine's pace; sooner, the holders
-        run on and a slot may free by itself), and waiting for a slot to free by itself
-        (:meth:`frees_in`) would miss it."""
-        if deadline - self.now > TURN_LEAD_STEPS * self.step:
+        its deadline (:data:`TURN_LEAD_STEPS` steps at the engine's pace, and the turn's
+        :attr:`turn_delay`; sooner, the holders run on and a slot may free by itself), and
+        waiting for a slot to free by itself (:meth:`frees_in`) would miss it."""
+        if deadline - self.now > TURN_LEAD_STEPS * self.step + self.turn_delay:
             return False
         return self.now + self.frees_in(holders) > deadline
+
+    def streams_after_first(self, request: Candidate, holders: Iterable[Holder]) -> bool:
+        """Whether ``request``, given its first token by a turn for it alone and then paused
+        until a slot frees by itself, still meets its TPOT objective at its last token."""
+        objectives = self.objectives.get(request.request_id)
+        if objectives is None or objectives.tpot is None:
+            return True
+        first = self.now + self.step + self.turn_delay
+        last = self.now + self.frees_in(holders) + (request.max_tokens - 1) * self.step
+        return last <= first + objectives.tpot * (request.max_tokens - 1)
 
     def frees_in(self, holders: Iterable[Holder]) -> float:
         """How long until a slot frees by itself and its taker has a token: the holder with
@@ -279,6 +316,7 @@ def plan(
     objectives: Mapping[str, Objectives] | None = None,
     first_token_at: Mapping[str, float] | None = None,
     step_seconds: float = 0.0,
+    turn_seconds: float = 0.0,
     first_token_turns: bool = False,
 ) -> list[Take]:
     """The slots to give now (:class:`Take`): each to a waiting request whose adapter holds
@@ -300,13 +338,16 @@ def plan(
 
     Requests with ``objectives`` (by request id) are served by them instead, before the
     others, the one due soonest first (:class:`Judge`; ``first_token_at``: each one's first
-    token's time, ``step_seconds``: the engine's measured step time): an adapter takes a
-    free slot at once, and a held one only when its request would otherwise miss its next
-    token's deadline, at the last steps that still meet it, from the adapter whose requests
+    token's time, ``step_seconds``: the engine's measured step time, ``turn_seconds``: what a
+    turn adds to the step it is taken for): an adapter takes a free slot at once, and a held
+    one only when its request would otherwise miss its next token's deadline and meets it with
+    the turn (or is overdue: :meth:`Judge.overdue`), at the last steps that still meet it,
+    from the adapter whose requests
     have the most slack, each of which has generated a token since it last started (a
     request with no objective: its quantum), unless the pause makes more of them miss their
     TPOT objective than it saves (:func:`_by_objectives`); with ``first_token_turns``, a
-    turn for a request with no token yet pauses them only until its adapter's new requests
+    turn for a request with no token yet that keeps its TPOT objective paused after its first
+    (:meth:`Judge.streams_after_first`) pauses them only until its adapter's new requests
     have theirs, a step, and may pause a stream paused before whose next token keeps its
     deadline all the same; no other turn pauses a stream paused before that has a TPOT
     objective. No turn for a batch request pauses an interactive one. These rules apply to
@@ -317,7 +358,9 @@ def plan(
     one waiting takes at once a slot held by batch requests only, each of which has had a
     token since it last started, whatever the quantum, the objectives or the requests it
     pauses: batch work never holds a slot an interactive request waits for."""
-    judge = Judge(objectives or {}, first_token_at or {}, waiting_since, now, step_seconds)
+    judge = Judge(
+        objectives or {}, first_token_at or {}, waiting_since, now, step_seconds, turn_seconds
+    )
     resident: dict[int, list[Candidate]] = {}
     for request in running:
         adapter = adapter_of(request)
@@ -385,7 +428,11 @@ def plan(
         first_token = False
         if adapter in due:
             deadline, request = due[adapter]
-            first_token = first_token_turns and request.num_output_tokens == 0
+            first_token = (
+                first_token_turns
+                and request.num_output_tokens == 0
+                and judge.streams_after_first(request, holders)
+            )
             holder = _by_objectives(
                 judge, request, deadline, holders, largest, quantum, queued[adapter], first_token
             )
@@ -416,6 +463,7 @@ def plan(
                 continue  # its turns pause no stream it may: another request may take them
         holders.remove(holder)
         takes.append(Take(request, holder.requests, first_token))
+        judge.turns += holder is not FREE_SLOT
     return takes
 
 
@@ -442,6 +490,8 @@ def _by_objectives(
         return FREE_SLOT
     if not judge.needs_turn(deadline, holders):
         return None
+    if judge.misses(request, judge.turn_delay) and not judge.overdue(request):
+        return None  # past saving: the first slot to free is its own (it is due first)
     # Paused for a first token, the streams wait a step. Paused for the taker's whole run,
     # they are counted to wait it out, not only until the first slot to free: a slot that
     # frees sooner goes to whichever waiting request is due first, and new requests near
@@ -514,6 +564,15 @@ class SlotSharingScheduler(Scheduler):
         self._first_token_at: dict[str, float] = {}
         self._step_began: float | None = None
         self.step_seconds = 0.0
+        # What a turn adds to the step that takes it: what a step that starts an adapter (one
+        # the step before did not run: its activation, its requests' prompts) takes over the
+        # pace, shared by the adapters it starts, measured over every such step, a turn's or
+        # not, so that the first turn is judged with it too.
+        self.turn_seconds = 0.0
+        self._adapters_run: set[int] = set()  # by the last step scheduled
+        # By each step scheduled whose output is not in yet, in order (where vLLM schedules
+        # asynchronously, the next step is scheduled before the last one's output is in).
+        self._adapters_started: deque[int] = deque()
         # The steps a turn takes to deliver: each request a turn was taken for, until its next
         # token, with the steps done and its output count when it was taken.
         self._steps = 0
@@ -551,7 +610,21 @@ class SlotSharingScheduler(Scheduler):
             self._share_slots(self.lora_config.max_loras, returning)
         if self._headroom or self._unseated:
             self._seat_headroom()
-        return super().schedule(*args, **kwargs)
+        output = super().schedule(*args, **kwargs)
+        if self.lora_config is not None:
+            self._count_adapters_started(output)
+        return output
+
+    def _count_adapters_started(self, output: Any) -> None:
+        """Count the adapters the coming step runs that the last did not: what it takes over
+        the pace is theirs (:attr:`turn_seconds`)."""
+        adapters = {
+            adapter_of(self.requests[request_id])
+            for request_id in output.num_scheduled_tokens
+            if request_id in self.requests
+        } - {None}
+        self._adapters_started.append(len(adapters - self._adapters_run))
+        self._adapters_run = adapters  # type: ignore[assignment]
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
         outputs = super().update_from_output(*args, **kwargs)
@@ -571,11 +644,16 @@ class SlotSharingScheduler(Scheduler):
                 request = self.requests.get(request_id)
                 if request is not None and request.num_output_tokens > 0:
                     self._first_token_at[request_id] = now
+        started = self._adapters_started.popleft() if self._adapters_started else 0
         if self._step_began is not None:
             step = time.monotonic() - self._step_began
             self._step_began = None
             pace = self.step_seconds
             self.step_seconds = step if not pace else pace + PACE_SMOOTHING * (step - pace)
+            if started and pace:
+                cost = max(step - pace, 0.0) / started
+                turn = self.turn_seconds
+                self.turn_seconds = cost if not turn else turn + PACE_SMOOTHING * (cost - turn)
         return outputs
 
     def _anyone_waits(self) -> bool:
@@ -719,6 +797,7 @@ class SlotSharingScheduler(Scheduler):
             objectives=self._objectives,
             first_token_at=self._first_token_at,
             step_seconds=self.step_seconds,
+            turn_seconds=self.turn_seconds,
             # A first token's turn parks the requests it pauses: it gives them their slot back.
             first_token_turns=park,
         )

@@ -77,6 +77,7 @@ def takes(
     objectives: dict[str, Objectives] | None = None,
     first_token_at: dict[str, float] | None = None,
     step_seconds: float = 0.0,
+    turn_seconds: float = 0.0,
     first_token_turns: bool = False,
 ) -> list[tuple[object, ...]]:
     """The plan's takes as (the waiting request, the running requests it pauses), by id; with
@@ -93,6 +94,7 @@ def takes(
         objectives=objectives,
         first_token_at=first_token_at,
         step_seconds=step_seconds,
+        turn_seconds=turn_seconds,
         first_token_turns=first_token_turns,
     )
     return [
@@ -429,6 +431,7 @@ def test_a_turn_for_a_first_token_pauses_a_stream_paused_before_once_back_within
     """Back within its objective: its next token keeps its deadline after the step's pause.
     A turn for a whole run never pauses it again."""
     holder, waiting = running("a1", 1, 10), [Fake("w", 2, arrival_time=99.0)]
+    holder.max_tokens = 13  # its slot frees in 4 steps: too late for w's first token only
     now = 101.0 - TURN_LEAD_STEPS * STEP  # 100.25
     since = {"a1": 90.0}  # paused before
     for first, turn in [(96.0, True), (95.5, False)]:  # its 11th token due at 101, at 100.5
@@ -436,6 +439,58 @@ def test_a_turn_for_a_first_token_pauses_a_stream_paused_before_once_back_within
         assert by_objectives([holder], waiting, now, **kwargs) == []
         taken = by_objectives([holder], waiting, now, first_token_turns=True, **kwargs)
         assert taken == ([("w", ["a1"], True)] if turn else [])
+
+
+def test_a_turn_for_a_first_token_is_taken_where_its_stream_keeps_its_pace_after() -> None:
+    """Given its first token, the new request is paused until a slot frees by itself: a turn
+    for its first token alone is taken only where it still meets its TPOT objective then,
+    else its turn is judged as a whole run's."""
+    holder, waiting = running("a1", 1, 10), [Fake("w", 2, arrival_time=99.0)]  # due at 101
+    now = 101.0 - TURN_LEAD_STEPS * STEP  # 100.25: w's first token at 100.5
+    # w's 4 tokens by 102.0: its slot must come back by 102 - 3 x 0.25 = 101.25.
+    for left, first_token in [(3, True), (4, False)]:  # a1's slot frees at 101.25, 101.5
+        holder.max_tokens = holder.num_output_tokens + left
+        taken = by_objectives([holder], waiting, now, first_token_turns=True)
+        assert taken == [("w", ["a1"], first_token)]
+
+
+def test_no_turn_for_a_request_past_saving_until_it_is_overdue() -> None:
+    """A turn that would not bring its request's token in time (the step it is taken for
+    lasts ``turn_seconds`` longer) is not taken: the request is due first, so the first slot
+    to free is its own. Once it is late by its TTFT objective again, it takes turns anyway."""
+    holder, waiting = running("a1", 1, 40), [Fake("w", 2, arrival_time=99.0)]  # due at 101
+    now = 100.5  # a turn's token at 100.75, or at 101.25 with a step half a second longer
+    assert by_objectives([holder], waiting, now) == [("w", ["a1"])]
+    assert by_objectives([holder], waiting, now, turn_seconds=0.5) == []
+    assert by_objectives([holder], waiting, 103.0, turn_seconds=0.5) == []
+    assert by_objectives([holder], waiting, 103.25, turn_seconds=0.5) == [("w", ["a1"])]
+    # A paused stream: its 25th and last token by 90.5 + 24 x 0.5 = 102.5, its 22nd due at 101.
+    stream = paused("p", 2, 21)
+    stream.max_tokens = 25
+    first = {"p": 90.5}
+    for now, turn_seconds, turn in [(101.5, 0.0, True), (101.5, 0.5, False)]:
+        taken = by_objectives(
+            [holder], [stream], now, first_token_at=first, turn_seconds=turn_seconds
+        )
+        assert taken == ([("p", ["a1"])] if turn else [])
+    # Overdue once 10.5 s (its 21 tokens' allowance) past its deadline.
+    for now, turn in [(111.5, False), (111.75, True)]:
+        taken = by_objectives([holder], [stream], now, first_token_at=first, turn_seconds=0.5)
+        assert taken == ([("p", ["a1"])] if turn else [])
+
+
+def test_a_turns_lead_counts_what_turns_add_to_their_step() -> None:
+    """Each turn in a step makes it ``turn_seconds`` longer: a turn is taken that much
+    sooner, and the second in a step is judged with both turns' time."""
+    holders = [running("a1", 1, 40), running("b1", 2, 40)]
+    waiting = [Fake("w", 3, arrival_time=99.0), Fake("v", 4, arrival_time=99.0)]  # due at 101
+    lead = TURN_LEAD_STEPS * STEP
+    assert by_objectives(holders, waiting, 101.0 - lead - 0.25, max_loras=2) == []
+    taken = by_objectives(holders, waiting, 101.0 - lead - 0.25, max_loras=2, turn_seconds=0.25)
+    assert [w for w, _ in taken] == ["w", "v"]  # within the lead of 0.25 and of 0.5 more
+    # At 100.5 a first turn's token comes at 101.0, a second's at 101.25: too late.
+    taken = by_objectives(holders, waiting, 100.5, max_loras=2, turn_seconds=0.25)
+    assert [w for w, _ in taken] == ["w"]
 
 
 def test_a_paused_streams_turn_lasts_its_whole_run() -> None:
