@@ -1,6 +1,6 @@
 """Fixtures every layer shares: a gateway over a scripted engine (its harness:
-tests/support/serving.py), for the serving, API and console tests; and how `make test` runs
-the end-to-end layer on both cores.
+tests/support/serving.py), for the serving, API and console tests; an S3 server, for the tests
+of object storage; and how `make test` runs the end-to-end layer on both cores.
 
 pytest-xdist's controller loads this module too and runs no test, so what it imports for the
 fixtures (the app, and with it vLLM and torch: about 10 s of CPU) is imported in them."""
@@ -24,6 +24,7 @@ import pytest
 from xdist.scheduler import LoadFileScheduling, LoadScheduling
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from multiprocessing.context import ForkServerContext
 
     from xdist.remote import Producer
@@ -204,6 +205,18 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tools.gateway_cost.server import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-model")
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server (tests/support/s3_server.py), one per test process rather than one
+    per module that uses it (each a Python process to start, half a second of a core or
+    more): each test makes a bucket of its own, of a random name, and none reads the
+    server's other state."""
+    from tests.support.s3_server import s3_server
+
+    with s3_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture
