@@ -1,6 +1,6 @@
 """Fixtures every layer shares: a gateway over a scripted engine (its harness:
-tests/support/serving.py), for the serving, API and console tests; and how `make test` runs
-the end-to-end layer on both cores.
+tests/support/serving.py), for the serving, API and console tests; an S3 server, for the tests
+of object storage; and how `make test` runs the end-to-end layer on both cores.
 
 pytest-xdist's controller loads this module too and runs no test, so what it imports for the
 fixtures (the app, and with it vLLM and torch: about 10 s of CPU) is imported in them."""
@@ -12,6 +12,7 @@ import functools
 import gc
 import os
 import ssl
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ import pytest
 from xdist.scheduler import LoadFileScheduling, LoadScheduling
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from multiprocessing.context import ForkServerContext
 
     from xdist.remote import Producer
@@ -68,6 +70,23 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker is not None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         cores = sorted(os.sched_getaffinity(0))
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cores[int(worker[2:]) % len(cores)])
+    if worker is not None:
+        # Registered before the imports of collection and the fixtures register theirs, so
+        # run after them all (atexit runs the last registered first).
+        atexit.register(_exit_without_finalizing)
+
+
+def _exit_without_finalizing() -> None:
+    """A pytest-xdist worker's end, once its atexit handlers have run (its fixtures' servers
+    stopped, its temporary directories removed): without the interpreter's finalization.
+    That is a garbage collection of everything the worker imported and built (vLLM, torch,
+    the app: over a million objects, unfrozen for it) and the teardown of every module,
+    about 2 s of a core per worker; and the controller waits for every worker to exit, all
+    of them at once at the end of a run, before it reports. The worker has reported its
+    results by then, and its exit status is not read."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @functools.cache
@@ -175,8 +194,10 @@ def pytest_collection(session: pytest.Session) -> object:
         # Back in the collector's care for the interpreter's last collection only (nanobind's
         # modules report what is still alive then as leaked): pytest's own collections at
         # the session's end (for unraisable exceptions, in pytest_unconfigure and in its
-        # cleanup) would otherwise each walk it all, at the end of every worker's run.
-        atexit.register(gc.unfreeze)
+        # cleanup) would otherwise each walk it all, at the end of every worker's run. A
+        # pytest-xdist worker has no last collection (_exit_without_finalizing).
+        if "PYTEST_XDIST_WORKER" not in os.environ:
+            atexit.register(gc.unfreeze)
 
 
 @pytest.fixture(scope="session")
@@ -184,6 +205,18 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tools.gateway_cost.server import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-model")
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server (tests/support/s3_server.py), one per test process rather than one
+    per module that uses it (each a Python process to start, half a second of a core or
+    more): each test makes a bucket of its own, of a random name, and none reads the
+    server's other state."""
+    from tests.support.s3_server import s3_server
+
+    with s3_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture

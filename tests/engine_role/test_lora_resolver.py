@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from functools import partial
 from http import HTTPStatus
 from pathlib import Path
@@ -26,16 +26,10 @@ from app.tenancy.storage.cache import AdapterCache
 from app.tenancy.storage.s3 import S3Content, S3Location, s3_client
 from bench.random_adapters import make_random_adapter
 from tests.support.adapter_dirs import publish_unchecked, with_config
-from tests.support.s3_server import s3_server, use_s3
+from tests.support.s3_server import use_s3
 from tests.support.servers import free_port
 
 BASE = "models/SmolLM2-135M-Instruct"  # what vLLM passes: its model_config.model
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    with s3_server() as endpoint:
-        yield endpoint
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 import fcntl
 import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -16,16 +15,10 @@ import pytest
 from app.tenancy.storage.s3 import S3Location, s3_client
 from tests.support.archives import tiny_adapter_archive
 from tests.support.harness import ADMIN_TOKEN
-from tests.support.s3_server import s3_server, use_s3
+from tests.support.s3_server import use_s3
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.servers import free_port
 from tests.support.serving import TENANT, ServeFactory
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    with s3_server() as endpoint:
-        yield endpoint
 
 
 async def upload(base_url: str, name: str, seed: int = 0) -> httpx.Response:

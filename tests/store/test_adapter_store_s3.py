@@ -8,7 +8,7 @@ import json
 import multiprocessing
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -32,18 +32,12 @@ from app.tenancy.storage.errors import (
 from app.tenancy.storage.s3 import S3Content, S3Location, s3_client
 from bench.random_adapters import make_random_adapter
 from tests.support.cold_load import cold_load
-from tests.support.s3_server import s3_server, use_s3
+from tests.support.s3_server import use_s3
 from tests.support.servers import free_port
 
 ACTOR = "admin:test"
 HANG_SECONDS = 300
 """Bounds only a hang: a verdict never rests on how long processes take to start or end."""
-
-
-@pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
-    with s3_server() as endpoint:
-        yield endpoint
 
 
 @pytest.fixture

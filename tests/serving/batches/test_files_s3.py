@@ -5,7 +5,6 @@ a batch reads its input from it and writes its results to it, and a delete remov
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,18 +12,17 @@ import pytest
 from app.tenancy.storage.s3 import S3Location, s3_client
 from tests.support.batches import FAST_BATCHES, chat_line, finished, jsonl, read_jsonl
 from tests.support.responses import client
-from tests.support.s3_server import s3_server, use_s3
+from tests.support.s3_server import use_s3
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.serving import ServeFactory
 
 
 @pytest.fixture
-def bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Location]:
-    with s3_server() as endpoint:
-        use_s3(monkeypatch, endpoint)
-        location = S3Location(f"files-{uuid.uuid4().hex}", "prod")
-        s3_client().create_bucket(Bucket=location.bucket)
-        yield location
+def bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> S3Location:
+    use_s3(monkeypatch, s3_endpoint)
+    location = S3Location(f"files-{uuid.uuid4().hex}", "prod")
+    s3_client().create_bucket(Bucket=location.bucket)
+    return location
 
 
 def keys(bucket: S3Location) -> set[str]:
