@@ -32,9 +32,8 @@ never pauses an interactive stream. A turn for a first token, where the new requ
 still meet its TPOT objective paused after it, lasts until the new requests it was taken for
 have theirs: they are then parked as paused streams, and the streams paused for them go back,
 a step later, so that it costs them a step, and may pause a stream paused before that is back
-within its objective. Interactive
-requests are served first, and take a slot that batch requests alone hold at once, whatever
-the quantum or objectives. The rules and what they cost:
+within its objective. Interactive requests are served first, and take a slot that batch
+requests alone hold at once, whatever the quantum or objectives. The rules and what they cost:
 docs/scheduling.md, "Sharing the device slots".
 
 The same scheduler seats the requests the fair front lets in through its headroom (for a
@@ -342,14 +341,13 @@ def plan(
     turn adds to the step it is taken for): an adapter takes a free slot at once, and a held
     one only when its request would otherwise miss its next token's deadline and meets it with
     the turn (or is overdue: :meth:`Judge.overdue`), at the last steps that still meet it,
-    from the adapter whose requests
-    have the most slack, each of which has generated a token since it last started (a
-    request with no objective: its quantum), unless the pause makes more of them miss their
-    TPOT objective than it saves (:func:`_by_objectives`); with ``first_token_turns``, a
-    turn for a request with no token yet that keeps its TPOT objective paused after its first
-    (:meth:`Judge.streams_after_first`) pauses them only until its adapter's new requests
-    have theirs, a step, and may pause a stream paused before whose next token keeps its
-    deadline all the same; no other turn pauses a stream paused before that has a TPOT
+    from the adapter whose requests have the most slack, each of which has generated a token
+    since it last started (a request with no objective: its quantum), unless the pause makes
+    more of them miss their TPOT objective than it saves (:func:`_by_objectives`); with
+    ``first_token_turns``, a turn for a request with no token yet that keeps its TPOT
+    objective paused after its first (:meth:`Judge.streams_after_first`) pauses them only
+    until its adapter's new requests have theirs, a step, and may pause a stream paused
+    before whose next token keeps its deadline all the same; no other turn pauses a stream paused before that has a TPOT
     objective. No turn for a batch request pauses an interactive one. These rules apply to
     the quantum's turns too, and a request they alone keep from a turn does not keep the
     requests behind it from one.
@@ -619,12 +617,13 @@ class SlotSharingScheduler(Scheduler):
         """Count the adapters the coming step runs that the last did not: what it takes over
         the pace is theirs (:attr:`turn_seconds`)."""
         adapters = {
-            adapter_of(self.requests[request_id])
+            adapter
             for request_id in output.num_scheduled_tokens
             if request_id in self.requests
-        } - {None}
+            and (adapter := adapter_of(self.requests[request_id])) is not None
+        }
         self._adapters_started.append(len(adapters - self._adapters_run))
-        self._adapters_run = adapters  # type: ignore[assignment]
+        self._adapters_run = adapters
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
         outputs = super().update_from_output(*args, **kwargs)
