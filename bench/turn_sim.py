@@ -108,29 +108,37 @@ class Outcome:
         return self.within / self.wall
 
 
-def build(load: Load, *, turns: bool) -> Any:
-    """vLLM's scheduler, or ours where ``turns``, over a KV cache of placeholder blocks that
-    holds every request at once (nothing is computed)."""
-    options = slot_sharing.engine_options(0, objectives=turns)
+def placeholder_scheduler(
+    options: dict[str, Any],
+    *,
+    max_loras: int,
+    max_num_seqs: int,
+    blocks: int,
+    max_model_len: int = 1024,
+    max_num_batched_tokens: int = 2048,
+    asynchronous: bool = False,
+) -> Any:
+    """The scheduler the engine core builds from ``options`` (:func:`engine_options`) over the
+    embedded model's config and a KV cache of ``blocks`` placeholder blocks: nothing is
+    computed. ``asynchronous`` schedules as on a GPU (the CPU platform turns it off)."""
     model = ModelConfig(
         model=str(EMBEDDED_MODEL_DIR), dtype="float32", seed=0, skip_tokenizer_init=True
     )
-    blocks = load.max_num_seqs * (-(-(load.prompt_tokens + load.output_tokens) // BLOCK) + 1)
     config = VllmConfig(
         model_config=model,
         scheduler_config=SchedulerConfig(
-            max_num_seqs=load.max_num_seqs,
-            max_num_batched_tokens=2048,
-            max_model_len=1024,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
             is_encoder_decoder=False,
             scheduler_cls=options.get("scheduler_cls"),
         ),
         cache_config=CacheConfig(block_size=BLOCK),
-        lora_config=LoRAConfig(max_loras=load.max_loras, max_lora_rank=16),
+        lora_config=LoRAConfig(max_loras=max_loras, max_lora_rank=16),
         additional_config=options.get("additional_config", {}),
     )
     config.cache_config.num_gpu_blocks = blocks
-    config.scheduler_config.async_scheduling = False
+    config.scheduler_config.async_scheduling = asynchronous
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv_cache = KVCacheConfig(
         num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)]
@@ -140,6 +148,18 @@ def build(load: Load, *, turns: bool) -> Any:
         kv_cache_config=kv_cache,
         structured_output_manager=StructuredOutputManager(config),
         block_size=BLOCK,
+    )
+
+
+def build(load: Load, *, turns: bool) -> Any:
+    """vLLM's scheduler, or ours where ``turns``, with room in its KV cache for every request
+    at once."""
+    tokens = load.prompt_tokens + load.output_tokens
+    return placeholder_scheduler(
+        slot_sharing.engine_options(0, objectives=turns),
+        max_loras=load.max_loras,
+        max_num_seqs=load.max_num_seqs,
+        blocks=load.max_num_seqs * (-(-tokens // BLOCK) + 1),
     )
 
 

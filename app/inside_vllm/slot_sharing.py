@@ -347,10 +347,10 @@ def plan(
     ``first_token_turns``, a turn for a request with no token yet that keeps its TPOT
     objective paused after its first (:meth:`Judge.streams_after_first`) pauses them only
     until its adapter's new requests have theirs, a step, and may pause a stream paused
-    before whose next token keeps its deadline all the same; no other turn pauses a stream paused before that has a TPOT
-    objective. No turn for a batch request pauses an interactive one. These rules apply to
-    the quantum's turns too, and a request they alone keep from a turn does not keep the
-    requests behind it from one.
+    before whose next token keeps its deadline all the same; no other turn pauses a stream
+    paused before that has a TPOT objective. No turn for a batch request pauses an
+    interactive one. These rules apply to the quantum's turns too, and a request they alone
+    keep from a turn does not keep the requests behind it from one.
 
     Interactive requests (by their class) are served before batch ones, and an adapter with
     one waiting takes at once a slot held by batch requests only, each of which has had a

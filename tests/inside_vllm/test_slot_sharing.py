@@ -8,18 +8,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
-import torch
-from vllm.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.lora.request import LoRARequest
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
-from vllm.v1.structured_output import StructuredOutputManager
 
 from app.inside_vllm.objectives import HEADROOM_KEY, Objectives
 from app.inside_vllm.slot_sharing import (
@@ -34,7 +30,7 @@ from app.inside_vllm.slot_sharing import (
     plan,
 )
 from app.metrics import HEADROOM_SEATS, SLOT_TURN_LEAD_STEPS, SLOT_TURNS
-from app.settings import EMBEDDED_MODEL_DIR
+from bench.turn_sim import BLOCK, placeholder_scheduler
 
 
 @dataclass
@@ -653,7 +649,6 @@ def test_the_engine_options_name_the_scheduler_and_its_quantum() -> None:
 
 # -- vLLM's scheduler --------------------------------------------------------------------
 
-BLOCK = 32
 PROMPT = 40
 ANSWER = 6
 
@@ -667,41 +662,19 @@ def scheduler(
     seats: int = 8,
     blocks: int = 64,
 ) -> Scheduler:
-    """The scheduler the engine core builds from :func:`engine_options` over the embedded
-    model's config, with one LoRA slot, ``seats`` requests at once (``max_num_seqs``) and a KV
-    cache of ``blocks`` placeholder blocks (nothing is computed)."""
-    options = engine_options(quantum, keep_ending=keep_ending, objectives=objectives)
-    model = ModelConfig(
-        model=str(EMBEDDED_MODEL_DIR), dtype="float32", seed=0, skip_tokenizer_init=True
+    """The scheduler the engine core builds from :func:`engine_options`, with one LoRA slot,
+    ``seats`` requests at once (``max_num_seqs``) and a KV cache of ``blocks`` placeholder
+    blocks (nothing is computed)."""
+    built = placeholder_scheduler(
+        engine_options(quantum, keep_ending=keep_ending, objectives=objectives),
+        max_loras=1,
+        max_num_seqs=seats,
+        blocks=blocks,
+        max_model_len=512,
+        max_num_batched_tokens=512,
+        asynchronous=asynchronous,
     )
-    config = VllmConfig(
-        model_config=model,
-        scheduler_config=SchedulerConfig(
-            max_num_seqs=seats,
-            max_num_batched_tokens=512,
-            max_model_len=512,
-            is_encoder_decoder=False,
-            scheduler_cls=options.get("scheduler_cls"),
-        ),
-        cache_config=CacheConfig(block_size=BLOCK),
-        lora_config=LoRAConfig(max_loras=1, max_lora_rank=8),
-        additional_config=options.get("additional_config", {}),
-    )
-    config.cache_config.num_gpu_blocks = blocks
-    # As on a GPU (the CPU platform turns it off).
-    config.scheduler_config.async_scheduling = asynchronous
-    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    kv_cache = KVCacheConfig(
-        num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)]
-    )
-    cls = config.scheduler_config.get_scheduler_cls()
-    assert cls is (SlotSharingScheduler if quantum or objectives else Scheduler)
-    built = cls(  # type: ignore[call-arg]
-        vllm_config=config,
-        kv_cache_config=kv_cache,
-        structured_output_manager=StructuredOutputManager(config),
-        block_size=BLOCK,
-    )
+    assert isinstance(built, SlotSharingScheduler) == bool(quantum or objectives)
     assert isinstance(built, AsyncScheduler) == (asynchronous and bool(quantum or objectives))
     return built
 
