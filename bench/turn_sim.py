@@ -86,7 +86,6 @@ class Outcome:
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
     met: dict[str, tuple[bool, bool]] = field(default_factory=dict)  # TTFT's, TPOT's
-    within: int = 0
     wall: float = 0.0
     output: int = 0
     steps: int = 0
@@ -101,7 +100,11 @@ class Outcome:
         self.tpot.append(tpot)
         self.output += tokens
         self.met[request_id] = ttft <= load.ttft, tpot <= load.tpot
-        self.within += all(self.met[request_id])
+
+    @property
+    def within(self) -> int:
+        """The requests that met both objectives."""
+        return sum(all(met) for met in self.met.values())
 
     @property
     def goodput(self) -> float:
