@@ -21,7 +21,7 @@ from app.api.deps import matches_any, parse_bearer
 from app.api.errors import BODY_CUT_OFF, PRECHECKED, render
 from app.errors import AuthenticationError, GatewayError, RequestTooLargeError
 from app.gateway import Gateway
-from app.ids import random_hex
+from app.ids import time_ordered_hex
 from app.overhead import STATE as OVERHEAD_STATE
 from app.overhead import RequestOverhead
 
@@ -87,7 +87,7 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = random_hex()
+        request_id = time_ordered_hex()
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         header = (REQUEST_ID_HEADER, request_id.encode())

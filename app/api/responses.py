@@ -29,6 +29,11 @@ from app.store.responses import StoredResponse, page
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
+ROOM_MAX_AGE = 1.0
+"""Seconds a stored response's storage check may rest on this replica's last reading of the
+tenant's room, with no wait on the store (a refusal is read fresh): the cap may be passed by
+what the tenant stores in that second, as it may be by a response's own size."""
+
 
 def _not_found(response_id: str) -> NotFoundError:
     return NotFoundError(f"Response with id '{response_id}' not found.")
@@ -43,7 +48,7 @@ async def create_response(
 ) -> Response:
     if body.store:
         # A stored response counts against the tenant's storage cap, with its files.
-        await gateway.files.check_room(principal.tenant, 0)
+        await gateway.files.check_room(principal.tenant, 0, max_age=ROOM_MAX_AGE)
     # Translated to the chat request it runs as; the rest is the chat path's (CompletionResponse).
     chain = await continued(gateway.responses, principal.tenant.uid, body)
     translated = translate(body, chain.context, response_id=f"resp_{request_id}")

@@ -8,6 +8,7 @@ the storage cap reads."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -47,6 +48,7 @@ class FileStore:
         self.retention = retention
         self.default_storage_bytes = default_storage_bytes
         self._room_reads: dict[tuple[str, str], asyncio.Future[tuple[int, int]]] = {}
+        self._room_seen: dict[tuple[str, str], tuple[float, tuple[int, int]]] = {}
 
     def row(
         self, tenant_uid: str, file_id: str, *, purpose: str, filename: str, size: int
@@ -176,20 +178,44 @@ class FileStore:
         share one query: one that starts while another's query is under way gets that query's
         answer, no older than the query (a check, not a claim: requests checked at once all
         pass it alike)."""
+        # A caller that stops waiting does not stop the query: the others sharing it need it.
+        return await asyncio.shield(self._room_read(tenant_id, tenant_uid))
+
+    def storage_room_seen(
+        self, tenant_id: str, tenant_uid: str, max_age: float
+    ) -> tuple[int, int] | None:
+        """The tenant's room as this replica last read it, if at most ``max_age`` seconds ago,
+        without waiting; else None. One past half that age is read again in the background,
+        so that a tenant's steady requests find a reading young enough."""
+        key = (tenant_id, tenant_uid)
+        seen = self._room_seen.get(key)
+        if seen is None:
+            return None
+        read_at, room = seen
+        age = time.monotonic() - read_at
+        if age > max_age:
+            return None
+        if age > max_age / 2:
+            self._room_read(tenant_id, tenant_uid)
+        return room
+
+    def _room_read(self, tenant_id: str, tenant_uid: str) -> asyncio.Future[tuple[int, int]]:
+        """The tenant's room query under way, begun where none is."""
         key = (tenant_id, tenant_uid)
         read = self._room_reads.get(key)
         if read is None:
             read = asyncio.ensure_future(self._read_room(tenant_id, tenant_uid))
             self._room_reads[key] = read
             read.add_done_callback(lambda done: self._room_read_done(key, done))
-        # A caller that stops waiting does not stop the query: the others sharing it need it.
-        return await asyncio.shield(read)
+        return read
 
     def _room_read_done(self, key: tuple[str, str], read: asyncio.Future[tuple[int, int]]) -> None:
         if self._room_reads.get(key) is read:
             del self._room_reads[key]
-        if not read.cancelled():
-            read.exception()  # its callers raise it; none left is no reason to log it
+        if read.cancelled():
+            return
+        if read.exception() is None:  # its callers raise it; none left is no reason to log it
+            self._room_seen[key] = (time.monotonic(), read.result())
 
     async def _read_room(self, tenant_id: str, tenant_uid: str) -> tuple[int, int]:
         query = select(self._cap_query(tenant_id), self._used_query(tenant_uid))

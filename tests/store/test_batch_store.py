@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine, event, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -17,10 +19,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.admin import schemas
 from app.admin.service import AdminService
 from app.errors import StorageLimitError
+from app.serving.batches.files import Files
 from app.store import storage_usage
 from app.store.batches import BatchStore, EnqueuedLimitPassed, PendingLine
+from app.store.file_contents import LocalFileContents
 from app.store.files import FileStore, new_file_id
 from app.store.tables import BatchRow, StoredResponseRow, UsageRow
+from app.tenancy.tenants import Tenant
 from app.usage import UsageRecord, usage_by_bucket
 from app.usage.ledger import write_records
 from tests.support.batch_rows import batch_row as support_batch_row
@@ -285,3 +290,58 @@ async def test_the_room_checks_of_a_tenant_at_once_share_one_query(
         event.remove(Engine, "before_cursor_execute", statement)
     assert at_once == [(1 << 20, 30)] * 5 and other == (1 << 20, 0)
     assert after == (1 << 20, 35) and len(selects) == 1
+
+
+async def test_a_room_seen_is_answered_without_a_query_and_read_again_before_it_is_old(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    files = FileStore(sessions, timedelta(days=1), 1 << 20)
+    assert files.storage_room_seen("a", "uid-a", max_age=60) is None  # never read
+    await files.add_within_cap("a", "uid-a", new_file_id(), purpose="batch", filename="f", size=30)
+    assert await files.storage_room("a", "uid-a") == (1 << 20, 30)
+    await files.add_within_cap("a", "uid-a", new_file_id(), purpose="batch", filename="f", size=5)
+    selects: list[str] = []
+
+    def statement(_conn: Any, _cursor: Any, text: str, *_: Any) -> None:
+        if text.startswith("SELECT"):
+            selects.append(text)
+
+    event.listen(Engine, "before_cursor_execute", statement)
+    try:
+        # Young: the reading as it was, and no query.
+        assert files.storage_room_seen("a", "uid-a", max_age=60) == (1 << 20, 30)
+        await asyncio.sleep(0.02)
+        assert selects == []
+        # Past half its age: the same reading, read again in the background for the next caller.
+        assert files.storage_room_seen("a", "uid-a", max_age=0.03) == (1 << 20, 30)
+        assert files.storage_room_seen("a", "uid-a", max_age=0.03) == (1 << 20, 30)
+        for _ in range(100):
+            if files.storage_room_seen("a", "uid-a", max_age=60) == (1 << 20, 35):
+                break
+            await asyncio.sleep(0.01)
+        assert files.storage_room_seen("a", "uid-a", max_age=60) == (1 << 20, 35)
+        assert len(selects) == 1, "the two callers' reads again shared one query"
+        # Older than asked for: none.
+        await asyncio.sleep(0.02)
+        assert files.storage_room_seen("a", "uid-a", max_age=0.01) is None
+    finally:
+        event.remove(Engine, "before_cursor_execute", statement)
+
+
+async def test_a_check_passes_on_the_room_seen_and_refuses_on_a_fresh_reading(
+    sessions: async_sessionmaker[AsyncSession], tmp_path: Path
+) -> None:
+    store = FileStore(sessions, timedelta(days=1), 100)
+    files = Files(store, LocalFileContents(tmp_path), tmp_path, max_bytes=1000, max_lines=10)
+    tenant = Tenant(id="a", uid="uid-a", name="A")
+    await files.check_room(tenant, 0, max_age=60)  # read: (100, 0)
+    async with sessions.begin() as session:
+        await add_stored_response(session, "uid-a", size=100)
+    await files.check_room(tenant, 0, max_age=60)  # on the reading seen: it fits
+    with pytest.raises(StorageLimitError):
+        await files.check_room(tenant, 0)  # fresh: full
+    async with sessions.begin() as session:
+        await storage_usage.add(session, {"uid-a": -50})
+    # Full as seen, but a refusal is read again: it fits.
+    await files.check_room(tenant, 0, max_age=60)
+    assert store.storage_room_seen("a", "uid-a", max_age=60) == (100, 50)

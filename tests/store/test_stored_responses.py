@@ -1,11 +1,14 @@
 """Stored responses on SQLite and PostgreSQL: a tenant's own, found by no other; saved
 together (one insert for the responses that finish at once, a refused one failing alone);
-expired ones not found, then purged in batches, the fresh ones kept; input items paged as
-OpenAI pages."""
+kept without waiting, found on their replica before they are written and on another once
+they arrive, their writes retried while the store is down; expired ones not found, then
+purged in batches, the fresh ones kept; input items paged as OpenAI pages."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -13,9 +16,11 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, event, func, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.ids import time_ordered_hex
+from app.store import responses
 from app.store.responses import ResponseStore, StoredResponse, page
 from app.store.tables import StoredResponseRow
 from tools.responses_store_bench import _typical
@@ -97,6 +102,83 @@ async def test_responses_saved_at_once_are_one_insert_and_a_refused_one_fails_al
     assert outcomes[0] is None and outcomes[2] is None
     assert isinstance(outcomes[1], IntegrityError)
     assert await store.get("uid-a", "resp_new_1") and await store.get("uid-a", "resp_new_2")
+
+
+def slowed(store: ResponseStore, seconds: float, failures: list[Exception] | None = None) -> None:
+    """``store``'s writes start ``seconds`` late, and the first raise ``failures`` in turn."""
+    insert = store._inserter.insert
+    failing = list(failures or [])
+
+    async def late(rows: list[dict[str, Any]]) -> None:
+        await asyncio.sleep(seconds)
+        if failing:
+            raise failing.pop(0)
+        await insert(rows)
+
+    store._inserter.insert = late  # type: ignore[method-assign]
+
+
+async def test_a_kept_response_is_read_on_its_replica_at_once_and_on_another_once_it_arrives(
+    sessions: async_sessionmaker[AsyncSession],
+    store: ResponseStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(responses, "ARRIVAL_WAIT", 0.6)
+    other = ResponseStore(sessions, 30 * DAY)
+    young = f"resp_{time_ordered_hex()}"
+    slowed(store, 0.3)
+    try:
+        with statements_on_responses() as seen:
+            store.keep("uid-a", stored(young))
+            assert await store.get("uid-a", young) == stored(young)
+            assert seen == [], "read from memory: no query, and not yet written"
+        # Another replica misses it until its write arrives: a young id is looked for again.
+        started = time.monotonic()
+        assert await other.get("uid-a", young) == stored(young)
+        assert time.monotonic() - started >= 0.1
+        assert store._unwritten == {}
+        # Another tenant's, before its write or after: not found, on either replica.
+        unwritten = f"resp_{time_ordered_hex()}"
+        store.keep("uid-a", stored(unwritten))
+        assert await store.get("uid-b", unwritten) is None
+        assert await other.get("uid-b", young) is None
+    finally:
+        await other.close()
+
+
+async def test_a_missing_id_is_looked_for_again_only_while_it_is_young(
+    store: ResponseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(responses, "ARRIVAL_WAIT", 0.2)
+    started = time.monotonic()
+    assert await store.get("uid-a", f"resp_{time_ordered_hex()}") is None
+    assert time.monotonic() - started >= 0.15  # from the id's time, made to the millisecond
+    started = time.monotonic()
+    assert await store.get("uid-a", "resp_0123456789abcdef0123456789abcdef") is None  # old
+    assert await store.get("uid-a", "resp_unknown") is None  # not of an id's form
+    assert time.monotonic() - started < 0.2
+
+
+async def test_a_kept_responses_write_is_retried_while_the_store_is_down_and_a_refused_one_logged(
+    store: ResponseStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(responses, "RETRY_PAUSE", 0.01)
+    down = OperationalError("INSERT", {}, ConnectionError("the store is down"))
+    slowed(store, 0, [down, down])
+    store.keep("uid-a", stored("resp_1"))
+    await store.written()
+    assert await store.get("uid-a", "resp_1") == stored("resp_1")
+    # Refused for what it is (an id taken): lost, and logged; the store goes on.
+    with caplog.at_level(logging.ERROR, logger=responses.__name__):
+        store.keep("uid-a", stored("resp_1"))
+        store.keep("uid-a", stored("resp_2"))
+        await store.written()
+    assert "stored response resp_1 was lost" in caplog.text
+    assert await store.get("uid-a", "resp_2") == stored("resp_2")
+    # A saved one (its caller waits) fails at once, not retried.
+    slowed(store, 0, [down])
+    with pytest.raises(OperationalError):
+        await store.save("uid-a", stored("resp_3"))
 
 
 async def test_expired_responses_are_not_found_then_purged_in_batches(

@@ -104,15 +104,19 @@ class Files:
             raise BadRequestError("The file is empty.", param="file")
         return size
 
-    async def check_room(self, tenant: Tenant, size: int) -> None:
+    async def check_room(self, tenant: Tenant, size: int, *, max_age: float = 0.0) -> None:
         """Refuse (:class:`StorageLimitError`) ``size`` more bytes past the tenant's storage
         cap; ``size`` 0 asks whether anything more fits. A check before the work, not a
         claim: what is then recorded is checked again in its own transaction (an upload), or
         may pass the cap by its own size (a stored response, whose size is known only once it
-        ran)."""
-        cap, used = await self.store.storage_room(tenant.id, tenant.uid)
-        if used + size > cap or (size == 0 and used >= cap):
-            raise StorageLimitError(cap)
+        ran). With ``max_age``, a pass may rest on this replica's reading of the room up to
+        that many seconds old, with no wait on the store; a refusal always rests on a fresh
+        one."""
+        room = self.store.storage_room_seen(tenant.id, tenant.uid, max_age) if max_age else None
+        if room is None or not _fits(room, size):
+            room = await self.store.storage_room(tenant.id, tenant.uid)
+        if not _fits(room, size):
+            raise StorageLimitError(room[0])
 
     async def get(self, tenant: Tenant, file_id: str) -> FileRow:
         row = await self.store.get(tenant.uid, file_id)
@@ -155,3 +159,8 @@ class Files:
             await self.store.forget(ids)
             purged += len(ids)
         return purged
+
+
+def _fits(room: tuple[int, int], size: int) -> bool:
+    cap, used = room
+    return used + size <= cap and (size > 0 or used < cap)

@@ -134,7 +134,7 @@ class ResponsesService:
                 answered_by=(stored.adapter, stored.adapter_version),
             )
             return
-        await self._store.save(generation.principal.tenant.uid, stored)
+        self._store.keep(generation.principal.tenant.uid, stored)
 
 
 class StreamFailed(GatewayError):

@@ -15,6 +15,7 @@ import openai
 import pytest
 from openai.types import FileDeleted, FileObject
 
+from app.api import responses as responses_api
 from tests.support.responses import client
 from tests.support.scripted_engine import ScriptedEngine
 from tests.support.serving import TENANT, Served, ServeFactory
@@ -111,7 +112,11 @@ async def test_files_above_max_request_bytes_are_accepted(serve: ServeFactory) -
         assert created.bytes == len(content)
 
 
-async def test_the_storage_cap_counts_files_and_stored_responses(serve: ServeFactory) -> None:
+async def test_the_storage_cap_counts_files_and_stored_responses(
+    serve: ServeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each check on a fresh reading of the room (one seen: tests/store/test_batch_store.py).
+    monkeypatch.setattr(responses_api, "ROOM_MAX_AGE", 0.0)
     async with serve(ScriptedEngine(last_finish_reason="stop")) as served:
         await served.admin("PUT", f"/tenants/{TENANT}/quota", {"storage_bytes": 1500})
         assert (await served.admin("GET", f"/tenants/{TENANT}/quota"))["storage_bytes"] == 1500
@@ -124,6 +129,7 @@ async def test_the_storage_cap_counts_files_and_stored_responses(serve: ServeFac
         assert "storage_bytes" in too_big.value.message
         # A stored response counts too: past the cap, `store: true` is refused before it runs.
         await api.responses.create(model=served.model, input="hi", max_output_tokens=2)
+        await served.gateway.responses.written()
         used = await served.gateway.files.store.storage_used(
             served.gateway.registry.tenant(TENANT).uid
         )  # type: ignore[union-attr]

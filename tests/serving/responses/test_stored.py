@@ -13,6 +13,7 @@ import openai
 import pytest
 from sqlalchemy import Engine, event
 
+from app.store import responses as stored_responses
 from bench.random_adapters import make_random_adapter
 from tests.support.responses import client, other_tenants_key, strict
 from tests.support.scripted_engine import ScriptedEngine
@@ -73,8 +74,11 @@ async def test_store_false_keeps_nothing(serve: ServeFactory) -> None:
 
 
 async def test_another_tenants_response_is_not_found_like_an_unknown_one(
-    serve: ServeFactory,
+    serve: ServeFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A young id missed is looked for again until it is this old (it may be on its way from
+    # another replica): not found, after that, whoever's it is.
+    monkeypatch.setattr(stored_responses, "ARRIVAL_WAIT", 0.05)
     async with serve(ScriptedEngine()) as served:
         created = await create(served)
         theirs, unknown = created["id"], "resp_" + "0" * 32
@@ -166,6 +170,7 @@ async def test_a_chain_is_read_with_one_query(serve: ServeFactory) -> None:
             previous = (await create(served, input=f"turn {turn}", previous_response_id=previous))[
                 "id"
             ]
+        await served.gateway.responses.written()  # read from the store, not this replica's memory
         reads: list[str] = []
 
         def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
@@ -228,6 +233,7 @@ async def test_storing_a_response_is_one_write(serve: ServeFactory) -> None:
                 body = {"model": served.model, "input": "hi", "max_output_tokens": 3}
                 streamed = await http.post("/v1/responses", json={**body, "stream": True})
             assert "response.completed" in streamed.text or "response.incomplete" in streamed.text
+            await served.gateway.responses.written()
         finally:
             event.remove(Engine, "before_cursor_execute", count)
         assert writes == ["INSERT", "INSERT"]
