@@ -68,6 +68,8 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 def summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
     return {
         "p50_ms": round(statistics.median(values), 2),
         "p99_ms": round(percentile(values, 0.99), 2),
@@ -81,10 +83,10 @@ class Timed:
         self.durations: list[float] = []
         call: Callable[..., Awaitable[None]] = getattr(owner, name)
 
-        async def timed(*args: Any) -> None:
+        async def timed(*args: Any, **kwargs: Any) -> None:
             started = time.perf_counter()
             try:
-                await call(*args)
+                await call(*args, **kwargs)
             finally:
                 self.durations.append((time.perf_counter() - started) * 1000)
 

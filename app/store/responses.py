@@ -73,6 +73,9 @@ PURGE_BATCH = 500
 """Rows one purge transaction deletes: each holds the table's write lock only that long."""
 SAVE_BATCH = 256
 """Most responses one save transaction inserts."""
+KEPT_LINGER = 0.1
+"""Seconds a write of kept responses alone waits for more to share its transaction: a commit
+costs the loop a turn or two whatever its rows, and no caller waits for it."""
 ARRIVAL_WAIT = 2.0
 """Seconds after a response's id was made during which a read (or delete) that misses it looks
 again, as its replica's write may still be on its way: a group commit behind a loop busy with
@@ -180,6 +183,9 @@ class ResponseStore:
     async def _write_pending(self) -> None:
         try:
             while self._pending:
+                if all(pending.kept for pending in self._pending):
+                    # No caller waits: the responses that finish meanwhile share the commit.
+                    await asyncio.sleep(KEPT_LINGER)
                 batch, self._pending = self._pending[:SAVE_BATCH], self._pending[SAVE_BATCH:]
                 await self._write(batch)
         finally:

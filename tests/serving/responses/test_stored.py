@@ -218,11 +218,13 @@ async def test_a_chain_past_the_context_is_refused_before_it_runs(serve: ServeFa
 
 async def test_storing_a_response_is_one_write(serve: ServeFactory) -> None:
     async with serve(ScriptedEngine()) as served:
-        writes: list[str] = []
+        writes: list[str] = []  # a statement's first word for each row it writes
 
-        def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        def count(
+            _conn: Any, _cursor: Any, statement: str, rows: Any, _context: Any, many: bool
+        ) -> None:
             if "stored_responses" in statement and not statement.lstrip().startswith("SELECT"):
-                writes.append(statement.split()[0])
+                writes.extend([statement.split()[0]] * (len(rows) if many else 1))
 
         # Any engine's: the store writes through a connection of its own.
         event.listen(Engine, "before_cursor_execute", count)
