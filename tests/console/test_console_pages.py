@@ -362,6 +362,7 @@ async def test_the_tenant_page_shows_its_stored_bytes_against_its_storage_cap(
         body = {"model": served.model, "input": "hi", "max_output_tokens": 3}
         answer = await tenant.post("/v1/responses", json=body)
         assert answer.status_code == 200, answer.text
+        await served.gateway.responses.written()
         async with served.gateway.sessions() as session:
             [response_bytes] = (await session.scalars(select(StoredResponseRow.size_bytes))).all()
         await served.set_quota(storage_bytes=123_456_789)

@@ -310,11 +310,13 @@ async def test_a_room_seen_is_answered_without_a_query_and_read_again_before_it_
     try:
         # Young: the reading as it was, and no query.
         assert files.storage_room_seen("a", "uid-a", max_age=60) == (1 << 20, 30)
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.01)
         assert selects == []
         # Past half its age: the same reading, read again in the background for the next caller.
-        assert files.storage_room_seen("a", "uid-a", max_age=0.03) == (1 << 20, 30)
-        assert files.storage_room_seen("a", "uid-a", max_age=0.03) == (1 << 20, 30)
+        read_at, room = files._room_seen["a", "uid-a"]
+        files._room_seen["a", "uid-a"] = read_at - 40, room
+        assert files.storage_room_seen("a", "uid-a", max_age=60) == (1 << 20, 30)
+        assert files.storage_room_seen("a", "uid-a", max_age=60) == (1 << 20, 30)
         for _ in range(100):
             if files.storage_room_seen("a", "uid-a", max_age=60) == (1 << 20, 35):
                 break
@@ -322,8 +324,9 @@ async def test_a_room_seen_is_answered_without_a_query_and_read_again_before_it_
         assert files.storage_room_seen("a", "uid-a", max_age=60) == (1 << 20, 35)
         assert len(selects) == 1, "the two callers' reads again shared one query"
         # Older than asked for: none.
-        await asyncio.sleep(0.02)
-        assert files.storage_room_seen("a", "uid-a", max_age=0.01) is None
+        read_at, room = files._room_seen["a", "uid-a"]
+        files._room_seen["a", "uid-a"] = read_at - 40, room
+        assert files.storage_room_seen("a", "uid-a", max_age=30) is None
     finally:
         event.remove(Engine, "before_cursor_execute", statement)
 
