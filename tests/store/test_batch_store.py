@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -265,11 +266,9 @@ def stored_response_row(tenant_uid: str, size: int) -> StoredResponseRow:
     )
 
 
-async def test_the_room_checks_of_a_tenant_at_once_share_one_query(
-    sessions: async_sessionmaker[AsyncSession],
-) -> None:
-    files = FileStore(sessions, timedelta(days=1), 1 << 20)
-    await files.add_within_cap("a", "uid-a", new_file_id(), purpose="batch", filename="f", size=30)
+@contextlib.contextmanager
+def selects_sent() -> Iterator[list[str]]:
+    """The SELECTs sent meanwhile, by any engine."""
     selects: list[str] = []
 
     def statement(_conn: Any, _cursor: Any, text: str, *_: Any) -> None:
@@ -278,6 +277,17 @@ async def test_the_room_checks_of_a_tenant_at_once_share_one_query(
 
     event.listen(Engine, "before_cursor_execute", statement)
     try:
+        yield selects
+    finally:
+        event.remove(Engine, "before_cursor_execute", statement)
+
+
+async def test_the_room_checks_of_a_tenant_at_once_share_one_query(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    files = FileStore(sessions, timedelta(days=1), 1 << 20)
+    await files.add_within_cap("a", "uid-a", new_file_id(), purpose="batch", filename="f", size=30)
+    with selects_sent() as selects:
         at_once = await asyncio.gather(*(files.storage_room("a", "uid-a") for _ in range(5)))
         other = await files.storage_room("b", "uid-b")
         assert len(selects) == 2
@@ -286,8 +296,6 @@ async def test_the_room_checks_of_a_tenant_at_once_share_one_query(
         )
         selects.clear()
         after = await files.storage_room("a", "uid-a")
-    finally:
-        event.remove(Engine, "before_cursor_execute", statement)
     assert at_once == [(1 << 20, 30)] * 5 and other == (1 << 20, 0)
     assert after == (1 << 20, 35) and len(selects) == 1
 
@@ -300,14 +308,7 @@ async def test_a_room_seen_is_answered_without_a_query_and_read_again_before_it_
     await files.add_within_cap("a", "uid-a", new_file_id(), purpose="batch", filename="f", size=30)
     assert await files.storage_room("a", "uid-a") == (1 << 20, 30)
     await files.add_within_cap("a", "uid-a", new_file_id(), purpose="batch", filename="f", size=5)
-    selects: list[str] = []
-
-    def statement(_conn: Any, _cursor: Any, text: str, *_: Any) -> None:
-        if text.startswith("SELECT"):
-            selects.append(text)
-
-    event.listen(Engine, "before_cursor_execute", statement)
-    try:
+    with selects_sent() as selects:
         # Young: the reading as it was, and no query.
         assert files.storage_room_seen("a", "uid-a", max_age=60) == (1 << 20, 30)
         await asyncio.sleep(0.01)
@@ -327,8 +328,6 @@ async def test_a_room_seen_is_answered_without_a_query_and_read_again_before_it_
         read_at, room = files._room_seen["a", "uid-a"]
         files._room_seen["a", "uid-a"] = read_at - 40, room
         assert files.storage_room_seen("a", "uid-a", max_age=30) is None
-    finally:
-        event.remove(Engine, "before_cursor_execute", statement)
 
 
 async def test_a_check_passes_on_the_room_seen_and_refuses_on_a_fresh_reading(
