@@ -91,7 +91,6 @@ RETRY_PAUSE = 0.5
 @dataclass(eq=False)
 class _Pending:
     row: dict[str, Any]
-    tenant_uid: str
     response: StoredResponse
     written: asyncio.Future[None]
     kept: bool
@@ -173,7 +172,7 @@ class ResponseStore:
             "created_at": now(),
         }
         written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        pending = _Pending(row, tenant_uid, response, written, kept)
+        pending = _Pending(row, response, written, kept)
         self._pending.append(pending)
         self._unwritten.setdefault(response.id, pending)
         if self._writer is None:
@@ -242,7 +241,7 @@ class ResponseStore:
         on this replica is found before it is written; a young one kept on another, once its
         write arrives (the module's :data:`ARRIVAL_WAIT`)."""
         unwritten = self._unwritten.get(response_id)
-        if unwritten is not None and unwritten.tenant_uid == tenant_uid:
+        if unwritten is not None and unwritten.row["tenant_uid"] == tenant_uid:
             return unwritten.response
         return await _once_arrived(response_id, partial(self._read, tenant_uid, response_id))
 
